@@ -1,0 +1,49 @@
+import { type Static, Type as T } from '@sinclair/typebox'
+
+const Rub = T.Number({ minimum: 0, description: 'roubles, at most six fractional digits' })
+const PerMinute = T.Union([T.Integer({ minimum: 1 }), T.Null()])
+
+export const CreateKeyBody = T.Object(
+  {
+    name: T.String({ minLength: 1, maxLength: 128 }),
+    limit_rub: T.Optional(T.Union([Rub, T.Null()])),
+    rpm_limit: T.Optional(PerMinute),
+    tpm_limit: T.Optional(PerMinute),
+    /** Only with the admin token: the organization to create the key in. */
+    org_id: T.Optional(T.String()),
+  },
+  { additionalProperties: false },
+)
+export type CreateKeyBody = Static<typeof CreateKeyBody>
+
+export const PatchKeyBody = T.Object(
+  {
+    name: T.Optional(T.String({ minLength: 1, maxLength: 128 })),
+    limit_rub: T.Optional(T.Union([Rub, T.Null()])),
+    disabled: T.Optional(T.Boolean()),
+    rpm_limit: T.Optional(PerMinute),
+    tpm_limit: T.Optional(PerMinute),
+  },
+  { additionalProperties: false },
+)
+export type PatchKeyBody = Static<typeof PatchKeyBody>
+
+export const CreateOrgBody = T.Object(
+  {
+    name: T.String({ minLength: 1, maxLength: 128 }),
+    balance_rub: T.Optional(Rub),
+  },
+  { additionalProperties: false },
+)
+export type CreateOrgBody = Static<typeof CreateOrgBody>
+
+export const CreditBody = T.Object(
+  { amount_rub: T.Number({ exclusiveMinimum: 0 }) },
+  { additionalProperties: false },
+)
+export type CreditBody = Static<typeof CreditBody>
+
+export const MasterKeyBody = T.Object(
+  { name: T.String({ minLength: 1, maxLength: 128 }) },
+  { additionalProperties: false },
+)

@@ -1,0 +1,69 @@
+import { insufficientBalance, keyLimitReached } from '../errors.ts'
+import type { LiveKey, LiveOrg } from '../identity/live.ts'
+import type { LedgerEntry } from '../storage/store.ts'
+import type { LedgerWriter } from './ledger.ts'
+import type { NanoRub } from './money.ts'
+
+/** Money held for one request in flight. */
+export interface Reservation {
+  readonly key: LiveKey
+  readonly org: LiveOrg
+  readonly amountNano: NanoRub
+  done: boolean
+}
+
+export type Settlement = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'costNano'> & {
+  readonly costNano: NanoRub
+}
+
+/**
+ * Admission and settlement on one node. JavaScript runs this synchronously on one thread, so
+ * check-and-reserve cannot interleave: concurrent requests can never push a key's spent past
+ * its limit or an organization's balance below zero.
+ */
+export class Meter {
+  constructor(private readonly ledger: LedgerWriter) {}
+
+  /** Holds the worst-case cost, or throws 402 (key limit first, then balance). */
+  reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Reservation {
+    if (key.limitNano !== null && key.spentNano + key.reservedNano + amountNano > key.limitNano)
+      throw keyLimitReached()
+    if (org.balanceNano - org.reservedNano - amountNano < 0n) throw insufficientBalance()
+    key.reservedNano += amountNano
+    org.reservedNano += amountNano
+    return { key, org, amountNano, done: false }
+  }
+
+  /**
+   * Charges the real cost and releases the rest. The charge never exceeds the reservation: if an
+   * upstream reports more tokens than the worst case Tropa counted, the excess is not billed, so
+   * the hard limit holds whatever an upstream says. Returns the amount charged.
+   */
+  settle(r: Reservation, s: Settlement): NanoRub {
+    if (r.done) return 0n
+    r.done = true
+    const charged = s.costNano > r.amountNano ? r.amountNano : s.costNano
+    r.key.reservedNano -= r.amountNano
+    r.org.reservedNano -= r.amountNano
+    r.key.spentNano += charged
+    r.org.balanceNano -= charged
+    r.key.lastUsedAt = Math.floor(s.endedAtMs / 1000)
+    this.ledger.push({
+      ...s,
+      kind: 'usage',
+      orgId: r.org.id,
+      keyId: r.key.id,
+      costNano: charged,
+      outcome: charged < s.costNano ? `${s.outcome}:capped` : s.outcome,
+    })
+    return charged
+  }
+
+  /** Gives the whole reservation back: the request was not billed (it failed upstream, say). */
+  release(r: Reservation): void {
+    if (r.done) return
+    r.done = true
+    r.key.reservedNano -= r.amountNano
+    r.org.reservedNano -= r.amountNano
+  }
+}

@@ -1,0 +1,72 @@
+/**
+ * Money is `bigint` nano-roubles everywhere inside Tropa. This module is the only place that
+ * converts between nano-roubles and decimal text or JSON numbers.
+ */
+export type NanoRub = bigint
+
+export const NANO_PER_RUB = 1_000_000_000n
+/** One micro-rouble: prices and limits are whole multiples of it (six fractional digits). */
+export const NANO_PER_MICRO = 1_000n
+
+const DECIMAL = /^(\d+)(?:\.(\d+))?$/
+
+/**
+ * Parses a non-negative decimal rouble amount ("12.5", "0.000030") into nano-roubles.
+ * Returns undefined when the text is not a plain decimal or has more than `maxFractionDigits`
+ * fractional digits (so a value is never silently rounded).
+ */
+export function parseRub(text: string, maxFractionDigits = 9): NanoRub | undefined {
+  const m = DECIMAL.exec(text.trim())
+  if (!m) return undefined
+  const frac = (m[2] ?? '').replace(/0+$/, '')
+  if (frac.length > maxFractionDigits) return undefined
+  return BigInt(m[1]!) * NANO_PER_RUB + BigInt(frac.padEnd(9, '0'))
+}
+
+/** A JSON number of roubles (at most six fractional digits) to nano-roubles; undefined if not exact. */
+export function rubNumberToNano(value: number): NanoRub | undefined {
+  if (!Number.isFinite(value) || value < 0) return undefined
+  // toFixed(6) rounds; accept only when it round-trips, i.e. the number had <= 6 digits.
+  const fixed = value.toFixed(6)
+  if (Number(fixed) !== value) return undefined
+  return parseRub(fixed, 6)
+}
+
+/** Roubles per million tokens (the unit people quote) to nano-roubles per token, if exact at 6 digits. */
+export function perMillionToPerTokenNano(text: string): NanoRub | undefined {
+  const perMillion = parseRub(text, 9)
+  if (perMillion === undefined) return undefined
+  if (perMillion % (1_000_000n * NANO_PER_MICRO) !== 0n) return undefined
+  return perMillion / 1_000_000n
+}
+
+/** Nano-roubles as decimal text with exactly `digits` fractional digits, rounding half up. */
+export function formatRub(nano: NanoRub, digits = 6): string {
+  const negative = nano < 0n
+  let abs = negative ? -nano : nano
+  const unit = 10n ** BigInt(9 - digits)
+  abs = (abs + unit / 2n) / unit
+  const scale = 10n ** BigInt(digits)
+  const whole = abs / scale
+  const frac = (abs % scale).toString().padStart(digits, '0')
+  return `${negative ? '-' : ''}${whole}${digits > 0 ? `.${frac}` : ''}`
+}
+
+/** The JSON number shown for an amount (`limit_rub`, `spent_rub`, ...): six fractional digits at most. */
+export function nanoToRubNumber(nano: NanoRub): number {
+  return Number(formatRub(nano, 6))
+}
+
+/** Cost of a request: tokens times per-token prices. */
+export function costNano(
+  promptTokens: number,
+  completionTokens: number,
+  price: { promptNano: NanoRub; completionNano: NanoRub },
+): NanoRub {
+  return BigInt(promptTokens) * price.promptNano + BigInt(completionTokens) * price.completionNano
+}
+
+/** Batch lines cost half. Prices are whole micro-roubles, so half is exact in nano-roubles. */
+export function batchCostNano(fullCost: NanoRub): NanoRub {
+  return fullCost / 2n
+}

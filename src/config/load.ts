@@ -1,0 +1,274 @@
+import { existsSync, readFileSync } from 'node:fs'
+import { resolve } from 'node:path'
+import { Value, ValueErrorType } from '@sinclair/typebox/value'
+import { type NanoRub, parseRub, perMillionToPerTokenNano } from '../billing/money.ts'
+import { type ConfigFile, ConfigFileSchema, type ModelFile } from './schema.ts'
+
+export interface RouteConfig {
+  /** Stable node name (defaults to host:port of the base URL); routing state is kept per node. */
+  readonly node: string
+  readonly baseUrl: string
+  readonly upstreamModel: string
+  readonly apiKey: string | undefined
+  readonly maxConcurrency: number
+  readonly weight: number
+}
+export interface Price {
+  readonly promptNano: NanoRub
+  readonly completionNano: NanoRub
+}
+export interface ModelConfig {
+  readonly id: string
+  readonly ownedBy: string
+  readonly kind: 'chat' | 'embedding'
+  readonly contextLength: number
+  readonly dimensions: number | undefined
+  readonly created: number
+  readonly price: Price
+  readonly routes: readonly RouteConfig[]
+}
+export interface Config {
+  readonly source: string
+  readonly server: {
+    readonly host: string
+    readonly port: number
+    readonly dataDir: string
+    readonly adminToken: string | undefined
+    readonly maxBodyBytes: number
+    readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
+  }
+  readonly upstream: {
+    readonly connectTimeoutMs: number
+    readonly firstByteTimeoutMs: number
+    readonly idleTimeoutMs: number
+    readonly maxAttempts: number
+  }
+  readonly storage: { readonly kind: 'sqlite'; readonly sqlitePath: string; readonly flushIntervalMs: number }
+  readonly demo: { readonly enabled: boolean; readonly nodes: number; readonly balanceNano: NanoRub }
+  readonly models: readonly ModelConfig[]
+}
+
+/** Every problem found in a config, each naming where it is and how to fix it. */
+export class ConfigError extends Error {
+  constructor(readonly problems: readonly string[]) {
+    super(`invalid configuration:\n  - ${problems.join('\n  - ')}`)
+  }
+}
+
+/** Command-line values that override the file and the environment. */
+export interface ConfigOverrides {
+  configPath?: string | undefined
+  port?: number | undefined
+  host?: string | undefined
+  dataDir?: string | undefined
+  demo?: boolean | undefined
+}
+
+type Env = Record<string, string | undefined>
+
+/** Environment variables that override file keys (documented in docs/config.md). */
+const ENV_KEYS: Record<
+  string,
+  readonly [section: 'server' | 'storage' | 'demo', key: string, kind: 'int' | 'str' | 'bool']
+> = {
+  TROPA_PORT: ['server', 'port', 'int'],
+  TROPA_HOST: ['server', 'host', 'str'],
+  TROPA_DATA_DIR: ['server', 'data_dir', 'str'],
+  TROPA_ADMIN_TOKEN: ['server', 'admin_token', 'str'],
+  TROPA_LOG_LEVEL: ['server', 'log_level', 'str'],
+  TROPA_MAX_BODY_BYTES: ['server', 'max_body_bytes', 'int'],
+  TROPA_SQLITE_PATH: ['storage', 'sqlite_path', 'str'],
+  TROPA_DEMO: ['demo', 'enabled', 'bool'],
+}
+const KNOWN_ENV = new Set([...Object.keys(ENV_KEYS), 'TROPA_CONFIG'])
+
+/** Reads the file (TOML or JSON), applies env and flags, checks everything, returns a frozen Config. */
+export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.env): Config {
+  const path = overrides.configPath ?? env.TROPA_CONFIG
+  const problems: string[] = []
+  let file: Record<string, unknown> = {}
+  let source = '(no config file)'
+  if (path) {
+    source = resolve(path)
+    if (!existsSync(source))
+      throw new ConfigError([`${source}: file not found. Fix: pass an existing file with --config`])
+    try {
+      const text = readFileSync(source, 'utf8')
+      file = (source.endsWith('.json') ? JSON.parse(text) : Bun.TOML.parse(text)) as Record<string, unknown>
+    } catch (err) {
+      throw new ConfigError([`${source}: cannot parse: ${(err as Error).message}`])
+    }
+  }
+  for (const name of Object.keys(env)) {
+    if (name.startsWith('TROPA_') && !KNOWN_ENV.has(name) && !name.startsWith('TROPA_SIM_'))
+      problems.push(
+        `environment: ${name} is not a Tropa setting. Fix: unset it (known: ${[...KNOWN_ENV].join(', ')})`,
+      )
+  }
+  for (const [name, [section, key, kind]] of Object.entries(ENV_KEYS)) {
+    const raw = env[name]
+    if (raw === undefined || raw === '') continue
+    const sec = sectionOf(file, section)
+    if (kind === 'int') {
+      const n = Number(raw)
+      if (!Number.isInteger(n)) problems.push(`environment: ${name}=${raw} is not an integer`)
+      sec[key] = n
+    } else if (kind === 'bool') sec[key] = raw === '1' || raw === 'true'
+    else sec[key] = raw
+  }
+  const server = sectionOf(file, 'server')
+  if (overrides.port !== undefined) server.port = overrides.port
+  if (overrides.host !== undefined) server.host = overrides.host
+  if (overrides.dataDir !== undefined) server.data_dir = overrides.dataDir
+  if (overrides.demo) sectionOf(file, 'demo').enabled = true
+
+  for (const e of Value.Errors(ConfigFileSchema, file)) {
+    const where = e.path.slice(1).replaceAll('/', '.') || '(top level)'
+    const hint =
+      e.type === ValueErrorType.ObjectAdditionalProperties
+        ? 'remove the unknown key (see docs/config.md for the keys)'
+        : 'see docs/config.md'
+    problems.push(`${source}: ${where}: ${e.message}. Fix: ${hint}`)
+  }
+  if (problems.length > 0) throw new ConfigError(problems)
+  const cfg = file as ConfigFile
+  const demoEnabled = cfg.demo?.enabled ?? false
+  const models = (cfg.models ?? []).map((m, i) =>
+    checkModel(m, `${source}: models[${i}] (${m.id})`, env, problems),
+  )
+  const ids = new Set<string>()
+  for (const m of models) {
+    if (ids.has(m.id))
+      problems.push(`${source}: model ${m.id} is listed twice. Fix: give each model one entry`)
+    ids.add(m.id)
+  }
+  if (models.length === 0 && !demoEnabled)
+    problems.push(`${source}: no models configured. Fix: add [[models]] entries, or start with --demo`)
+  const balance = parseRub(cfg.demo?.balance_rub ?? '1000', 6)
+  if (balance === undefined)
+    problems.push(`${source}: demo.balance_rub must have at most six fractional digits`)
+  if (problems.length > 0) throw new ConfigError(problems)
+
+  const dataDir = resolve(cfg.server?.data_dir ?? './tropa-data')
+  const sqlitePath = cfg.storage?.sqlite_path ?? 'tropa.db'
+  return deepFreeze({
+    source,
+    server: {
+      host: cfg.server?.host ?? '127.0.0.1',
+      port: cfg.server?.port ?? 8080,
+      dataDir,
+      adminToken: cfg.server?.admin_token,
+      maxBodyBytes: cfg.server?.max_body_bytes ?? 32 * 1024 * 1024,
+      logLevel: cfg.server?.log_level ?? 'info',
+    },
+    upstream: {
+      connectTimeoutMs: cfg.upstream?.connect_timeout_ms ?? 3_000,
+      firstByteTimeoutMs: cfg.upstream?.first_byte_timeout_ms ?? 60_000,
+      idleTimeoutMs: cfg.upstream?.idle_timeout_ms ?? 60_000,
+      maxAttempts: cfg.upstream?.max_attempts ?? 3,
+    },
+    storage: {
+      kind: 'sqlite',
+      sqlitePath: sqlitePath === ':memory:' ? sqlitePath : resolve(dataDir, sqlitePath),
+      flushIntervalMs: cfg.storage?.flush_interval_ms ?? 50,
+    },
+    demo: { enabled: demoEnabled, nodes: cfg.demo?.nodes ?? 3, balanceNano: balance! },
+    models,
+  } satisfies Config)
+}
+
+/** Checks one model entry; also used for the demo's generated models. */
+export function checkModel(m: ModelFile, where: string, env: Env, problems: string[]): ModelConfig {
+  const kind = m.kind ?? 'chat'
+  const routeList = m.routes ?? []
+  if (routeList.length === 0)
+    problems.push(
+      `${where}: the model has no routes. Fix: add at least one [[models.routes]] with a base_url`,
+    )
+  if (kind === 'embedding' && m.dimensions === undefined)
+    problems.push(`${where}: an embedding model needs dimensions (its native vector size)`)
+  let promptNano = 0n
+  let completionNano = 0n
+  if (m.pricing && m.pricing_per_million)
+    problems.push(`${where}: set either pricing or pricing_per_million, not both`)
+  else if (m.pricing) {
+    const p = parseRub(m.pricing.prompt, 6)
+    const c = parseRub(m.pricing.completion, 6)
+    if (p === undefined)
+      problems.push(
+        `${where}: pricing.prompt ${m.pricing.prompt} is not exact at six fractional digits per token. Fix: round it, e.g. "0.000030"`,
+      )
+    if (c === undefined)
+      problems.push(
+        `${where}: pricing.completion ${m.pricing.completion} is not exact at six fractional digits per token. Fix: round it, e.g. "0.000060"`,
+      )
+    promptNano = p ?? 0n
+    completionNano = c ?? 0n
+  } else if (m.pricing_per_million) {
+    const p = perMillionToPerTokenNano(m.pricing_per_million.prompt)
+    const c = perMillionToPerTokenNano(m.pricing_per_million.completion)
+    if (p === undefined)
+      problems.push(
+        `${where}: pricing_per_million.prompt ${m.pricing_per_million.prompt} is not a whole number of roubles per million, so the per-token price is not exact at six digits. Fix: use a whole number`,
+      )
+    if (c === undefined)
+      problems.push(
+        `${where}: pricing_per_million.completion ${m.pricing_per_million.completion} is not a whole number of roubles per million, so the per-token price is not exact at six digits. Fix: use a whole number`,
+      )
+    promptNano = p ?? 0n
+    completionNano = c ?? 0n
+  } else problems.push(`${where}: no pricing. Fix: add [models.pricing] with prompt and completion per token`)
+
+  const routes = routeList.map((r, j) => {
+    let url: URL | undefined
+    try {
+      url = new URL(r.base_url)
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new Error('protocol')
+    } catch {
+      problems.push(
+        `${where}: routes[${j}].base_url ${JSON.stringify(r.base_url)} is not an http(s) URL. Fix: e.g. "http://10.0.0.5:8000/v1"`,
+      )
+    }
+    let apiKey: string | undefined
+    if (r.api_key_env) {
+      apiKey = env[r.api_key_env]
+      if (apiKey === undefined)
+        problems.push(
+          `${where}: routes[${j}].api_key_env names ${r.api_key_env}, which is not set. Fix: export it`,
+        )
+    }
+    return {
+      node: r.name ?? (url ? url.host : `route-${j}`),
+      baseUrl: r.base_url.replace(/\/+$/, ''),
+      upstreamModel: r.upstream_model ?? m.id.slice(m.id.indexOf('/') + 1),
+      apiKey,
+      maxConcurrency: r.max_concurrency ?? 256,
+      weight: r.weight ?? 1,
+    }
+  })
+  return {
+    id: m.id,
+    ownedBy: m.owned_by ?? m.id.slice(0, m.id.indexOf('/')),
+    kind,
+    contextLength: m.context_length,
+    dimensions: m.dimensions,
+    created: m.created ?? 1_767_225_600,
+    price: { promptNano, completionNano },
+    routes,
+  }
+}
+
+function sectionOf(file: Record<string, unknown>, name: string): Record<string, unknown> {
+  if (file[name] === undefined) file[name] = {}
+  const section = file[name]
+  // Not a table: the schema check reports it; overrides go nowhere meanwhile.
+  return section !== null && typeof section === 'object' ? (section as Record<string, unknown>) : {}
+}
+
+function deepFreeze<T>(o: T): T {
+  if (o && typeof o === 'object' && !Object.isFrozen(o)) {
+    Object.freeze(o)
+    for (const v of Object.values(o)) deepFreeze(v)
+  }
+  return o
+}

@@ -1,0 +1,102 @@
+import { type Static, Type as T } from '@sinclair/typebox'
+
+/** Roubles as decimal text, e.g. "0.000030". Checked for exactness in load.ts. */
+const Decimal = T.String({ pattern: '^\\d+(\\.\\d+)?$', description: 'decimal text, e.g. "0.000030"' })
+
+export const PricingSchema = T.Object(
+  {
+    prompt: Decimal,
+    completion: Decimal,
+  },
+  { additionalProperties: false },
+)
+
+export const RouteSchema = T.Object(
+  {
+    base_url: T.String({ description: 'OpenAI-compatible base URL including /v1' }),
+    upstream_model: T.Optional(T.String({ minLength: 1 })),
+    api_key_env: T.Optional(T.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
+    max_concurrency: T.Optional(T.Integer({ minimum: 1, maximum: 100_000 })),
+    weight: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+    name: T.Optional(T.String({ minLength: 1 })),
+  },
+  { additionalProperties: false },
+)
+
+export const ModelSchema = T.Object(
+  {
+    id: T.String({ pattern: '^[A-Za-z0-9._-]+/[A-Za-z0-9._:-]+$', description: '<provider>/<model_name>' }),
+    owned_by: T.Optional(T.String({ minLength: 1 })),
+    kind: T.Optional(T.Union([T.Literal('chat'), T.Literal('embedding')])),
+    context_length: T.Integer({ minimum: 1 }),
+    /** Native vector size of an embedding model. */
+    dimensions: T.Optional(T.Integer({ minimum: 1 })),
+    /** Roubles per token, exactly six fractional digits. */
+    pricing: T.Optional(PricingSchema),
+    /** Roubles per million tokens; must convert to a per-token price exact at six digits. */
+    pricing_per_million: T.Optional(PricingSchema),
+    created: T.Optional(T.Integer({ minimum: 0 })),
+    routes: T.Optional(T.Array(RouteSchema)),
+  },
+  { additionalProperties: false },
+)
+
+export const ServerSchema = T.Object(
+  {
+    host: T.Optional(T.String()),
+    port: T.Optional(T.Integer({ minimum: 0, maximum: 65535 })),
+    data_dir: T.Optional(T.String({ minLength: 1 })),
+    admin_token: T.Optional(T.String({ minLength: 16 })),
+    max_body_bytes: T.Optional(T.Integer({ minimum: 1024 })),
+    log_level: T.Optional(
+      T.Union([T.Literal('debug'), T.Literal('info'), T.Literal('warn'), T.Literal('error')]),
+    ),
+  },
+  { additionalProperties: false },
+)
+
+export const UpstreamSchema = T.Object(
+  {
+    connect_timeout_ms: T.Optional(T.Integer({ minimum: 1 })),
+    first_byte_timeout_ms: T.Optional(T.Integer({ minimum: 1 })),
+    idle_timeout_ms: T.Optional(T.Integer({ minimum: 1 })),
+    max_attempts: T.Optional(T.Integer({ minimum: 1, maximum: 10 })),
+  },
+  { additionalProperties: false },
+)
+
+export const StorageSchema = T.Object(
+  {
+    kind: T.Optional(T.Literal('sqlite')),
+    /** SQLite file; relative paths are inside data_dir. */
+    sqlite_path: T.Optional(T.String({ minLength: 1 })),
+    /** Ledger group commit: rows are written at most this long after a request ends. */
+    flush_interval_ms: T.Optional(T.Integer({ minimum: 1, maximum: 1000 })),
+  },
+  { additionalProperties: false },
+)
+
+export const DemoSchema = T.Object(
+  {
+    enabled: T.Optional(T.Boolean()),
+    /** Simulated nodes started in-process when the demo runs without models configured. */
+    nodes: T.Optional(T.Integer({ minimum: 1, maximum: 16 })),
+    /** Starting balance of the demo organization. */
+    balance_rub: T.Optional(Decimal),
+  },
+  { additionalProperties: false },
+)
+
+/** The config file as written by an operator (TOML or JSON). */
+export const ConfigFileSchema = T.Object(
+  {
+    server: T.Optional(ServerSchema),
+    upstream: T.Optional(UpstreamSchema),
+    storage: T.Optional(StorageSchema),
+    demo: T.Optional(DemoSchema),
+    models: T.Optional(T.Array(ModelSchema)),
+  },
+  { additionalProperties: false },
+)
+export type ConfigFile = Static<typeof ConfigFileSchema>
+export type ModelFile = Static<typeof ModelSchema>

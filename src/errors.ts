@@ -1,0 +1,179 @@
+/**
+ * The one error tree of Tropa. Code throws these; only `http/error-mapper.ts` turns them into
+ * responses (OpenAI's `{"error":{message,type,param,code}}` body). No HTTP imports here.
+ */
+export abstract class TropaError extends Error {
+  abstract readonly status: number
+  /** OpenAI `error.type`. */
+  abstract readonly type: string
+  constructor(
+    message: string,
+    readonly code: string,
+    readonly param: string | null = null,
+  ) {
+    super(message)
+    this.name = new.target.name
+  }
+  /** Whether a client may usefully retry; the mapper sends `x-should-retry: false` when not. */
+  get retryable(): boolean {
+    return false
+  }
+}
+
+export class InvalidRequest extends TropaError {
+  readonly status: number = 400
+  readonly type = 'invalid_request_error'
+}
+export class InvalidJson extends InvalidRequest {
+  constructor(message = 'the request body is not valid JSON') {
+    super(message, 'invalid_json')
+  }
+}
+export class InvalidValue extends InvalidRequest {
+  constructor(message: string, param: string | null) {
+    super(message, 'invalid_value', param)
+  }
+}
+export class MissingField extends InvalidRequest {
+  constructor(param: string) {
+    super(`missing required field: ${param}`, 'missing_field', param)
+  }
+}
+export class ContextLengthExceeded extends InvalidRequest {
+  constructor(message: string) {
+    super(message, 'context_length_exceeded', 'messages')
+  }
+}
+export class TooManyInputs extends InvalidRequest {
+  constructor(max: number) {
+    super(`input may hold at most ${max} items`, 'too_many_inputs', 'input')
+  }
+}
+export class PayloadTooLarge extends InvalidRequest {
+  override readonly status = 413
+  constructor(maxBytes: number) {
+    super(`request body is larger than ${maxBytes} bytes`, 'payload_too_large')
+  }
+}
+export class UnsupportedMediaType extends InvalidRequest {
+  override readonly status = 415
+  constructor(contentType: string) {
+    super(
+      `unsupported content type ${JSON.stringify(contentType)}; send application/json`,
+      'unsupported_media_type',
+    )
+  }
+}
+export class MethodNotAllowed extends InvalidRequest {
+  override readonly status = 405
+  constructor(method: string, path: string) {
+    super(`method ${method} is not allowed on ${path}`, 'method_not_allowed')
+  }
+}
+
+export class AuthenticationFailed extends TropaError {
+  readonly status = 401
+  readonly type = 'authentication_error'
+}
+export const missingApiKey = () =>
+  new AuthenticationFailed('no API key: send the header Authorization: Bearer <key>', 'missing_api_key')
+export const invalidApiKey = () => new AuthenticationFailed('the API key is not valid', 'invalid_api_key')
+export const keyRevoked = () => new AuthenticationFailed('the API key has been revoked', 'key_revoked')
+export const keyDisabled = () => new AuthenticationFailed('the API key is disabled', 'key_disabled')
+
+export class QuotaExceeded extends TropaError {
+  readonly status = 402
+  readonly type = 'insufficient_quota'
+}
+export const keyLimitReached = () =>
+  new QuotaExceeded('the spending limit of this API key is reached', 'key_limit_reached')
+export const insufficientBalance = () =>
+  new QuotaExceeded('the organization balance is too low for this request', 'insufficient_balance')
+
+export class PermissionDenied extends TropaError {
+  readonly status = 403
+  readonly type = 'permission_error'
+  constructor(message: string) {
+    super(message, 'permission_denied')
+  }
+}
+
+export class NotFound extends TropaError {
+  readonly status = 404
+  readonly type = 'not_found_error'
+}
+export const modelNotFound = (model: string) =>
+  new NotFound(`the model ${JSON.stringify(model)} does not exist`, 'model_not_found', 'model')
+export const keyNotFound = (id: string) => new NotFound(`no key ${JSON.stringify(id)}`, 'key_not_found')
+export const orgNotFound = (id: string) =>
+  new NotFound(`no organization ${JSON.stringify(id)}`, 'org_not_found')
+export const unknownPath = (method: string, path: string) =>
+  new NotFound(`no route ${method} ${path}`, 'unknown_path')
+
+export class Conflict extends TropaError {
+  readonly status = 409
+  readonly type = 'conflict_error'
+}
+
+export class RateLimited extends TropaError {
+  readonly status = 429
+  readonly type = 'rate_limit_error'
+  constructor(
+    message: string,
+    readonly retryAfterSec: number,
+  ) {
+    super(message, 'rate_limit_exceeded')
+  }
+  override get retryable() {
+    return true
+  }
+}
+
+export class InternalError extends TropaError {
+  readonly status = 500
+  readonly type = 'server_error'
+  constructor() {
+    super('internal error', 'internal_error')
+  }
+  override get retryable() {
+    return true
+  }
+}
+
+/** Upstream failures. `beforeFirstByte` ones let the pipeline fail over to another node. */
+export class UpstreamFailed extends TropaError {
+  readonly status: number = 502
+  readonly type: string = 'upstream_error'
+  constructor(
+    message: string,
+    code = 'upstream_error',
+    /** The upstream's HTTP status, when it answered. */
+    readonly upstreamStatus: number | null = null,
+  ) {
+    super(message, code)
+  }
+  override get retryable() {
+    return true
+  }
+}
+export class UpstreamTimeout extends UpstreamFailed {
+  override readonly status = 504
+  constructor(message: string) {
+    super(message, 'upstream_timeout')
+  }
+}
+export class NoUpstreamAvailable extends UpstreamFailed {
+  override readonly status = 503
+  override readonly type = 'server_error'
+  constructor(model: string) {
+    super(`no upstream node is available for ${model}`, 'no_upstream_available')
+  }
+}
+/** The upstream rejected the request itself (4xx other than 408/429): passed on, never retried elsewhere. */
+export class UpstreamRejected extends InvalidRequest {
+  constructor(message: string, upstreamStatus: number) {
+    super(message, 'upstream_rejected')
+    this.upstreamStatus = upstreamStatus
+  }
+  upstreamStatus: number
+}

@@ -1,0 +1,41 @@
+import { InvalidValue, PermissionDenied } from '../errors.ts'
+import type { LiveOrg, Principal } from '../identity/live.ts'
+import type { Payer } from '../pipeline/chat.ts'
+import type { Services } from '../services.ts'
+
+/** An Elysia `derive`: who is calling. Throws 401 before validation runs. */
+export const authenticate =
+  (svc: Services) =>
+  ({ request }: { request: Request }): { principal: Principal } => ({
+    principal: svc.identity.authenticate(request.headers.get('authorization')),
+  })
+
+/** Model endpoints take API keys only: they need a key to bill. */
+export function payerOf(p: Principal): Payer {
+  if (p.kind === 'api') return p
+  throw new PermissionDenied(
+    p.kind === 'master'
+      ? 'a master key manages keys only; call model endpoints with an API key (sk-...)'
+      : 'the admin token manages organizations and keys; call model endpoints with an API key (sk-...)',
+  )
+}
+
+/** May list, read and call without billing (the catalogue): API keys and the admin token. */
+export function requireReader(p: Principal): void {
+  if (p.kind === 'master')
+    throw new PermissionDenied('a master key manages keys only; use an API key (sk-...)')
+}
+
+/** The organization whose keys the caller manages: a master key's own, or any for the admin. */
+export function keyManagerOrg(svc: Services, p: Principal, orgId: string | undefined): LiveOrg {
+  if (p.kind === 'master') return p.org
+  if (p.kind === 'admin') {
+    if (!orgId) throw new InvalidValue('with the admin token, name the organization with org_id', 'org_id')
+    return svc.identity.org(orgId)
+  }
+  throw new PermissionDenied('API keys cannot manage keys; use the organization master key (mk-...)')
+}
+
+export function requireAdmin(p: Principal): void {
+  if (p.kind !== 'admin') throw new PermissionDenied('this endpoint needs the admin token')
+}

@@ -1,0 +1,73 @@
+import { Elysia, t } from 'elysia'
+import { CreateOrgBody, CreditBody, MasterKeyBody } from '../../api/keys.ts'
+import type { Services } from '../../services.ts'
+import { authenticate, requireAdmin } from '../auth.ts'
+import { jsonBody } from '../body.ts'
+import { keyView, orgView } from '../views.ts'
+import { limitOf } from './keys.ts'
+
+const OrgParams = t.Object({ org_id: t.String() })
+
+/** Operator endpoints: organizations, balances, master keys. Admin token only. */
+export const adminRoutes = (svc: Services) => {
+  const parse = jsonBody(64 * 1024)
+  const tags = ['admin']
+  return new Elysia()
+    .derive(authenticate(svc))
+    .onBeforeHandle(({ principal }) => requireAdmin(principal))
+    .post(
+      '/v1/admin/organizations',
+      async ({ body, set }) => {
+        const balance = limitOf(body.balance_rub, 'balance_rub') ?? 0n
+        const org = await svc.identity.createOrg(body.name)
+        if (balance > 0n) await svc.identity.credit(org, balance)
+        const { key, secret } = await svc.identity.createKey(org, 'master', {
+          name: 'master',
+          limitNano: null,
+        })
+        set.status = 201
+        return { ...orgView(org), master_key: secret, master_key_id: key.id }
+      },
+      {
+        parse,
+        body: CreateOrgBody,
+        detail: { tags, summary: 'Create an organization with a balance and a master key' },
+      },
+    )
+    .get('/v1/admin/organizations/:org_id', ({ params }) => orgView(svc.identity.org(params.org_id)), {
+      params: OrgParams,
+      detail: { tags, summary: 'An organization and its balance' },
+    })
+    .post(
+      '/v1/admin/organizations/:org_id/credit',
+      async ({ params, body }) => {
+        const org = svc.identity.org(params.org_id)
+        await svc.identity.credit(org, limitOf(body.amount_rub, 'amount_rub')!)
+        return orgView(org)
+      },
+      {
+        parse,
+        params: OrgParams,
+        body: CreditBody,
+        detail: { tags, summary: 'Top up a balance (ledger row kind credit)' },
+      },
+    )
+    .post(
+      '/v1/admin/organizations/:org_id/master_keys',
+      async ({ params, body, set }) => {
+        const org = svc.identity.org(params.org_id)
+        const { key, secret } = await svc.identity.createKey(org, 'master', {
+          name: body.name,
+          limitNano: null,
+        })
+        set.status = 201
+        return { ...keyView(key), key: secret }
+      },
+      {
+        parse,
+        params: OrgParams,
+        body: MasterKeyBody,
+        detail: { tags, summary: 'Issue another master key' },
+      },
+    )
+}

@@ -1,0 +1,26 @@
+import { Elysia } from 'elysia'
+import { ChatRequest } from '../../api/chat.ts'
+import { chatCompletion } from '../../pipeline/chat.ts'
+import type { Services } from '../../services.ts'
+import { authenticate, payerOf } from '../auth.ts'
+import { jsonBody } from '../body.ts'
+
+export const chatRoutes = (svc: Services) =>
+  new Elysia()
+    .derive(authenticate(svc))
+    .post(
+      '/v1/chat/completions',
+      ({ principal, body, request, set }) =>
+        chatCompletion(
+          svc.deps,
+          payerOf(principal),
+          body,
+          request.signal,
+          set.headers['x-request-id'] as string,
+        ),
+      {
+        parse: jsonBody(svc.config.server.maxBodyBytes),
+        body: ChatRequest,
+        detail: { tags: ['chat'], summary: 'Chat completion (JSON, or SSE with stream: true)' },
+      },
+    )

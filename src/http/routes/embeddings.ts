@@ -1,0 +1,26 @@
+import { Elysia } from 'elysia'
+import { EmbeddingRequest } from '../../api/embeddings.ts'
+import { createEmbeddings } from '../../pipeline/embeddings.ts'
+import type { Services } from '../../services.ts'
+import { authenticate, payerOf } from '../auth.ts'
+import { jsonBody } from '../body.ts'
+
+export const embeddingRoutes = (svc: Services) =>
+  new Elysia()
+    .derive(authenticate(svc))
+    .post(
+      '/v1/embeddings',
+      ({ principal, body, request, set }) =>
+        createEmbeddings(
+          svc.deps,
+          payerOf(principal),
+          body,
+          request.signal,
+          set.headers['x-request-id'] as string,
+        ),
+      {
+        parse: jsonBody(svc.config.server.maxBodyBytes),
+        body: EmbeddingRequest,
+        detail: { tags: ['embeddings'], summary: 'Embeddings of up to 2048 inputs' },
+      },
+    )

@@ -1,0 +1,123 @@
+import { Elysia, t } from 'elysia'
+import { CreateKeyBody, PatchKeyBody } from '../../api/keys.ts'
+import { type NanoRub, rubNumberToNano } from '../../billing/money.ts'
+import { InvalidValue } from '../../errors.ts'
+import type { Services } from '../../services.ts'
+import { authenticate, keyManagerOrg } from '../auth.ts'
+import { jsonBody } from '../body.ts'
+import { queryEnum, queryInt } from '../query.ts'
+import { keyView } from '../views.ts'
+
+const KeyParams = t.Object({ key_id: t.String() })
+// Query values are checked by queryInt/queryEnum: Elysia reports a query error without the
+// parameter's name, and the OpenAI error body needs it in `param`.
+const ListKeysQuery = t.Object({
+  limit: t.Optional(t.String()),
+  after: t.Optional(t.String()),
+  status: t.Optional(t.String()),
+  org_id: t.Optional(t.String()),
+})
+
+/** limit_rub as nano-roubles: null stays null (no limit); more than six digits is refused. */
+export function limitOf(value: number | null | undefined, param = 'limit_rub'): NanoRub | null | undefined {
+  if (value === undefined || value === null) return value
+  const nano = rubNumberToNano(value)
+  if (nano === undefined) throw new InvalidValue(`${param} must have at most six fractional digits`, param)
+  return nano
+}
+
+export const keyRoutes = (svc: Services) => {
+  const parse = jsonBody(64 * 1024)
+  const tags = ['keys']
+  return new Elysia()
+    .derive(authenticate(svc))
+    .post(
+      '/v1/keys',
+      async ({ principal, body, set }) => {
+        const org = keyManagerOrg(svc, principal, body.org_id)
+        const { key, secret } = await svc.identity.createKey(org, 'api', {
+          name: body.name,
+          limitNano: limitOf(body.limit_rub) ?? null,
+          rpmLimit: body.rpm_limit ?? null,
+          tpmLimit: body.tpm_limit ?? null,
+        })
+        set.status = 201
+        return { ...keyView(key), key: secret }
+      },
+      {
+        parse,
+        body: CreateKeyBody,
+        detail: { tags, summary: 'Create an API key (the secret is shown only here)' },
+      },
+    )
+    .get(
+      '/v1/keys',
+      async ({ principal, query }) => {
+        const org = keyManagerOrg(svc, principal, query.org_id)
+        const limit = queryInt(query.limit, 'limit', 1, 1000) ?? 100
+        const status = queryEnum(query.status, 'status', ['active', 'disabled', 'revoked'] as const)
+        const rows = await svc.identity.listKeys({
+          orgId: org.id,
+          kind: 'api',
+          limit: limit + 1,
+          ...(status && { status }),
+          ...(query.after && { afterId: query.after }),
+        })
+        const data = rows.slice(0, limit).map(keyView)
+        return {
+          object: 'list',
+          data,
+          has_more: rows.length > limit,
+          first_id: data[0]?.key_id ?? null,
+          last_id: data.at(-1)?.key_id ?? null,
+        }
+      },
+      { query: ListKeysQuery, detail: { tags, summary: 'List API keys (active, disabled and revoked)' } },
+    )
+    .get(
+      '/v1/keys/:key_id',
+      ({ principal, params, query }) =>
+        keyView(svc.identity.key(keyManagerOrg(svc, principal, query.org_id).id, params.key_id, 'api')),
+      {
+        params: KeyParams,
+        query: t.Object({ org_id: t.Optional(t.String()) }),
+        detail: { tags, summary: 'One API key' },
+      },
+    )
+    .patch(
+      '/v1/keys/:key_id',
+      async ({ principal, params, body, query }) => {
+        const key = svc.identity.key(keyManagerOrg(svc, principal, query.org_id).id, params.key_id, 'api')
+        const limitNano = limitOf(body.limit_rub)
+        return keyView(
+          await svc.identity.updateKey(key, {
+            ...(body.name !== undefined && { name: body.name }),
+            ...(limitNano !== undefined && { limitNano }),
+            ...(body.disabled !== undefined && { disabled: body.disabled }),
+            ...(body.rpm_limit !== undefined && { rpmLimit: body.rpm_limit }),
+            ...(body.tpm_limit !== undefined && { tpmLimit: body.tpm_limit }),
+          }),
+        )
+      },
+      {
+        parse,
+        params: KeyParams,
+        query: t.Object({ org_id: t.Optional(t.String()) }),
+        body: PatchKeyBody,
+        detail: { tags, summary: 'Rename, change the limit, disable or enable a key' },
+      },
+    )
+    .delete(
+      '/v1/keys/:key_id',
+      async ({ principal, params, query }) => {
+        const key = svc.identity.key(keyManagerOrg(svc, principal, query.org_id).id, params.key_id, 'api')
+        await svc.identity.revokeKey(key)
+        return { key_id: key.id, object: 'key.deleted', deleted: true }
+      },
+      {
+        params: KeyParams,
+        query: t.Object({ org_id: t.Optional(t.String()) }),
+        detail: { tags, summary: 'Revoke a key: immediate and irreversible' },
+      },
+    )
+}

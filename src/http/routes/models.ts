@@ -1,0 +1,29 @@
+import { Elysia, t } from 'elysia'
+import type { Services } from '../../services.ts'
+import { authenticate, requireReader } from '../auth.ts'
+
+export const modelRoutes = (svc: Services) =>
+  new Elysia()
+    .derive(authenticate(svc))
+    .get(
+      '/v1/models',
+      ({ principal }) => {
+        requireReader(principal)
+        return { object: 'list', data: svc.deps.catalogue.list() }
+      },
+      {
+        detail: {
+          tags: ['models'],
+          summary: 'List models with context length and prices in roubles per token',
+        },
+      },
+    )
+    .get(
+      '/v1/models/*',
+      ({ principal, params }) => {
+        requireReader(principal)
+        // Model ids contain a slash (<provider>/<model_name>), so the path is a wildcard.
+        return svc.deps.catalogue.view(decodeURIComponent(params['*']))
+      },
+      { params: t.Object({ '*': t.String() }), detail: { tags: ['models'], summary: 'One model' } },
+    )

@@ -1,0 +1,187 @@
+import { type NanoRub, nanoToRubNumber } from '../billing/money.ts'
+import {
+  Conflict,
+  invalidApiKey,
+  keyDisabled,
+  keyNotFound,
+  keyRevoked,
+  missingApiKey,
+  orgNotFound,
+} from '../errors.ts'
+import { requestId, sortableId } from '../ids.ts'
+import type { KeyKind, KeyPatch, KeyRecord, KeyStatus, Store } from '../storage/store.ts'
+import { LiveKey, LiveOrg, type Principal } from './live.ts'
+import { hashSecret, newSecret, secretHint } from './secrets.ts'
+
+export interface NewKey {
+  readonly name: string
+  readonly limitNano: NanoRub | null
+  readonly rpmLimit?: number | null
+  readonly tpmLimit?: number | null
+}
+
+export interface KeyChanges {
+  readonly name?: string
+  readonly limitNano?: NanoRub | null
+  readonly disabled?: boolean
+  readonly rpmLimit?: number | null
+  readonly tpmLimit?: number | null
+}
+
+/**
+ * Organizations and keys. Every key and organization lives in memory (loaded at start and
+ * written through), so authenticating a request is a hash and a map lookup, never a query.
+ */
+export class IdentityService {
+  private readonly byHash = new Map<string, LiveKey>()
+  private readonly byId = new Map<string, LiveKey>()
+  private readonly orgs = new Map<string, LiveOrg>()
+
+  private constructor(
+    private readonly store: Store,
+    private readonly adminHash: string | undefined,
+  ) {}
+
+  static async open(store: Store, adminToken: string | undefined): Promise<IdentityService> {
+    const svc = new IdentityService(store, adminToken ? hashSecret(adminToken) : undefined)
+    for (const o of await store.loadOrgs()) svc.orgs.set(o.id, new LiveOrg(o))
+    for (const k of await store.loadKeys()) svc.remember(new LiveKey(k))
+    return svc
+  }
+
+  /** Resolves an Authorization header to who is calling; throws 401 otherwise. */
+  authenticate(authorization: string | null | undefined): Principal {
+    if (!authorization || authorization.trim().toLowerCase() === 'bearer') throw missingApiKey()
+    if (authorization.length < 8 || authorization.slice(0, 7).toLowerCase() !== 'bearer ')
+      throw invalidApiKey()
+    const token = authorization.slice(7).trim()
+    if (token.length === 0) throw missingApiKey()
+    const hash = hashSecret(token)
+    // Comparing hashes keeps the admin check constant-time with respect to the secret.
+    if (this.adminHash !== undefined && hash === this.adminHash) return { kind: 'admin' }
+    const key = this.byHash.get(hash)
+    if (!key) throw invalidApiKey()
+    if (key.status === 'revoked') throw keyRevoked()
+    if (key.status === 'disabled') throw keyDisabled()
+    const org = this.orgs.get(key.orgId)
+    if (!org) throw invalidApiKey()
+    return { kind: key.kind, key, org }
+  }
+
+  org(id: string): LiveOrg {
+    const org = this.orgs.get(id)
+    if (!org) throw orgNotFound(id)
+    return org
+  }
+
+  async createOrg(name: string, nowSec = Math.floor(Date.now() / 1000)): Promise<LiveOrg> {
+    if (await this.store.findOrgByName(name))
+      throw new Conflict(`an organization named ${JSON.stringify(name)} exists`, 'org_exists')
+    const rec = { id: `org_${sortableId()}`, name, balanceNano: 0n, createdAt: nowSec }
+    await this.store.insertOrg(rec)
+    const org = new LiveOrg(rec)
+    this.orgs.set(org.id, org)
+    return org
+  }
+
+  async findOrgByName(name: string): Promise<LiveOrg | undefined> {
+    const rec = await this.store.findOrgByName(name)
+    return rec ? this.orgs.get(rec.id) : undefined
+  }
+
+  /** Adds to an organization's balance, with a ledger row of its own; written before it counts. */
+  async credit(org: LiveOrg, amountNano: NanoRub): Promise<void> {
+    const now = Date.now()
+    await this.store.recordLedger([
+      {
+        requestId: `credit_${requestId()}`,
+        kind: 'credit',
+        orgId: org.id,
+        keyId: null,
+        model: null,
+        node: null,
+        promptTokens: 0,
+        completionTokens: 0,
+        costNano: amountNano,
+        batchId: null,
+        startedAtMs: now,
+        endedAtMs: now,
+        outcome: 'credit',
+        estimated: false,
+      },
+    ])
+    org.balanceNano += amountNano
+  }
+
+  async createKey(org: LiveOrg, kind: KeyKind, k: NewKey): Promise<{ key: LiveKey; secret: string }> {
+    const secret = newSecret(kind === 'api' ? 'sk' : 'mk')
+    const rec: KeyRecord = {
+      id: `key_${sortableId()}`,
+      orgId: org.id,
+      kind,
+      name: k.name,
+      secretHash: hashSecret(secret),
+      hint: secretHint(secret),
+      limitNano: k.limitNano,
+      spentNano: 0n,
+      status: 'active',
+      createdAt: Math.floor(Date.now() / 1000),
+      lastUsedAt: null,
+      revokedAt: null,
+      rpmLimit: k.rpmLimit ?? null,
+      tpmLimit: k.tpmLimit ?? null,
+    }
+    await this.store.insertKey(rec)
+    const key = new LiveKey(rec)
+    this.remember(key)
+    return { key, secret }
+  }
+
+  /** A key of this organization; another organization's key is reported as not found. */
+  key(orgId: string, id: string, kind: KeyKind): LiveKey {
+    const key = this.byId.get(id)
+    if (!key || key.orgId !== orgId || key.kind !== kind) throw keyNotFound(id)
+    return key
+  }
+
+  async listKeys(q: { orgId: string; kind: KeyKind; status?: KeyStatus; afterId?: string; limit: number }) {
+    // Ids come from the store (ordering, paging); the live objects carry unflushed spend.
+    const rows = await this.store.listKeys(q)
+    return rows.map((r) => this.byId.get(r.id) ?? new LiveKey(r))
+  }
+
+  async updateKey(key: LiveKey, c: KeyChanges): Promise<LiveKey> {
+    if (key.status === 'revoked') {
+      if (Object.keys(c).length === 0) return key
+      throw new Conflict('a revoked key cannot be changed', 'key_revoked')
+    }
+    const patch: KeyPatch = {
+      ...(c.name !== undefined && { name: c.name }),
+      ...(c.limitNano !== undefined && { limitNano: c.limitNano }),
+      ...(c.disabled !== undefined && { status: c.disabled ? 'disabled' : 'active' }),
+      ...(c.rpmLimit !== undefined && { rpmLimit: c.rpmLimit }),
+      ...(c.tpmLimit !== undefined && { tpmLimit: c.tpmLimit }),
+    }
+    await this.store.updateKey(key.id, patch)
+    Object.assign(key, patch)
+    return key
+  }
+
+  /** Irreversible; revoking twice is a no-op that succeeds. */
+  async revokeKey(key: LiveKey): Promise<void> {
+    if (key.status === 'revoked') return
+    const revokedAt = Math.floor(Date.now() / 1000)
+    await this.store.updateKey(key.id, { status: 'revoked', revokedAt })
+    key.status = 'revoked'
+    key.revokedAt = revokedAt
+  }
+
+  balanceRub(org: LiveOrg): number {
+    return nanoToRubNumber(org.balanceNano)
+  }
+
+  private remember(key: LiveKey) {
+    this.byHash.set(key.secretHash, key)
+    this.byId.set(key.id, key)
+  }
+}

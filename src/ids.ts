@@ -1,0 +1,53 @@
+// Identifiers: time-sortable ids for records, random base62 secrets for keys.
+const CROCKFORD = '0123456789abcdefghjkmnpqrstvwxyz'
+const BASE62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+
+let lastMs = -1
+let lastRandom = new Uint8Array(10)
+
+/** A lowercase ULID-like id (26 chars): 48-bit time then 80 random bits, monotonic within a ms. */
+export function sortableId(now = Date.now()): string {
+  if (now <= lastMs) {
+    // Same millisecond: increment the random part so ids stay strictly sortable.
+    for (let i = lastRandom.length - 1; i >= 0; i--) {
+      lastRandom[i] = (lastRandom[i]! + 1) & 0xff
+      if (lastRandom[i] !== 0) break
+    }
+    now = lastMs
+  } else {
+    lastRandom = crypto.getRandomValues(new Uint8Array(10))
+    lastMs = now
+  }
+  let out = ''
+  let t = now
+  for (let i = 0; i < 10; i++) {
+    out = CROCKFORD[t % 32]! + out
+    t = Math.floor(t / 32)
+  }
+  // 80 bits -> 16 chars of 5 bits
+  let bits = 0n
+  for (const b of lastRandom) bits = (bits << 8n) | BigInt(b)
+  let rand = ''
+  for (let i = 0; i < 16; i++) {
+    rand = CROCKFORD[Number(bits & 31n)]! + rand
+    bits >>= 5n
+  }
+  return out + rand
+}
+
+/** `len` random base62 characters from a CSPRNG (rejection sampling keeps them uniform). */
+export function randomBase62(len: number): string {
+  let out = ''
+  while (out.length < len) {
+    for (const b of crypto.getRandomValues(new Uint8Array(len * 2))) {
+      if (b < 248) out += BASE62[b % 62]
+      if (out.length === len) break
+    }
+  }
+  return out
+}
+
+/** A short random id for request and completion ids (not secret, only unique). */
+export function requestId(): string {
+  return randomBase62(24)
+}

@@ -1,0 +1,159 @@
+#!/usr/bin/env bun
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { parseArgs } from 'node:util'
+import { createApp } from './app.ts'
+import { type Config, ConfigError, loadConfig } from './config/load.ts'
+import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
+import { randomBase62 } from './ids.ts'
+import { loadTokenizer } from './pipeline/tokens.ts'
+import { buildServices, consoleLog } from './services.ts'
+import { runSimCommand } from './simulator/cli.ts'
+import { openSqliteStore } from './storage/sqlite/store.ts'
+
+const VERSION = '0.1.0'
+
+const HELP = `tropa ${VERSION}: an OpenAI-compatible model router with hard spending limits in roubles
+
+Usage:
+  tropa [serve] [flags]     start the router (the default subcommand)
+  tropa sim [flags]         run simulated OpenAI-compatible upstream nodes (tropa sim --help)
+  tropa help | --help       this text
+  tropa version | --version
+
+Flags of serve:
+  --demo                    embedded default: SQLite in the data dir, an in-process simulated
+                            fleet (3 nodes, sim/chat-small and sim/embed-small), a demo
+                            organization; prints keys and a curl (also TROPA_DEMO=1)
+  --config <file>           config file, TOML or JSON (also TROPA_CONFIG); see docs/config.md
+  --port <n>                listen port, default 8080 (also TROPA_PORT; 0 picks a free one)
+  --host <addr>             listen address, default 127.0.0.1 (also TROPA_HOST)
+  --data-dir <dir>          data directory, default ./tropa-data (also TROPA_DATA_DIR)
+
+Environment: TROPA_ADMIN_TOKEN sets the admin token; without it the embedded default generates
+one at first start into <data-dir>/admin-token (mode 0600) and prints it once.`
+
+async function main(argv: string[]): Promise<void> {
+  const [first, ...rest] = argv
+  if (first === 'sim') return runSimCommand(rest)
+  if (first === 'help' || first === '--help' || first === '-h') return void console.log(HELP)
+  if (first === 'version' || first === '--version') return void console.log(VERSION)
+  const args = first === 'serve' ? rest : argv
+  let values: ReturnType<typeof parseFlags>
+  try {
+    values = parseFlags(args)
+  } catch (err) {
+    console.error(`tropa: ${(err as Error).message}\n\n${HELP}`)
+    process.exit(2)
+  }
+  if (values.help) return void console.log(HELP)
+  const port = values.port === undefined ? undefined : Number(values.port)
+  if (port !== undefined && (!Number.isInteger(port) || port < 0 || port > 65535)) {
+    console.error(`tropa: --port must be an integer from 0 to 65535, not ${values.port}`)
+    process.exit(2)
+  }
+  let config: Config
+  try {
+    config = loadConfig({
+      configPath: values.config,
+      port,
+      host: values.host,
+      dataDir: values['data-dir'],
+      demo: values.demo,
+    })
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      console.error(`tropa: ${err.message}`)
+      process.exit(2)
+    }
+    throw err
+  }
+  await serve(config)
+}
+
+function parseFlags(args: string[]) {
+  return parseArgs({
+    args,
+    options: {
+      demo: { type: 'boolean' },
+      config: { type: 'string' },
+      port: { type: 'string' },
+      host: { type: 'string' },
+      'data-dir': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+    allowPositionals: false,
+  }).values
+}
+
+async function serve(base: Config): Promise<void> {
+  const log = consoleLog(base.server.logLevel)
+  mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
+  const fleet =
+    base.demo.enabled && base.models.length === 0 ? await startDemoFleet(base.demo.nodes) : undefined
+  const models = fleet ? demoModels(fleet.nodes) : base.models
+  const { token: adminToken, generated } = adminTokenOf(base)
+  const config: Config = { ...base, models, server: { ...base.server, adminToken } }
+  const store = openSqliteStore(config.storage.sqlitePath)
+  const svc = await buildServices(config, store, log)
+  const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
+  const baseUrl = `http://${config.server.host}:${app.server?.port}`
+  log('info', 'tropa listening', {
+    url: baseUrl,
+    config: config.source,
+    data_dir: config.server.dataDir,
+    models: models.map((m) => `${m.id} (${m.routes.length} routes)`),
+  })
+  void loadTokenizer()
+
+  let stopping = false
+  const stop = async () => {
+    if (stopping) return
+    stopping = true
+    await app.stop()
+    await svc.stop()
+    await store.close()
+    await fleet?.stop()
+    process.exit(0)
+  }
+  process.on('SIGINT', stop)
+  process.on('SIGTERM', stop)
+
+  if (generated)
+    console.log(
+      `Admin token (shown once; stored in ${join(config.server.dataDir, 'admin-token')}):\n  ${adminToken}\n`,
+    )
+  if (config.demo.enabled) {
+    const { creds, file } = await ensureDemoOrg(svc, config, baseUrl, adminToken)
+    console.log(`Tropa demo is running at ${baseUrl}/v1
+  models:     ${models.map((m) => m.id).join(', ')} on ${fleet?.nodes.length ?? 0} simulated nodes
+  master key: ${creds.master_key}   (manages API keys: /v1/keys)
+  API key:    ${creds.api_key}
+  credentials as JSON: ${file}
+
+Try it:
+  curl -s ${baseUrl}/v1/chat/completions \\
+    -H "Authorization: Bearer ${creds.api_key}" -H "Content-Type: application/json" \\
+    -d '{"model":"sim/chat-small","messages":[{"role":"user","content":"Hello!"}]}'
+`)
+  }
+}
+
+/** The admin token: configured, or (embedded default) generated once into the data dir. */
+function adminTokenOf(cfg: Config): { token: string; generated: boolean } {
+  if (cfg.server.adminToken) return { token: cfg.server.adminToken, generated: false }
+  const file = join(cfg.server.dataDir, 'admin-token')
+  if (existsSync(file)) return { token: readFileSync(file, 'utf8').trim(), generated: false }
+  const token = `admin-${randomBase62(40)}`
+  writeFileSync(file, `${token}\n`, { mode: 0o600 })
+  chmodSync(file, 0o600)
+  return { token, generated: true }
+}
+
+if (import.meta.main) {
+  main(process.argv.slice(2)).catch((err) => {
+    console.error(`tropa: ${(err as Error)?.stack ?? err}`)
+    process.exit(1)
+  })
+}

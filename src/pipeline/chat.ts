@@ -1,0 +1,304 @@
+import type { ChatMessage, ChatRequest } from '../api/chat.ts'
+import type { Meter, Reservation } from '../billing/meter.ts'
+import { costNano, formatRub, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
+import type { RateLimiter } from '../billing/rate-limiter.ts'
+import type { Catalogue } from '../catalogue/catalogue.ts'
+import type { ModelConfig } from '../config/load.ts'
+import { ContextLengthExceeded, InvalidValue, UpstreamFailed, UpstreamTimeout } from '../errors.ts'
+import type { LiveKey, LiveOrg } from '../identity/live.ts'
+import type { Candidate } from '../routing/nodes.ts'
+import type { UpstreamReply } from '../upstream/adapter.ts'
+import { ChatStreamRelay, generatedText, sseEvent, type Usage } from '../upstream/sse.ts'
+import { dispatch, readBody, type UpstreamDeps } from './dispatch.ts'
+import { countChatPrompt, countTokens, loadTokenizer } from './tokens.ts'
+
+export interface ChatDeps extends UpstreamDeps {
+  readonly catalogue: Catalogue
+  readonly meter: Meter
+  readonly limiter: RateLimiter
+}
+
+/** Who pays for a request. */
+export interface Payer {
+  readonly key: LiveKey
+  readonly org: LiveOrg
+}
+
+interface ChatCompletion {
+  id: string
+  model: string
+  usage?: Usage
+  [k: string]: unknown
+}
+
+/**
+ * POST /v1/chat/completions, top to bottom: check -> count -> reserve -> route (with failover)
+ * -> relay -> settle. The reservation is taken before choosing a node, so a failover never
+ * bills twice and a refused request never reaches an upstream.
+ */
+export async function chatCompletion(
+  deps: ChatDeps,
+  payer: Payer,
+  body: ChatRequest,
+  signal: AbortSignal,
+  requestId: string,
+): Promise<Response> {
+  const startedAtMs = Date.now()
+  const model = deps.catalogue.getOfKind(body.model, 'chat')
+  checkMessages(body.messages)
+  await loadTokenizer()
+  const promptTokens = countChatPrompt(body.messages, body.tools)
+  const maxOut = outputBudget(model, promptTokens, body.max_completion_tokens ?? body.max_tokens)
+  const choices = body.n ?? 1
+  deps.limiter.admit(payer.key, promptTokens)
+  const worst = costNano(promptTokens, maxOut * choices, model.price)
+  const reservation = deps.meter.reserve(payer.key, payer.org, worst)
+
+  const stream = body.stream === true
+  const includeUsage = body.stream_options?.include_usage === true
+  const completionId = `chatcmpl-${requestId}`
+  const upstreamBody = (upstreamModel: string) =>
+    JSON.stringify(
+      stream
+        ? { ...body, model: upstreamModel, stream_options: { ...body.stream_options, include_usage: true } }
+        : { ...body, model: upstreamModel },
+    )
+  const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
+  const settle = (c: Candidate, usage: Usage | undefined, completionText: () => string, outcome: string) => {
+    const estimated = !usage
+    const p = usage?.prompt_tokens ?? promptTokens
+    const cTokens = usage?.completion_tokens ?? countTokens(completionText())
+    deps.limiter.used(payer.key, cTokens)
+    return deps.meter.settle(reservation, {
+      requestId,
+      model: model.id,
+      node: c.node.name,
+      promptTokens: p,
+      completionTokens: cTokens,
+      costNano: costNano(p, cTokens, model.price),
+      batchId: null,
+      startedAtMs,
+      endedAtMs: Date.now(),
+      outcome,
+      estimated,
+    })
+  }
+
+  try {
+    if (!stream) {
+      const { value, candidate } = await dispatch(
+        deps,
+        {
+          model,
+          path: '/chat/completions',
+          stream,
+          promptTokens,
+          body: (r) => upstreamBody(r.upstreamModel),
+          accept: async (reply, c) => parseCompletion(await readBody(reply, deps, c.node.name), c.node.name),
+        },
+        signal,
+      )
+      deps.pool.end(candidate.node, true)
+      value.id = completionId
+      value.model = model.id
+      const charged = settle(candidate, value.usage, () => completionTextOf(value), 'ok')
+      if (value.usage) value.usage.cost_rub = nanoToRubNumber(charged)
+      return Response.json(value, {
+        headers: { ...headers(candidate), 'x-tropa-cost-rub': formatRub(charged) },
+      })
+    }
+
+    const { value: first, candidate } = await dispatch(
+      deps,
+      {
+        model,
+        path: '/chat/completions',
+        stream,
+        promptTokens,
+        body: (r) => upstreamBody(r.upstreamModel),
+        accept: (reply, c) => firstChunk(reply, deps, c),
+      },
+      signal,
+    )
+    // Settles when the usage event arrives (just before [DONE]) so its cost can ride in it.
+    const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => ({
+      cost_rub: nanoToRubNumber(settle(candidate, usage, () => '', 'ok')),
+    }))
+    const body$ = relayStream(deps, first, relay, candidate, reservation, (usage, outcome) =>
+      settle(candidate, usage, () => generatedText(relay.contentEvents), outcome),
+    )
+    return new Response(body$, {
+      headers: {
+        ...headers(candidate),
+        'content-type': 'text/event-stream; charset=utf-8',
+        'cache-control': 'no-cache',
+        connection: 'keep-alive',
+      },
+    })
+  } catch (err) {
+    deps.meter.release(reservation)
+    throw err
+  }
+}
+
+/** Tokens the answer may use: asked for, or what the context leaves; 400 when it cannot fit. */
+function outputBudget(model: ModelConfig, promptTokens: number, asked: number | null | undefined): number {
+  const left = model.contextLength - promptTokens
+  if (asked !== undefined && asked !== null) {
+    if (promptTokens + asked > model.contextLength)
+      throw new ContextLengthExceeded(
+        `the prompt (${promptTokens} tokens) plus max_tokens (${asked}) exceeds ${model.id}'s context of ${model.contextLength} tokens`,
+      )
+    return asked
+  }
+  if (left < 1)
+    throw new ContextLengthExceeded(
+      `the prompt (${promptTokens} tokens) leaves no room in ${model.id}'s context of ${model.contextLength} tokens`,
+    )
+  return left
+}
+
+/** The rules TypeBox cannot say: which roles need content, and tool linkage. */
+function checkMessages(messages: readonly ChatMessage[]): void {
+  messages.forEach((m, i) => {
+    const at = `messages[${i}]`
+    if (m.role === 'assistant') {
+      if ((m.content === undefined || m.content === null) && !(m.tool_calls && m.tool_calls.length > 0))
+        throw new InvalidValue(`${at}: an assistant message needs content or tool_calls`, `${at}.content`)
+      return
+    }
+    if (m.content === undefined || m.content === null)
+      throw new InvalidValue(`${at}: a ${m.role} message needs content`, `${at}.content`)
+    if (m.role === 'tool' && !m.tool_call_id)
+      throw new InvalidValue(`${at}: a tool message needs tool_call_id`, `${at}.tool_call_id`)
+    if (m.role !== 'user' && Array.isArray(m.content) && m.content.some((p) => p.type !== 'text'))
+      throw new InvalidValue(
+        `${at}: only user messages may carry image, audio or file parts`,
+        `${at}.content`,
+      )
+  })
+}
+
+function parseCompletion(text: string, node: string): ChatCompletion {
+  try {
+    const v = JSON.parse(text) as ChatCompletion
+    if (v && typeof v === 'object' && Array.isArray(v.choices)) return v
+  } catch {
+    // fall through
+  }
+  throw new UpstreamFailed(`${node} sent a malformed completion`)
+}
+
+function completionTextOf(c: ChatCompletion): string {
+  let text = ''
+  for (const ch of (c.choices as { message?: { content?: unknown; tool_calls?: unknown } }[]) ?? []) {
+    if (typeof ch.message?.content === 'string') text += ch.message.content
+    if (ch.message?.tool_calls) text += JSON.stringify(ch.message.tool_calls)
+  }
+  return text
+}
+
+interface FirstChunk {
+  reply: UpstreamReply
+  reader: ReadableStreamDefaultReader<Uint8Array>
+  chunk: Uint8Array
+}
+
+/** Waits for the stream's first bytes: until then a silent or broken node can be failed over. */
+async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate): Promise<FirstChunk> {
+  const body = reply.response.body
+  if (!body) throw new UpstreamFailed(`${c.node.name} sent an empty stream`)
+  const reader = body.getReader() as ReadableStreamDefaultReader<Uint8Array>
+  const deadline = deps.watchdog.watch(Date.now() + deps.timeouts.firstByteTimeoutMs, () =>
+    reply.abort(new UpstreamTimeout(`${c.node.name} sent no first token in time`)),
+  )
+  try {
+    const { done, value } = await reader.read()
+    if (done || !value) throw new UpstreamFailed(`${c.node.name} closed the stream before its first token`)
+    return { reply, reader, chunk: value }
+  } catch (err) {
+    if (err instanceof UpstreamFailed) throw err
+    throw new UpstreamFailed(
+      `${c.node.name} broke the stream before its first token: ${(err as Error).message}`,
+    )
+  } finally {
+    deps.watchdog.clear(deadline)
+  }
+}
+
+/**
+ * The client's SSE body: upstream events relayed as they arrive; settles exactly once, when the
+ * upstream ends, breaks, or the client goes away (then it pays for what it was sent).
+ */
+function relayStream(
+  deps: UpstreamDeps,
+  first: FirstChunk,
+  relay: ChatStreamRelay,
+  c: Candidate,
+  reservation: Reservation,
+  settle: (usage: Usage | undefined, outcome: string) => NanoRub,
+): ReadableStream<Uint8Array> {
+  const { reader, reply } = first
+  let finished = false
+  const idle = deps.timeouts.idleTimeoutMs
+  const deadline = deps.watchdog.watch(Date.now() + idle, () =>
+    reply.abort(new UpstreamTimeout(`${c.node.name} stalled mid-stream`)),
+  )
+  const finish = (outcome: string, nodeOk: boolean) => {
+    if (finished) return
+    finished = true
+    deps.watchdog.clear(deadline)
+    deps.pool.end(c.node, nodeOk)
+    if (!reservation.done) settle(relay.usage, outcome)
+  }
+  const fail = (controller: ReadableStreamDefaultController<Uint8Array>, message: string, code: string) => {
+    controller.enqueue(sseEvent({ error: { message, type: 'upstream_error', param: null, code } }))
+    controller.close()
+  }
+  return new ReadableStream<Uint8Array>({
+    start(controller) {
+      const out = relay.push(first.chunk)
+      if (out) controller.enqueue(out)
+    },
+    async pull(controller) {
+      try {
+        const { done, value } = await reader.read()
+        if (done) {
+          const rest = relay.end()
+          if (rest) controller.enqueue(rest)
+          if (!relay.sawDone && !relay.usage) {
+            finish('upstream_broken', false)
+            fail(controller, `${c.node.name} ended the stream early`, 'upstream_error')
+            return
+          }
+          finish('ok', true)
+          controller.close()
+          return
+        }
+        deadline.atMs = Date.now() + idle
+        const out = relay.push(value)
+        if (out) controller.enqueue(out)
+        if (relay.upstreamError !== undefined) {
+          finish('upstream_error', false)
+          reply.abort(new UpstreamFailed('upstream sent an error event'))
+          fail(controller, `${c.node.name} failed mid-stream`, 'upstream_error')
+        }
+      } catch (err) {
+        if (finished) return
+        const timeout = err instanceof UpstreamTimeout
+        finish(timeout ? 'upstream_timeout' : 'upstream_broken', false)
+        fail(
+          controller,
+          timeout ? err.message : `${c.node.name} broke the stream: ${(err as Error).message}`,
+          timeout ? 'upstream_timeout' : 'upstream_error',
+        )
+      }
+    },
+    cancel() {
+      // The client went away: stop the upstream and bill what was sent.
+      finish('client_disconnected', true)
+      reply.abort(new Error('client disconnected'))
+      reader.cancel().catch(() => {})
+    },
+  })
+}

@@ -1,0 +1,114 @@
+import { type EmbeddingRequest, MAX_EMBEDDING_INPUTS } from '../api/embeddings.ts'
+import { costNano, formatRub } from '../billing/money.ts'
+import { ContextLengthExceeded, InvalidValue, TooManyInputs, UpstreamFailed } from '../errors.ts'
+import type { ChatDeps, Payer } from './chat.ts'
+import { dispatch, readBody } from './dispatch.ts'
+import { countTokens, loadTokenizer } from './tokens.ts'
+
+const USAGE = /"usage"\s*:\s*(\{[^{}]*\})/
+
+/**
+ * POST /v1/embeddings. The upstream's body is forwarded as text with one substring swap (the
+ * model name): a 2048-vector response is megabytes of JSON, not worth parsing and re-writing.
+ */
+export async function createEmbeddings(
+  deps: ChatDeps,
+  payer: Payer,
+  body: EmbeddingRequest,
+  signal: AbortSignal,
+  requestId: string,
+): Promise<Response> {
+  const startedAtMs = Date.now()
+  const model = deps.catalogue.getOfKind(body.model, 'embedding')
+  const inputs = checkInputs(body.input)
+  if (body.dimensions !== undefined && model.dimensions !== undefined && body.dimensions > model.dimensions)
+    throw new InvalidValue(`dimensions must be at most ${model.dimensions} for ${model.id}`, 'dimensions')
+  await loadTokenizer()
+  let promptTokens = 0
+  inputs.forEach((input, i) => {
+    const n = typeof input === 'string' ? countTokens(input) : input.length
+    if (n > model.contextLength)
+      throw new ContextLengthExceeded(
+        `input[${i}] has ${n} tokens; ${model.id} takes at most ${model.contextLength}`,
+      )
+    promptTokens += n
+  })
+  deps.limiter.admit(payer.key, promptTokens)
+  const reservation = deps.meter.reserve(payer.key, payer.org, costNano(promptTokens, 0, model.price))
+  try {
+    const { value, candidate } = await dispatch(
+      deps,
+      {
+        model,
+        path: '/embeddings',
+        stream: false,
+        promptTokens,
+        body: (r) => JSON.stringify({ ...body, model: r.upstreamModel }),
+        accept: async (reply, c) => {
+          const text = await readBody(reply, deps, c.node.name)
+          const usage = USAGE.exec(text.slice(Math.max(0, text.lastIndexOf('"usage"') - 1)))
+          if (!text.includes('"data"'))
+            throw new UpstreamFailed(`${c.node.name} sent a malformed embeddings response`)
+          let tokens: number | undefined
+          if (usage) {
+            try {
+              const u = JSON.parse(usage[1]!) as { prompt_tokens?: unknown }
+              if (typeof u.prompt_tokens === 'number') tokens = u.prompt_tokens
+            } catch {
+              // counted below
+            }
+          }
+          const modelField = new RegExp(`"model"\\s*:\\s*${escapeRe(JSON.stringify(c.route.upstreamModel))}`)
+          return { text: text.replace(modelField, `"model":${JSON.stringify(model.id)}`), tokens }
+        },
+      },
+      signal,
+    )
+    deps.pool.end(candidate.node, true)
+    const tokens = value.tokens ?? promptTokens
+    const charged = deps.meter.settle(reservation, {
+      requestId,
+      model: model.id,
+      node: candidate.node.name,
+      promptTokens: tokens,
+      completionTokens: 0,
+      costNano: costNano(tokens, 0, model.price),
+      batchId: null,
+      startedAtMs,
+      endedAtMs: Date.now(),
+      outcome: 'ok',
+      estimated: value.tokens === undefined,
+    })
+    return new Response(value.text, {
+      headers: {
+        'content-type': 'application/json',
+        'x-request-id': requestId,
+        'x-tropa-node': candidate.node.name,
+        'x-tropa-cost-rub': formatRub(charged),
+      },
+    })
+  } catch (err) {
+    deps.meter.release(reservation)
+    throw err
+  }
+}
+
+function checkInputs(input: EmbeddingRequest['input']): (string | number[])[] {
+  if (typeof input === 'string') {
+    if (input.length === 0) throw new InvalidValue('input must not be empty', 'input')
+    return [input]
+  }
+  if (input.length === 0) throw new InvalidValue('input must not be an empty array', 'input')
+  // An array of integers is one tokenised input; an array of strings or arrays is many.
+  if (typeof input[0] === 'number') return [input as number[]]
+  if (input.length > MAX_EMBEDDING_INPUTS) throw new TooManyInputs(MAX_EMBEDDING_INPUTS)
+  const list = input as (string | number[])[]
+  list.forEach((item, i) => {
+    if (item.length === 0) throw new InvalidValue(`input[${i}] must not be empty`, `input[${i}]`)
+  })
+  return list
+}
+
+function escapeRe(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
+}

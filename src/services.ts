@@ -1,0 +1,70 @@
+import { LedgerWriter } from './billing/ledger.ts'
+import { Meter } from './billing/meter.ts'
+import { RateLimiter } from './billing/rate-limiter.ts'
+import { Catalogue } from './catalogue/catalogue.ts'
+import type { Config } from './config/load.ts'
+import { IdentityService } from './identity/service.ts'
+import type { ChatDeps } from './pipeline/chat.ts'
+import { NodePool } from './routing/nodes.ts'
+import { LeastInFlight } from './routing/policy.ts'
+import type { Store } from './storage/store.ts'
+import { OpenAICompatibleAdapter } from './upstream/openai-compatible.ts'
+import { Watchdog } from './upstream/watchdog.ts'
+
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error'
+export type Log = (level: LogLevel, msg: string, fields?: Record<string, unknown>) => void
+
+/** Everything the HTTP layer calls, built once by main.ts (or a test) from a config and a store. */
+export interface Services {
+  readonly config: Config
+  readonly store: Store
+  readonly identity: IdentityService
+  readonly deps: ChatDeps
+  readonly ledger: LedgerWriter
+  readonly log: Log
+  /** Flushes the ledger and stops timers; the store is closed by whoever opened it. */
+  stop(): Promise<void>
+}
+
+export async function buildServices(config: Config, store: Store, log: Log): Promise<Services> {
+  const identity = await IdentityService.open(store, config.server.adminToken)
+  const ledger = new LedgerWriter(store, config.storage.flushIntervalMs, (err) =>
+    log('error', 'ledger flush failed; will retry', { error: String(err) }),
+  )
+  ledger.start()
+  const watchdog = new Watchdog()
+  const pool = new NodePool(config.models)
+  const deps: ChatDeps = {
+    catalogue: new Catalogue(config.models),
+    meter: new Meter(ledger),
+    limiter: new RateLimiter(),
+    pool,
+    policy: new LeastInFlight(),
+    adapter: new OpenAICompatibleAdapter(watchdog),
+    watchdog,
+    timeouts: config.upstream,
+    log,
+  }
+  return {
+    config,
+    store,
+    identity,
+    deps,
+    ledger,
+    log,
+    async stop() {
+      watchdog.stop()
+      await ledger.stop()
+    },
+  }
+}
+
+const ORDER: Record<LogLevel, number> = { debug: 0, info: 1, warn: 2, error: 3 }
+
+/** JSON lines on stderr at or above `level`. */
+export function consoleLog(level: LogLevel): Log {
+  return (l, msg, fields) => {
+    if (ORDER[l] < ORDER[level]) return
+    process.stderr.write(`${JSON.stringify({ t: new Date().toISOString(), level: l, msg, ...fields })}\n`)
+  }
+}

@@ -1,0 +1,51 @@
+import { parseArgs } from 'node:util'
+import { startSimFleet } from './index.ts'
+
+const HELP = `tropa sim: simulated OpenAI-compatible inference nodes (continuous batching, prefix cache)
+
+Flags:
+  --nodes <n>          how many nodes (default 3)
+  --port <p>           first port; node i listens on p+i (default 9101)
+  --itl-ms <ms>        inter-token latency (default 20)
+  --prefill-tps <n>    prefill tokens per second (default 8000)
+  --max-seqs <n>       running sequences at most (default 32)
+  --time-scale <x>     multiply every delay (0: answer at once; default 1)`
+
+/** `tropa sim`: runs nodes until SIGINT or SIGTERM. */
+export async function runSimCommand(argv: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      nodes: { type: 'string' },
+      port: { type: 'string' },
+      'itl-ms': { type: 'string' },
+      'prefill-tps': { type: 'string' },
+      'max-seqs': { type: 'string' },
+      'time-scale': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  })
+  if (values.help) return void console.log(HELP)
+  const num = (v: string | undefined, d: number) => (v === undefined ? d : Number(v))
+  const n = num(values.nodes, 3)
+  const port = num(values.port, 9101)
+  const fleet = await startSimFleet(
+    Array.from({ length: n }, (_, i) => ({
+      name: `sim-${i + 1}`,
+      port: port + i,
+      itlMs: num(values['itl-ms'], 20),
+      prefillTokensPerSec: num(values['prefill-tps'], 8000),
+      maxSeqs: num(values['max-seqs'], 32),
+      timeScale: num(values['time-scale'], 1),
+      seed: i,
+    })),
+  )
+  for (const node of fleet.nodes) console.log(`${node.name} ${node.url}`)
+  const stop = async () => {
+    await fleet.stop()
+    process.exit(0)
+  }
+  process.on('SIGINT', stop)
+  process.on('SIGTERM', stop)
+}

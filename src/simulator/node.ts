@@ -1,0 +1,515 @@
+import { Engine, fnv1a, promptBlockHashes } from './engine.ts'
+import { inputTokens, renderPrompt } from './render.ts'
+import { prng, toolArguments, words } from './text.ts'
+
+export interface SimFaults {
+  /** Fraction of requests answered 500. */
+  errorRate: number
+  /** Fraction answered 429 (with retry-after: 1). */
+  rate429: number
+  /** Fraction answered 503. */
+  rate503: number
+  /** Accept requests and never answer until the client goes away. */
+  hang: boolean
+  /** Break the connection after this many content tokens (no [DONE]). */
+  cutAfterTokens: number | null
+  /** Multiplies every engine timing. */
+  slowdownFactor: number
+}
+
+export interface SimNodeOptions {
+  name: string
+  port?: number
+  hostname?: string
+  prefillTokensPerSec?: number
+  itlMs?: number
+  iterationOverheadMs?: number
+  maxSeqs?: number
+  prefillBudgetTokens?: number
+  cacheBlocks?: number
+  embeddingDims?: number
+  /** Multiplies every delay; 0 answers at once (fast tests). */
+  timeScale?: number
+  seed?: number
+  faults?: Partial<SimFaults>
+}
+
+export interface SimNodeStats {
+  requests: number
+  chatRequests: number
+  embeddingRequests: number
+  streams: number
+  aborted: number
+  promptTokens: number
+  completionTokens: number
+  cachedTokens: number
+  running: number
+  waiting: number
+}
+
+export interface SimNode {
+  readonly name: string
+  readonly port: number
+  /** Base URL including /v1. */
+  readonly url: string
+  setFaults(f: Partial<SimFaults>): void
+  stats(): SimNodeStats
+  resetStats(): void
+  stop(): Promise<void>
+}
+
+const NO_FAULTS: SimFaults = {
+  errorRate: 0,
+  rate429: 0,
+  rate503: 0,
+  hang: false,
+  cutAfterTokens: null,
+  slowdownFactor: 1,
+}
+const encoder = new TextEncoder()
+const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' }
+
+interface Handlers {
+  first(cachedTokens: number): void
+  token(index: number): void
+  done(): void
+}
+
+interface ChatBody {
+  model?: unknown
+  messages?: unknown
+  stream?: unknown
+  stream_options?: { include_usage?: unknown } | null
+  max_tokens?: unknown
+  max_completion_tokens?: unknown
+  seed?: unknown
+  tools?: { function?: { name?: string; parameters?: unknown } }[]
+  tool_choice?: unknown
+}
+
+/** One simulated OpenAI-compatible inference server on its own port. */
+export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
+  const timeScale = opts.timeScale ?? 1
+  const engine = new Engine({
+    prefillTokensPerSec: opts.prefillTokensPerSec ?? 8000,
+    itlMs: opts.itlMs ?? 20,
+    iterationOverheadMs: opts.iterationOverheadMs ?? 1,
+    maxSeqs: opts.maxSeqs ?? 32,
+    prefillBudgetTokens: opts.prefillBudgetTokens ?? 2048,
+    cacheBlocks: opts.cacheBlocks ?? 4096,
+  })
+  const embeddingDims = opts.embeddingDims ?? 256
+  let faults: SimFaults = { ...NO_FAULTS, ...opts.faults }
+  engine.setSlowdown(faults.slowdownFactor)
+  const faultRand = prng((opts.seed ?? 0) ^ 0x5eed)
+  const stats: SimNodeStats = emptyStats()
+  const handlers = new Map<string, Handlers>()
+  const t0 = performance.now()
+  const engineNow = () => (timeScale === 0 ? 0 : (performance.now() - t0) / timeScale)
+  let timer: ReturnType<typeof setTimeout> | undefined
+  let seq = 0
+  let cacheHits = 0
+  let cacheQueries = 0
+
+  const arm = () => {
+    if (timer) clearTimeout(timer)
+    timer = undefined
+    const next = engine.nextEventAt()
+    if (next === undefined) return
+    timer = setTimeout(tick, Math.max(0, (next - engineNow()) * timeScale))
+  }
+  const tick = () => {
+    timer = undefined
+    for (const e of engine.advance(engineNow())) {
+      const h = handlers.get(e.id)
+      if (!h) continue
+      if (e.kind === 'first_token') h.first(e.cachedTokens)
+      else if (e.kind === 'token') h.token(e.index)
+      else {
+        handlers.delete(e.id)
+        h.done()
+      }
+    }
+    arm()
+  }
+
+  /** Runs a generation: in the engine with real timers, or at once when timeScale is 0. */
+  const generate = (
+    blocks: string[],
+    promptTokens: number,
+    outputTokens: number,
+    h: Handlers,
+    signal: AbortSignal,
+  ) => {
+    const id = `r${++seq}`
+    cacheQueries++
+    if (timeScale === 0) {
+      const cached = engine.lookupPrefix(blocks, promptTokens)
+      engine.insertBlocks(blocks)
+      if (cached > 0) cacheHits++
+      h.first(cached)
+      for (let i = 1; i < outputTokens && !signal.aborted; i++) h.token(i)
+      if (!signal.aborted) h.done()
+      return
+    }
+    handlers.set(id, {
+      ...h,
+      first: (cached) => {
+        if (cached > 0) cacheHits++
+        h.first(cached)
+      },
+    })
+    signal.addEventListener('abort', () => {
+      if (!handlers.delete(id)) return
+      engine.cancel(id, engineNow())
+      arm()
+    })
+    engine.submit({ id, promptBlocks: blocks, promptTokens, outputTokens }, engineNow())
+    arm()
+  }
+
+  const fault = (): Response | undefined => {
+    const r = faultRand()
+    if (r < faults.errorRate) return errorResponse(500, 'simulated internal error', 'server_error')
+    if (r < faults.errorRate + faults.rate429)
+      return errorResponse(429, 'simulated rate limit', 'rate_limit_error', { 'retry-after': '1' })
+    if (r < faults.errorRate + faults.rate429 + faults.rate503)
+      return errorResponse(503, 'simulated overload', 'server_error')
+    return undefined
+  }
+
+  const chat = (body: ChatBody, signal: AbortSignal): Response | Promise<Response> => {
+    if (typeof body.model !== 'string')
+      return errorResponse(400, 'model is required', 'invalid_request_error')
+    if (!Array.isArray(body.messages) || body.messages.length === 0)
+      return errorResponse(400, 'messages must be a non-empty array', 'invalid_request_error')
+    stats.chatRequests++
+    const messages = body.messages as { role?: unknown }[]
+    const prompt = renderPrompt(messages)
+    const blocks = promptBlockHashes(body.model, prompt.tokens)
+    const seedPart = typeof body.seed === 'number' ? body.seed : 0
+    // Text depends on the request only, so every node answers the same seed alike.
+    const rand = prng(fnv1a(`${seedPart}:${prompt.tokens.length}:${prompt.tokens.slice(-64).join(',')}`))
+    const cap = numberOr(body.max_completion_tokens, numberOr(body.max_tokens, Number.POSITIVE_INFINITY))
+    const tools = Array.isArray(body.tools) ? body.tools : []
+    const last = messages[messages.length - 1]
+    const toolCall = tools.length > 0 && body.tool_choice !== 'none' && last?.role !== 'tool'
+    const wanted = 8 + Math.floor(rand() * 57)
+    const n = Math.max(1, Math.min(wanted, cap))
+    const finish = toolCall ? 'tool_calls' : n < wanted ? 'length' : 'stop'
+    let call: { id: string; name: string; args: string } | undefined
+    if (toolCall) {
+      const chosen = (body.tool_choice as { function?: { name?: string } } | undefined)?.function?.name
+      const tool = tools.find((t) => t.function?.name === chosen) ?? tools[0]!
+      call = {
+        id: `call_${Math.floor(rand() * 1e12).toString(36)}`,
+        name: tool.function?.name ?? 'tool',
+        args: toolArguments(tool.function?.parameters),
+      }
+    }
+    const text = call ? [] : words(rand, n)
+    // A tool call's "tokens" are its argument fragments, streamed like OpenAI's.
+    const pieces = call ? splitArgs(call.args) : text
+    const outputTokens = pieces.length
+    const id = `chatcmpl-sim${++seq}`
+    const created = Math.floor(Date.now() / 1000)
+    const model = body.model
+    stats.promptTokens += prompt.count
+    const usage = (cached: number) => ({
+      prompt_tokens: prompt.count,
+      completion_tokens: outputTokens,
+      total_tokens: prompt.count + outputTokens,
+      prompt_tokens_details: { cached_tokens: cached },
+    })
+    const cut = faults.cutAfterTokens
+
+    if (body.stream !== true) {
+      return new Promise<Response>((resolve) => {
+        let cached = 0
+        generate(
+          blocks,
+          prompt.count,
+          outputTokens,
+          {
+            first: (c) => {
+              cached = c
+            },
+            token: () => {},
+            done: () => {
+              stats.completionTokens += outputTokens
+              stats.cachedTokens += cached
+              if (cut !== null) return resolve(brokenResponse())
+              const message = call
+                ? {
+                    role: 'assistant',
+                    content: null,
+                    tool_calls: [
+                      { id: call.id, type: 'function', function: { name: call.name, arguments: call.args } },
+                    ],
+                  }
+                : { role: 'assistant', content: text.join('').trimStart() }
+              resolve(
+                Response.json({
+                  id,
+                  object: 'chat.completion',
+                  created,
+                  model,
+                  choices: [{ index: 0, message, logprobs: null, finish_reason: finish }],
+                  usage: usage(cached),
+                }),
+              )
+            },
+          },
+          signal,
+        )
+      })
+    }
+
+    stats.streams++
+    const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":[`
+    const includeUsage = body.stream_options?.include_usage === true
+    const chunk = (delta: string, finishReason: string | null) =>
+      `data: ${head}{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${finishReason ? `"${finishReason}"` : 'null'}}]}\n\n`
+    const piece = (i: number) => {
+      const p = pieces[i]!
+      if (!call) return chunk(`{"content":${JSON.stringify(p)}}`, null)
+      const fn =
+        i === 0
+          ? `{"name":${JSON.stringify(call.name)},"arguments":${JSON.stringify(p)}}`
+          : `{"arguments":${JSON.stringify(p)}}`
+      return chunk(
+        `{"tool_calls":[{"index":0,${i === 0 ? `"id":"${call.id}","type":"function",` : ''}"function":${fn}}]}`,
+        null,
+      )
+    }
+    let controller!: ReadableStreamDefaultController<Uint8Array>
+    let closed = false
+    let sent = 0
+    let cached = 0
+    const send = (text: string) => {
+      if (!closed) controller.enqueue(encoder.encode(text))
+    }
+    const emit = (i: number) => {
+      if (closed) return
+      if (cut !== null && sent >= cut) {
+        closed = true
+        controller.error(new Error('simulated cut'))
+        return
+      }
+      send(piece(i))
+      sent++
+    }
+    const stream = new ReadableStream<Uint8Array>({
+      start(c) {
+        controller = c
+      },
+      cancel() {
+        closed = true
+      },
+    })
+    generate(
+      blocks,
+      prompt.count,
+      outputTokens,
+      {
+        first: (c) => {
+          cached = c
+          send(chunk('{"role":"assistant","content":""}', null))
+          emit(0)
+        },
+        token: (i) => emit(i),
+        done: () => {
+          if (closed) return
+          stats.completionTokens += outputTokens
+          stats.cachedTokens += cached
+          send(chunk('{}', finish))
+          if (includeUsage) send(`data: ${head}],"usage":${JSON.stringify(usage(cached))}}\n\n`)
+          send('data: [DONE]\n\n')
+          closed = true
+          controller.close()
+        },
+      },
+      signal,
+    )
+    return new Response(stream, { headers: SSE_HEADERS })
+  }
+
+  const embeddings = (body: {
+    model?: unknown
+    input?: unknown
+    dimensions?: unknown
+    encoding_format?: unknown
+  }) => {
+    if (typeof body.model !== 'string')
+      return errorResponse(400, 'model is required', 'invalid_request_error')
+    const input = body.input
+    const items: unknown[] =
+      typeof input === 'string'
+        ? [input]
+        : Array.isArray(input)
+          ? typeof input[0] === 'number'
+            ? [input]
+            : input
+          : []
+    if (items.length === 0) return errorResponse(400, 'input is required', 'invalid_request_error')
+    const dims = body.dimensions === undefined ? embeddingDims : body.dimensions
+    if (typeof dims !== 'number' || !Number.isInteger(dims) || dims < 1 || dims > embeddingDims)
+      return errorResponse(400, `dimensions must be 1..${embeddingDims}`, 'invalid_request_error')
+    stats.embeddingRequests++
+    let tokens = 0
+    const data = items.map((item, index) => {
+      tokens += inputTokens(item)
+      const v = unitVector(typeof item === 'string' ? item : JSON.stringify(item), dims)
+      const embedding =
+        body.encoding_format === 'base64' ? Buffer.from(v.buffer).toString('base64') : Array.from(v)
+      return { object: 'embedding', index, embedding }
+    })
+    stats.promptTokens += tokens
+    return Response.json({
+      object: 'list',
+      data,
+      model: body.model,
+      usage: { prompt_tokens: tokens, total_tokens: tokens },
+    })
+  }
+
+  const metrics = () => {
+    const label = `{model_name="sim"}`
+    const lines = [
+      '# TYPE vllm:num_requests_running gauge',
+      `vllm:num_requests_running${label} ${timeScale === 0 ? 0 : engine.running()}`,
+      '# TYPE vllm:num_requests_waiting gauge',
+      `vllm:num_requests_waiting${label} ${timeScale === 0 ? 0 : engine.waiting()}`,
+      '# TYPE vllm:gpu_cache_usage_perc gauge',
+      `vllm:gpu_cache_usage_perc${label} ${engine.cacheUsage()}`,
+      '# TYPE vllm:prefix_cache_hits_total counter',
+      `vllm:prefix_cache_hits_total${label} ${cacheHits}`,
+      '# TYPE vllm:prefix_cache_queries_total counter',
+      `vllm:prefix_cache_queries_total${label} ${cacheQueries}`,
+    ]
+    return new Response(`${lines.join('\n')}\n`, { headers: { 'content-type': 'text/plain; version=0.0.4' } })
+  }
+
+  const server = Bun.serve({
+    port: opts.port ?? 0,
+    hostname: opts.hostname ?? '127.0.0.1',
+    // A hanging node must hang until the client gives up, not until Bun's idle timeout.
+    idleTimeout: 0,
+    async fetch(req) {
+      const path = new URL(req.url).pathname
+      if (req.method === 'GET') {
+        if (path === '/health') return new Response('ok')
+        if (path === '/metrics') return metrics()
+        if (path === '/v1/models')
+          return Response.json({
+            object: 'list',
+            data: ['chat-small', 'embed-small'].map((id) => ({
+              id,
+              object: 'model',
+              created: 1_767_225_600,
+              owned_by: 'sim',
+            })),
+          })
+        return errorResponse(404, `no route ${path}`, 'invalid_request_error')
+      }
+      if (req.method !== 'POST' || (path !== '/v1/chat/completions' && path !== '/v1/embeddings'))
+        return errorResponse(404, `no route ${req.method} ${path}`, 'invalid_request_error')
+      stats.requests++
+      req.signal.addEventListener('abort', () => stats.aborted++, { once: true })
+      if (faults.hang) {
+        return new Promise<Response>((resolve) =>
+          req.signal.addEventListener('abort', () => resolve(new Response(null, { status: 499 })), {
+            once: true,
+          }),
+        )
+      }
+      const failed = fault()
+      if (failed) return failed
+      let body: unknown
+      try {
+        body = await req.json()
+      } catch {
+        return errorResponse(400, 'invalid JSON', 'invalid_request_error')
+      }
+      if (!body || typeof body !== 'object')
+        return errorResponse(400, 'body must be an object', 'invalid_request_error')
+      return path === '/v1/chat/completions' ? chat(body as ChatBody, req.signal) : embeddings(body as never)
+    },
+  })
+
+  return {
+    name: opts.name,
+    port: server.port!,
+    url: `http://${opts.hostname ?? '127.0.0.1'}:${server.port}/v1`,
+    setFaults(f) {
+      faults = { ...faults, ...f }
+      engine.setSlowdown(faults.slowdownFactor)
+    },
+    stats: () => ({ ...stats, running: engine.running(), waiting: engine.waiting() }),
+    resetStats() {
+      Object.assign(stats, emptyStats())
+    },
+    async stop() {
+      if (timer) clearTimeout(timer)
+      await server.stop(true)
+    },
+  }
+}
+
+function emptyStats(): SimNodeStats {
+  return {
+    requests: 0,
+    chatRequests: 0,
+    embeddingRequests: 0,
+    streams: 0,
+    aborted: 0,
+    promptTokens: 0,
+    completionTokens: 0,
+    cachedTokens: 0,
+    running: 0,
+    waiting: 0,
+  }
+}
+
+function numberOr(v: unknown, fallback: number): number {
+  return typeof v === 'number' && Number.isFinite(v) ? v : fallback
+}
+
+function errorResponse(status: number, message: string, type: string, headers: Record<string, string> = {}) {
+  return Response.json({ error: { message, type, param: null, code: null } }, { status, headers })
+}
+
+/** A 200 whose body breaks at once: the connection dies with no complete response. */
+function brokenResponse(): Response {
+  return new Response(
+    new ReadableStream({
+      start(c) {
+        c.enqueue(encoder.encode('{"id":'))
+        c.error(new Error('simulated cut'))
+      },
+    }),
+    { headers: { 'content-type': 'application/json' } },
+  )
+}
+
+/** Argument text in fragments of a few characters, as a model streams them. */
+function splitArgs(args: string): string[] {
+  const out: string[] = []
+  for (let i = 0; i < args.length; i += 4) out.push(args.slice(i, i + 4))
+  return out.length > 0 ? out : ['']
+}
+
+/** A deterministic L2-normalised vector for a text. */
+function unitVector(text: string, dims: number): Float32Array {
+  const rand = prng(fnv1a(text))
+  const v = new Float32Array(dims)
+  let norm = 0
+  for (let i = 0; i < dims; i++) {
+    const x = rand() * 2 - 1
+    v[i] = x
+    norm += x * x
+  }
+  norm = Math.sqrt(norm) || 1
+  for (let i = 0; i < dims; i++) v[i] = v[i]! / norm
+  return v
+}

@@ -1,0 +1,26 @@
+import type { RouteConfig } from '../config/load.ts'
+
+/** One request to one upstream node. */
+export interface UpstreamCall {
+  readonly route: RouteConfig
+  readonly path: '/chat/completions' | '/embeddings'
+  /** The JSON body to send, already carrying the upstream's model name. */
+  readonly body: string
+  readonly stream: boolean
+}
+
+/** An upstream answer whose status was 2xx; the body is still unread. */
+export interface UpstreamReply {
+  readonly response: Response
+  /** Stops the upstream request (client gone, timeout, or a hedge lost). */
+  abort(reason: Error): void
+}
+
+/**
+ * Talks to one kind of upstream server. Throws UpstreamFailed (the node failed: try another),
+ * UpstreamTimeout, UpstreamRejected (the request itself was refused: do not retry) or the
+ * client's abort reason.
+ */
+export interface UpstreamAdapter {
+  send(call: UpstreamCall, clientSignal: AbortSignal, headersDeadlineMs: number): Promise<UpstreamReply>
+}

@@ -1,0 +1,77 @@
+import { UpstreamFailed, UpstreamRejected, UpstreamTimeout } from '../errors.ts'
+import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from './adapter.ts'
+import type { Watchdog } from './watchdog.ts'
+
+/** Statuses that say the node (not the request) failed: another node may well succeed. */
+const NODE_FAILURE = new Set([401, 403, 404, 408, 409, 425, 429])
+
+/**
+ * vLLM, llama.cpp's server, Ollama, OpenAI and anything else speaking OpenAI's HTTP API.
+ * Bun's fetch keeps connections alive and pools them per host.
+ */
+export class OpenAICompatibleAdapter implements UpstreamAdapter {
+  constructor(private readonly watchdog: Watchdog) {}
+
+  async send(
+    call: UpstreamCall,
+    clientSignal: AbortSignal,
+    headersDeadlineMs: number,
+  ): Promise<UpstreamReply> {
+    const controller = new AbortController()
+    const abort = (reason: Error) => controller.abort(reason)
+    if (clientSignal.aborted) throw clientSignal.reason
+    const onClientAbort = () => controller.abort(clientSignal.reason)
+    clientSignal.addEventListener('abort', onClientAbort, { once: true })
+    const deadline = this.watchdog.watch(headersDeadlineMs, () =>
+      controller.abort(new UpstreamTimeout(`${call.route.node} sent no response headers in time`)),
+    )
+    const headers: Record<string, string> = {
+      'content-type': 'application/json',
+      accept: call.stream ? 'text/event-stream' : 'application/json',
+    }
+    if (call.route.apiKey) headers.authorization = `Bearer ${call.route.apiKey}`
+    let response: Response
+    try {
+      response = await fetch(`${call.route.baseUrl}${call.path}`, {
+        method: 'POST',
+        headers,
+        body: call.body,
+        signal: controller.signal,
+        decompress: true,
+      })
+    } catch (err) {
+      clientSignal.removeEventListener('abort', onClientAbort)
+      if (controller.signal.aborted) throw controller.signal.reason
+      throw new UpstreamFailed(`${call.route.node} could not be reached: ${(err as Error).message}`)
+    } finally {
+      this.watchdog.clear(deadline)
+    }
+    if (!response.ok) {
+      clientSignal.removeEventListener('abort', onClientAbort)
+      const text = await response.text().catch(() => '')
+      throw classify(call, response.status, text)
+    }
+    return {
+      response,
+      abort: (reason) => {
+        clientSignal.removeEventListener('abort', onClientAbort)
+        abort(reason)
+      },
+    }
+  }
+}
+
+function classify(call: UpstreamCall, status: number, body: string): Error {
+  let message = body.slice(0, 500)
+  try {
+    const parsed = JSON.parse(body) as { error?: { message?: unknown } | string; message?: unknown }
+    const m = typeof parsed.error === 'string' ? parsed.error : (parsed.error?.message ?? parsed.message)
+    if (typeof m === 'string') message = m
+  } catch {
+    // not JSON: keep the text
+  }
+  if (status >= 500 || NODE_FAILURE.has(status))
+    return new UpstreamFailed(`${call.route.node} answered ${status}`, 'upstream_error', status)
+  // The upstream refused this request itself (a bad tool schema, say): another node would too.
+  return new UpstreamRejected(`upstream rejected the request: ${message}`, status)
+}

@@ -1,0 +1,151 @@
+/** Token counts as an upstream reports them. */
+export interface Usage {
+  prompt_tokens: number
+  completion_tokens: number
+  total_tokens?: number
+  prompt_tokens_details?: { cached_tokens?: number } | null
+  /** Added by Tropa: what the request was charged, roubles. */
+  cost_rub?: number
+}
+
+const ID_FIELD = /"id"\s*:\s*"((?:[^"\\]|\\.)*)"/
+const MODEL_FIELD = /"model"\s*:\s*"((?:[^"\\]|\\.)*)"/
+const encoder = new TextEncoder()
+
+/**
+ * Relays an upstream chat SSE stream event by event. It does not re-serialise chunks: each event's
+ * text is forwarded with two substring swaps (the upstream's completion id and model name for
+ * Tropa's). It parses only the first event (to learn those two strings), an event that carries
+ * usage, and an error event. The usage event is dropped when the client did not ask for it.
+ */
+export class ChatStreamRelay {
+  usage: Usage | undefined
+  /** An error event the upstream sent mid-stream. */
+  upstreamError: unknown
+  sawDone = false
+  /** Events with generated content, kept to count tokens if the stream ends without usage. */
+  readonly contentEvents: string[] = []
+  private buffer = ''
+  private readonly decoder = new TextDecoder()
+  private idFrom: string | undefined
+  private idTo: string
+  private modelFrom: string | undefined
+  private modelTo: string
+
+  constructor(
+    private readonly completionId: string,
+    private readonly modelId: string,
+    private readonly includeUsage: boolean,
+    /** Called once with the upstream's usage; returns fields to add to the usage object (the cost). */
+    private readonly onUsage: (usage: Usage) => Record<string, unknown>,
+  ) {
+    this.idTo = `"id":${JSON.stringify(completionId)}`
+    this.modelTo = `"model":${JSON.stringify(modelId)}`
+  }
+
+  /** Feeds upstream bytes; returns the bytes to send to the client now (possibly empty). */
+  push(chunk: Uint8Array): Uint8Array | undefined {
+    this.buffer += this.decoder.decode(chunk, { stream: true })
+    if (this.buffer.includes('\r')) this.buffer = this.buffer.replaceAll('\r\n', '\n')
+    let out = ''
+    let start = 0
+    for (;;) {
+      const end = this.buffer.indexOf('\n\n', start)
+      if (end < 0) break
+      out += this.event(this.buffer.slice(start, end + 2))
+      start = end + 2
+    }
+    if (start > 0) this.buffer = this.buffer.slice(start)
+    return out.length > 0 ? encoder.encode(out) : undefined
+  }
+
+  /** Whatever is left when the upstream closes (an event without its blank line). */
+  end(): Uint8Array | undefined {
+    this.buffer += this.decoder.decode()
+    if (this.buffer.trim().length === 0) return undefined
+    const rest = this.event(`${this.buffer.trimEnd()}\n\n`)
+    this.buffer = ''
+    return rest.length > 0 ? encoder.encode(rest) : undefined
+  }
+
+  private event(text: string): string {
+    if (!text.startsWith('data:')) return text // comments, `event:` lines: pass through
+    const payload = text.slice(text.charCodeAt(5) === 32 ? 6 : 5).trimEnd()
+    if (payload === '[DONE]') {
+      this.sawDone = true
+      return text
+    }
+    if (this.idFrom === undefined) this.learn(payload)
+    if (payload.includes('"usage"') && /"usage"\s*:\s*\{/.test(payload)) {
+      const parsed = safeParse(payload) as
+        | { id?: string; model?: string; usage?: Usage; choices?: unknown[] }
+        | undefined
+      if (parsed?.usage && !this.usage) {
+        this.usage = parsed.usage
+        const extra = this.onUsage(parsed.usage)
+        if (!this.includeUsage && Array.isArray(parsed.choices) && parsed.choices.length === 0) return ''
+        // The one event Tropa re-serialises: it adds the cost to the usage object.
+        Object.assign(parsed.usage, extra)
+        parsed.id = this.completionId
+        parsed.model = this.modelId
+        return `data: ${JSON.stringify(parsed)}\n\n`
+      }
+      if (!this.includeUsage && Array.isArray(parsed?.choices) && parsed.choices.length === 0) return ''
+    } else if (payload.startsWith('{"error"') || /^\{\s*"error"/.test(payload)) {
+      this.upstreamError = safeParse(payload) ?? payload
+      return ''
+    } else this.contentEvents.push(payload)
+    return this.rewrite(text)
+  }
+
+  private learn(payload: string) {
+    const id = ID_FIELD.exec(payload)
+    const model = MODEL_FIELD.exec(payload)
+    this.idFrom = id ? id[0] : ''
+    this.modelFrom = model ? model[0] : ''
+  }
+
+  private rewrite(text: string): string {
+    if (this.idFrom) text = text.replace(this.idFrom, this.idTo)
+    if (this.modelFrom) text = text.replace(this.modelFrom, this.modelTo)
+    return text
+  }
+}
+
+/** Text generated in the events relayed so far (content and tool-call arguments), for counting. */
+export function generatedText(events: readonly string[]): string {
+  let text = ''
+  for (const e of events) {
+    const chunk = safeParse(e) as
+      | {
+          choices?: {
+            delta?: {
+              content?: unknown
+              tool_calls?: { function?: { arguments?: unknown; name?: unknown } }[]
+            }
+          }[]
+        }
+      | undefined
+    for (const c of chunk?.choices ?? []) {
+      const d = c.delta
+      if (typeof d?.content === 'string') text += d.content
+      for (const t of d?.tool_calls ?? []) {
+        if (typeof t.function?.name === 'string') text += t.function.name
+        if (typeof t.function?.arguments === 'string') text += t.function.arguments
+      }
+    }
+  }
+  return text
+}
+
+export function sseEvent(data: unknown): Uint8Array {
+  return encoder.encode(`data: ${JSON.stringify(data)}\n\n`)
+}
+
+function safeParse(text: string): unknown {
+  try {
+    return JSON.parse(text)
+  } catch {
+    return undefined
+  }
+}

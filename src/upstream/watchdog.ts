@@ -1,0 +1,50 @@
+/** A deadline on one upstream exchange; the pipeline moves it as bytes arrive. */
+export interface Deadline {
+  atMs: number
+  readonly onExpire: () => void
+}
+
+/**
+ * One sweeping timer for every upstream deadline (first byte, idle gap) instead of a timer per
+ * chunk per stream: moving a deadline is a field write on the hot path.
+ */
+export class Watchdog {
+  private readonly live = new Set<Deadline>()
+  private timer: ReturnType<typeof setInterval> | undefined
+
+  constructor(private readonly tickMs = 100) {}
+
+  watch(atMs: number, onExpire: () => void): Deadline {
+    const d = { atMs, onExpire }
+    this.live.add(d)
+    if (!this.timer) {
+      this.timer = setInterval(() => this.sweep(), this.tickMs)
+      this.timer.unref?.()
+    }
+    return d
+  }
+
+  clear(d: Deadline): void {
+    this.live.delete(d)
+    if (this.live.size === 0 && this.timer) {
+      clearInterval(this.timer)
+      this.timer = undefined
+    }
+  }
+
+  private sweep() {
+    const now = Date.now()
+    for (const d of this.live) {
+      if (d.atMs <= now) {
+        this.clear(d)
+        d.onExpire()
+      }
+    }
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer)
+    this.timer = undefined
+    this.live.clear()
+  }
+}

@@ -1,0 +1,122 @@
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import OpenAI from 'openai'
+
+// Builds the single executable once and runs it from an empty directory (no node_modules,
+// no sources beside it): the demo must start, serve a chat and a stream, and restart on its data.
+const root = join(import.meta.dir, '../..')
+const exe = join(root, 'dist/tropa')
+const work = mkdtempSync(join(tmpdir(), 'tropa-bin-'))
+
+beforeAll(async () => {
+  const build = Bun.spawnSync([process.execPath, 'run', 'build'], {
+    cwd: root,
+    stdout: 'pipe',
+    stderr: 'pipe',
+  })
+  if (build.exitCode !== 0) throw new Error(`build failed: ${build.stderr.toString()}`)
+  expect(existsSync(exe)).toBe(true)
+}, 120_000)
+afterAll(() => rmSync(work, { recursive: true, force: true }))
+
+async function startDemo(dataDir: string) {
+  const proc = Bun.spawn([exe, '--demo', '--port', '0', '--data-dir', dataDir], {
+    cwd: work,
+    stdout: 'pipe',
+    stderr: 'pipe',
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: work },
+  })
+  const credsFile = join(dataDir, 'demo-credentials.json')
+  const started = Date.now()
+  let out = ''
+  const reader = proc.stdout.getReader()
+  while (!out.includes('Try it:')) {
+    const { value, done } = await reader.read()
+    if (done) throw new Error(`tropa exited early: ${await new Response(proc.stderr).text()}`)
+    out += new TextDecoder().decode(value)
+    if (Date.now() - started > 15_000) throw new Error(`no banner: ${out}`)
+  }
+  reader.releaseLock()
+  const creds = JSON.parse(readFileSync(credsFile, 'utf8')) as {
+    base_url: string
+    api_key: string
+    master_key: string
+    admin_token: string
+  }
+  return { proc, out, creds, credsFile }
+}
+
+describe('the compiled executable', () => {
+  test('--help lists the subcommands and flags', () => {
+    const r = Bun.spawnSync([exe, '--help'], { cwd: work })
+    const text = r.stdout.toString()
+    expect(r.exitCode).toBe(0)
+    for (const word of ['serve', 'sim', '--demo', '--config', '--port', '--data-dir'])
+      expect(text).toContain(word)
+  })
+
+  test('a bad config stops the start with a message naming the key and fix', () => {
+    const cfg = join(work, 'bad.toml')
+    writeFileSync(cfg, '[server]\nprot = 1\n')
+    const r = Bun.spawnSync([exe, '--config', cfg], { cwd: work })
+    expect(r.exitCode).toBe(2)
+    expect(r.stderr.toString()).toContain('server.prot')
+    expect(r.stderr.toString()).toContain('Fix:')
+  })
+
+  test('demo: banner, one chat, one stream; a restart reuses the organization and keys', async () => {
+    const dataDir = join(work, 'data')
+    const first = await startDemo(dataDir)
+    try {
+      expect(first.out).toContain('Admin token (shown once')
+      expect(first.out).toContain(first.creds.api_key)
+      expect(statSync(first.credsFile).mode & 0o777).toBe(0o600)
+      expect(statSync(join(dataDir, 'admin-token')).mode & 0o777).toBe(0o600)
+      const client = new OpenAI({
+        baseURL: `${first.creds.base_url}/v1`,
+        apiKey: first.creds.api_key,
+        maxRetries: 0,
+      })
+      const r = await client.chat.completions.create({
+        model: 'sim/chat-small',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 5,
+      })
+      expect(r.choices[0]!.message.content!.length).toBeGreaterThan(0)
+      const stream = await client.chat.completions.create({
+        model: 'sim/chat-small',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 5,
+        stream: true,
+        stream_options: { include_usage: true },
+      })
+      let usage: OpenAI.CompletionUsage | null | undefined
+      for await (const c of stream) usage = c.usage ?? usage
+      expect(usage?.completion_tokens).toBe(5)
+      const e = await client.embeddings.create({ model: 'sim/embed-small', input: 'x' })
+      expect(e.data[0]!.embedding.length).toBe(256)
+    } finally {
+      first.proc.kill('SIGTERM')
+      await first.proc.exited
+    }
+    const second = await startDemo(dataDir)
+    try {
+      expect(second.out).not.toContain('Admin token (shown once')
+      expect(second.creds.api_key).toBe(first.creds.api_key)
+      const client = new OpenAI({
+        baseURL: `${second.creds.base_url}/v1`,
+        apiKey: second.creds.api_key,
+        maxRetries: 0,
+      })
+      expect((await client.models.list()).data.map((m) => m.id)).toEqual([
+        'sim/chat-small',
+        'sim/embed-small',
+      ])
+    } finally {
+      second.proc.kill('SIGTERM')
+      await second.proc.exited
+    }
+  }, 60_000)
+})

@@ -1,0 +1,164 @@
+import { afterEach, beforeEach, describe, expect, test } from 'bun:test'
+import type { KeyRecord, LedgerEntry, Store } from '../../src/storage/store.ts'
+
+/** The behaviour every Store implementation must have; each driver's test file runs it. */
+export function storeContract(name: string, open: () => Promise<Store>) {
+  describe(`Store contract: ${name}`, () => {
+    let store: Store
+    beforeEach(async () => {
+      store = await open()
+    })
+    afterEach(() => store.close())
+
+    const org = (id: string, balanceNano = 0n) => ({
+      id,
+      name: `org ${id}`,
+      balanceNano,
+      createdAt: 1_700_000_000,
+    })
+    const key = (id: string, orgId: string, extra: Partial<KeyRecord> = {}): KeyRecord => ({
+      id,
+      orgId,
+      kind: 'api',
+      name: id,
+      secretHash: `hash-${id}`,
+      hint: 'sk-…abcd',
+      limitNano: null,
+      spentNano: 0n,
+      status: 'active',
+      createdAt: 1_700_000_000,
+      lastUsedAt: null,
+      revokedAt: null,
+      rpmLimit: null,
+      tpmLimit: null,
+      ...extra,
+    })
+    const usage = (
+      requestId: string,
+      orgId: string,
+      keyId: string,
+      costNano: bigint,
+      endedAtMs = 1_700_000_000_000,
+    ): LedgerEntry => ({
+      requestId,
+      kind: 'usage',
+      orgId,
+      keyId,
+      model: 'm/x',
+      node: 'n1',
+      promptTokens: 10,
+      completionTokens: 5,
+      costNano,
+      batchId: null,
+      startedAtMs: endedAtMs - 10,
+      endedAtMs,
+      outcome: 'ok',
+      estimated: false,
+    })
+
+    test('meta: initMeta keeps the first value', async () => {
+      expect(await store.getMeta('secret')).toBeUndefined()
+      expect(await store.initMeta('secret', 'a')).toBe('a')
+      expect(await store.initMeta('secret', 'b')).toBe('a')
+    })
+
+    test('orgs and keys round-trip, money beyond 2^53 included', async () => {
+      const big = 9_007_199_254_740_993_000n
+      await store.insertOrg(org('o1', big))
+      expect((await store.getOrg('o1'))!.balanceNano).toBe(big)
+      expect((await store.findOrgByName('org o1'))!.id).toBe('o1')
+      await store.insertKey(key('k1', 'o1', { limitNano: big + 1n, rpmLimit: 60 }))
+      const k = (await store.getKey('k1'))!
+      expect(k.limitNano).toBe(big + 1n)
+      expect(k.rpmLimit).toBe(60)
+      expect(k.lastUsedAt).toBeNull()
+      expect(await store.loadOrgs()).toHaveLength(1)
+    })
+
+    test('listKeys pages by id within one org and kind, and filters by status', async () => {
+      await store.insertOrg(org('o1'))
+      await store.insertOrg(org('o2'))
+      for (const id of ['k3', 'k1', 'k2']) await store.insertKey(key(id, 'o1'))
+      await store.insertKey(key('k4', 'o2'))
+      await store.insertKey(key('m1', 'o1', { kind: 'master' }))
+      await store.updateKey('k2', { status: 'revoked', revokedAt: 5 })
+      const page = await store.listKeys({ orgId: 'o1', kind: 'api', limit: 2 })
+      expect(page.map((k) => k.id)).toEqual(['k1', 'k2'])
+      const next = await store.listKeys({ orgId: 'o1', kind: 'api', limit: 2, afterId: 'k2' })
+      expect(next.map((k) => k.id)).toEqual(['k3'])
+      const revoked = await store.listKeys({ orgId: 'o1', kind: 'api', limit: 10, status: 'revoked' })
+      expect(revoked.map((k) => [k.id, k.revokedAt])).toEqual([['k2', 5]])
+      expect(await store.loadKeys()).toHaveLength(5)
+    })
+
+    test('recordLedger moves spent, last use and balance with the rows, once per request id', async () => {
+      await store.insertOrg(org('o1', 1_000_000n))
+      await store.insertKey(key('k1', 'o1'))
+      await store.recordLedger([
+        usage('r1', 'o1', 'k1', 300n, 1_700_000_001_000),
+        usage('r2', 'o1', 'k1', 200n, 1_700_000_002_500),
+      ])
+      // a replay (after a crash, say) must not bill twice
+      await store.recordLedger([usage('r2', 'o1', 'k1', 200n), usage('r3', 'o1', 'k1', 1n)])
+      expect((await store.getKey('k1'))!.spentNano).toBe(501n)
+      expect((await store.getKey('k1'))!.lastUsedAt).toBe(1_700_000_002)
+      expect((await store.getOrg('o1'))!.balanceNano).toBe(1_000_000n - 501n)
+      const rows = await store.ledgerForOrg('o1', 0, 2_000_000_000_000)
+      expect(rows.map((r) => r.requestId).sort()).toEqual(['r1', 'r2', 'r3'])
+      expect(rows.reduce((s, r) => s + r.costNano, 0n)).toBe(501n)
+    })
+
+    test('usage groups by key, model and UTC day, without credits', async () => {
+      await store.insertOrg(org('o1', 10_000n))
+      await store.insertKey(key('k1', 'o1'))
+      await store.insertKey(key('k2', 'o1'))
+      const day1 = Date.UTC(2026, 10, 21, 23, 59, 0)
+      const day2 = Date.UTC(2026, 10, 22, 0, 1, 0)
+      await store.recordLedger([
+        usage('a', 'o1', 'k1', 100n, day1),
+        usage('b', 'o1', 'k1', 50n, day1 + 1000),
+        usage('c', 'o1', 'k1', 7n, day2),
+        usage('d', 'o1', 'k2', 3n, day2),
+        { ...usage('e', 'o1', 'k1', 9_999n, day2), kind: 'credit', keyId: null },
+      ])
+      const rows = await store.usageByKeyModelDay('o1', day1 - 1, day2 + 1)
+      expect(rows).toEqual([
+        {
+          keyId: 'k1',
+          model: 'm/x',
+          day: '2026-11-21',
+          requests: 2,
+          promptTokens: 20,
+          completionTokens: 10,
+          costNano: 150n,
+        },
+        {
+          keyId: 'k1',
+          model: 'm/x',
+          day: '2026-11-22',
+          requests: 1,
+          promptTokens: 10,
+          completionTokens: 5,
+          costNano: 7n,
+        },
+        {
+          keyId: 'k2',
+          model: 'm/x',
+          day: '2026-11-22',
+          requests: 1,
+          promptTokens: 10,
+          completionTokens: 5,
+          costNano: 3n,
+        },
+      ])
+      expect(await store.usageByKeyModelDay('o1', day2 + 10, day2 + 20)).toEqual([])
+    })
+
+    test('a credit adds to the balance and is a ledger row of its own', async () => {
+      await store.insertOrg(org('o1'))
+      await store.recordLedger([{ ...usage('c1', 'o1', 'k1', 5_000n), kind: 'credit', keyId: null }])
+      expect((await store.getOrg('o1'))!.balanceNano).toBe(5_000n)
+      expect((await store.ledgerForOrg('o1', 0, 2_000_000_000_000))[0]!.kind).toBe('credit')
+    })
+  })
+}

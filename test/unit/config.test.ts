@@ -1,0 +1,132 @@
+import { describe, expect, test } from 'bun:test'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { ConfigError, loadConfig } from '../../src/config/load.ts'
+
+const dir = mkdtempSync(join(tmpdir(), 'tropa-config-'))
+let n = 0
+function write(text: string, ext = 'toml') {
+  const p = join(dir, `c${n++}.${ext}`)
+  writeFileSync(p, text)
+  return p
+}
+function problems(text: string, env: Record<string, string> = {}): string[] {
+  try {
+    loadConfig({ configPath: write(text) }, env)
+  } catch (err) {
+    if (err instanceof ConfigError) return [...err.problems]
+    throw err
+  }
+  return []
+}
+
+const GOOD = `
+[server]
+port = 9000
+
+[[models]]
+id = "acme/chat-1"
+context_length = 8192
+[models.pricing_per_million]
+prompt = "30"
+completion = "60"
+[[models.routes]]
+base_url = "http://127.0.0.1:9101/v1"
+upstream_model = "chat"
+api_key_env = "ACME_KEY"
+`
+
+describe('config', () => {
+  test('a good TOML file loads, with per-million prices converted exactly', () => {
+    const c = loadConfig({ configPath: write(GOOD) }, { ACME_KEY: 'secret' })
+    expect(c.server.port).toBe(9000)
+    const m = c.models[0]!
+    expect(m.ownedBy).toBe('acme')
+    expect(m.price).toEqual({ promptNano: 30_000n, completionNano: 60_000n })
+    expect(m.routes[0]).toMatchObject({ apiKey: 'secret', upstreamModel: 'chat', node: '127.0.0.1:9101' })
+    expect(Object.isFrozen(c.models[0])).toBe(true)
+  })
+
+  test('environment and flags override the file', () => {
+    const c = loadConfig(
+      { configPath: write(GOOD), port: 7000 },
+      { ACME_KEY: 'k', TROPA_DATA_DIR: '/tmp/x', TROPA_PORT: '8000' },
+    )
+    expect(c.server.port).toBe(7000)
+    expect(c.server.dataDir).toBe('/tmp/x')
+  })
+
+  test('JSON works too', () => {
+    const c = loadConfig(
+      {
+        configPath: write(
+          JSON.stringify({
+            models: [
+              {
+                id: 'a/b',
+                context_length: 10,
+                pricing: { prompt: '0.000001', completion: '0.000002' },
+                routes: [{ base_url: 'http://h:1/v1' }],
+              },
+            ],
+          }),
+          'json',
+        ),
+      },
+      {},
+    )
+    expect(c.models[0]!.price.completionNano).toBe(2_000n)
+  })
+
+  const bad: [string, string, RegExp][] = [
+    [
+      'an unknown key',
+      GOOD.replace('port = 9000', 'port = 9000\ncolour = "red"'),
+      /server\.colour.*Fix: remove the unknown key/,
+    ],
+    [
+      'a model without routes',
+      GOOD.slice(0, GOOD.indexOf('[[models.routes]]')),
+      /acme\/chat-1\): the model has no routes\. Fix: add/,
+    ],
+    [
+      'an inexact price',
+      GOOD.replace('prompt = "30"', 'prompt = "30.5"'),
+      /pricing_per_million\.prompt 30\.5 is not a whole number/,
+    ],
+    [
+      'a per-token price with seven digits',
+      GOOD.replace(
+        '[models.pricing_per_million]\nprompt = "30"\ncompletion = "60"',
+        '[models.pricing]\nprompt = "0.0000305"\ncompletion = "0.000060"',
+      ),
+      /pricing\.prompt 0\.0000305 is not exact at six fractional digits/,
+    ],
+    [
+      'a malformed URL',
+      GOOD.replace('http://127.0.0.1:9101/v1', 'not a url'),
+      /base_url "not a url" is not an http\(s\) URL/,
+    ],
+    ['a missing credential variable', GOOD, /api_key_env names ACME_KEY, which is not set/],
+    ['a bad model id', GOOD.replace('acme/chat-1', 'no-slash'), /models\.0\.id/],
+    ['no models', '[server]\nport = 1\n', /no models configured/],
+    [
+      'an embedding model without dimensions',
+      GOOD.replace('context_length = 8192', 'context_length = 8192\nkind = "embedding"'),
+      /needs dimensions/,
+    ],
+    ['an unknown TROPA_ variable', GOOD, /TROPA_PROT is not a Tropa setting/],
+  ]
+  test.each(bad)('%s stops the start with a message naming file, key and fix', (name, text, expected) => {
+    const env: Record<string, string> = name === 'a missing credential variable' ? {} : { ACME_KEY: 'k' }
+    if (name.includes('TROPA_')) env.TROPA_PROT = '1'
+    const found = problems(text, env)
+    expect(found.join('\n')).toMatch(expected)
+    expect(found.join('\n')).toContain(name.includes('TROPA_') ? 'environment' : dir)
+  })
+
+  test('a file that does not parse', () => {
+    expect(problems('[server\nport=')[0]).toMatch(/cannot parse/)
+  })
+})

@@ -1,0 +1,64 @@
+import { describe, expect, test } from 'bun:test'
+import {
+  batchCostNano,
+  costNano,
+  formatRub,
+  nanoToRubNumber,
+  parseRub,
+  perMillionToPerTokenNano,
+  rubNumberToNano,
+} from '../../src/billing/money.ts'
+
+describe('money', () => {
+  test('parseRub is exact and refuses rounding', () => {
+    expect(parseRub('0.000030', 6)).toBe(30_000n)
+    expect(parseRub('12.5')).toBe(12_500_000_000n)
+    expect(parseRub('0.0000001', 6)).toBeUndefined()
+    expect(parseRub('0.0000010', 6)).toBe(1_000n) // trailing zeros are fine
+    expect(parseRub('-1')).toBeUndefined()
+    expect(parseRub('1e3')).toBeUndefined()
+    expect(parseRub('9007199254740993.5')).toBe(9_007_199_254_740_993_500_000_000n) // beyond 2^53
+  })
+
+  test('per-million prices must be exact at six digits per token', () => {
+    expect(perMillionToPerTokenNano('30')).toBe(30_000n)
+    expect(perMillionToPerTokenNano('1')).toBe(1_000n) // the smallest price: 0.000001 per token
+    expect(perMillionToPerTokenNano('30.5')).toBeUndefined()
+    expect(perMillionToPerTokenNano('0.5')).toBeUndefined()
+  })
+
+  test('numbers from JSON: at most six fractional digits', () => {
+    expect(rubNumberToNano(12.345678)).toBe(12_345_678_000n)
+    expect(rubNumberToNano(0.1)).toBe(100_000_000n)
+    expect(rubNumberToNano(0.0000001)).toBeUndefined()
+    expect(rubNumberToNano(-1)).toBeUndefined()
+    expect(rubNumberToNano(Number.NaN)).toBeUndefined()
+  })
+
+  test('formatting rounds half up to six digits', () => {
+    expect(formatRub(30_000n)).toBe('0.000030')
+    expect(formatRub(500n)).toBe('0.000001')
+    expect(formatRub(499n)).toBe('0.000000')
+    expect(formatRub(12_500_000_000n)).toBe('12.500000')
+    expect(nanoToRubNumber(1_234_567_891n)).toBe(1.234568)
+  })
+
+  const cases: [string, { p: string; c: string }, number, number, bigint][] = [
+    ['typical', { p: '0.000030', c: '0.000060' }, 1000, 200, 42_000_000n],
+    ['smallest price', { p: '0.000001', c: '0.000001' }, 1, 1, 2_000n],
+    ['zero tokens', { p: '0.000030', c: '0.000060' }, 0, 0, 0n],
+    ['large counts', { p: '0.000030', c: '0.000060' }, 2_000_000_000, 1_000_000_000, 120_000_000_000_000n],
+    ['free completion', { p: '0.000002', c: '0.000000' }, 777, 0, 1_554_000n],
+  ]
+  test.each(cases)('cost: %s', (_name, price, prompt, completion, expected) => {
+    const p = { promptNano: parseRub(price.p, 6)!, completionNano: parseRub(price.c, 6)! }
+    expect(costNano(prompt, completion, p)).toBe(expected)
+  })
+
+  test('batch cost is exactly half, even for one token at the smallest price', () => {
+    const one = costNano(1, 0, { promptNano: 1_000n, completionNano: 0n })
+    expect(batchCostNano(one)).toBe(500n)
+    expect(batchCostNano(one) * 2n).toBe(one)
+    expect(batchCostNano(42_000_000n)).toBe(21_000_000n)
+  })
+})
