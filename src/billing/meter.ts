@@ -42,6 +42,7 @@ export class Meter {
   settle(r: Reservation, s: Settlement): NanoRub {
     if (r.done) return 0n
     r.done = true
+    // biome-ignore lint/complexity/useMathMinMax: Math.min does not take bigint
     const charged = s.costNano > r.amountNano ? r.amountNano : s.costNano
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano

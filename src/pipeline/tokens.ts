@@ -1,29 +1,10 @@
 import type { ChatMessage } from '../api/chat.ts'
+import { encode } from '../tokenizer.ts'
 
-type Encode = (text: string) => number[]
-let encodeFn: Encode | undefined
-let loading: Promise<void> | undefined
-
-/**
- * Loads the tokenizer (o200k_base through gpt-tokenizer). It takes a few hundred milliseconds,
- * so main.ts starts it after the server listens rather than delaying start-up; the first
- * request that needs it waits for it.
- */
-export function loadTokenizer(): Promise<void> {
-  loading ??= import('gpt-tokenizer').then((m) => {
-    encodeFn = m.encode
-  })
-  return loading
-}
-
-export function tokenizerReady(): boolean {
-  return encodeFn !== undefined
-}
+export { loadTokenizer, tokenizerLoaded as tokenizerReady } from '../tokenizer.ts'
 
 export function countTokens(text: string): number {
-  if (text.length === 0) return 0
-  if (!encodeFn) throw new Error('tokenizer not loaded: await loadTokenizer() first')
-  return encodeFn(text).length
+  return text.length === 0 ? 0 : encode(text).length
 }
 
 // Per-message framing tokens, as OpenAI counts them for its chat models.

@@ -1,3 +1,4 @@
+import { loadTokenizer } from '../tokenizer.ts'
 import { Engine, fnv1a, promptBlockHashes } from './engine.ts'
 import { inputTokens, renderPrompt } from './render.ts'
 import { prng, toolArguments, words } from './text.ts'
@@ -433,6 +434,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
       }
       if (!body || typeof body !== 'object')
         return errorResponse(400, 'body must be an object', 'invalid_request_error')
+      await loadTokenizer()
       return path === '/v1/chat/completions' ? chat(body as ChatBody, req.signal) : embeddings(body as never)
     },
   })

@@ -1,4 +1,4 @@
-import { encode } from 'gpt-tokenizer'
+import { encode } from '../tokenizer.ts'
 
 /** Tokens an image part costs in the simulator's accounting. */
 export const IMAGE_TOKENS = 85

@@ -1,4 +1,4 @@
-import { encode } from 'gpt-tokenizer'
+import { encode } from '../tokenizer.ts'
 
 // Common words that are each exactly one o200k_base token with their leading space, so a
 // client counting the streamed text with the same tokenizer gets exactly completion_tokens.
