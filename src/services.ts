@@ -36,7 +36,7 @@ export async function buildServices(config: Config, store: Store, log: Log): Pro
   const pool = new NodePool(config.models)
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
-    meter: new Meter(ledger),
+    meter: new Meter(ledger, config.server.billing),
     limiter: new RateLimiter(),
     pool,
     policy: new LeastInFlight(),

@@ -36,6 +36,7 @@ export interface Config {
     readonly adminToken: string | undefined
     readonly maxBodyBytes: number
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
+    readonly billing: boolean
   }
   readonly upstream: {
     readonly connectTimeoutMs: number
@@ -80,7 +81,9 @@ const ENV_KEYS: Record<
   TROPA_SQLITE_PATH: ['storage', 'sqlite_path', 'str'],
   TROPA_DEMO: ['demo', 'enabled', 'bool'],
 }
-const KNOWN_ENV = new Set([...Object.keys(ENV_KEYS), 'TROPA_CONFIG'])
+/** Benchmarks compare the money path on and off in one run; this turns it off. */
+const NO_BILLING_ENV = 'TROPA_BENCH_NO_BILLING'
+const KNOWN_ENV = new Set([...Object.keys(ENV_KEYS), 'TROPA_CONFIG', NO_BILLING_ENV])
 
 /** Reads the file (TOML or JSON), applies env and flags, checks everything, returns a frozen Config. */
 export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.env): Config {
@@ -117,6 +120,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
     else sec[key] = raw
   }
   const server = sectionOf(file, 'server')
+  if (env[NO_BILLING_ENV] === '1' || env[NO_BILLING_ENV] === 'true') server.billing = false
   if (overrides.port !== undefined) server.port = overrides.port
   if (overrides.host !== undefined) server.host = overrides.host
   if (overrides.dataDir !== undefined) server.data_dir = overrides.dataDir
@@ -160,6 +164,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       adminToken: cfg.server?.admin_token,
       maxBodyBytes: cfg.server?.max_body_bytes ?? 32 * 1024 * 1024,
       logLevel: cfg.server?.log_level ?? 'info',
+      billing: cfg.server?.billing ?? true,
     },
     upstream: {
       connectTimeoutMs: cfg.upstream?.connect_timeout_ms ?? 3_000,

@@ -48,6 +48,8 @@ export const ServerSchema = T.Object(
     data_dir: T.Optional(T.String({ minLength: 1 })),
     admin_token: T.Optional(T.String({ minLength: 16 })),
     max_body_bytes: T.Optional(T.Integer({ minimum: 1024 })),
+    /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
+    billing: T.Optional(T.Boolean()),
     log_level: T.Optional(
       T.Union([T.Literal('debug'), T.Literal('info'), T.Literal('warn'), T.Literal('error')]),
     ),
