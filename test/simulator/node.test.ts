@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { encode } from 'gpt-tokenizer'
 import OpenAI from 'openai'
-import { type SimNode, startSimNode } from '../../src/simulator/index.ts'
+import { type SimFaults, type SimNode, startSimNode } from '../../src/simulator/index.ts'
 import { vocabulary } from '../../src/simulator/text.ts'
 import { loadTokenizer } from '../../src/tokenizer.ts'
 
@@ -87,11 +87,12 @@ describe('simulated node', () => {
   test('faults: 429, 503, 500, a hang until abort, a cut stream', async () => {
     const node = await startSimNode({ name: 'faulty', itlMs: 1, prefillTokensPerSec: 100_000 })
     try {
-      for (const [fault, status] of [
+      const cases: [Partial<SimFaults>, number][] = [
         [{ rate429: 1 }, 429],
         [{ rate503: 1 }, 503],
         [{ errorRate: 1 }, 500],
-      ] as const) {
+      ]
+      for (const [fault, status] of cases) {
         node.setFaults({ rate429: 0, rate503: 0, errorRate: 0, ...fault })
         const r = await post(node, { model: 'm', messages })
         expect(r.status).toBe(status)
