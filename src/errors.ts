@@ -40,8 +40,8 @@ export class MissingField extends InvalidRequest {
   }
 }
 export class ContextLengthExceeded extends InvalidRequest {
-  constructor(message: string) {
-    super(message, 'context_length_exceeded', 'messages')
+  constructor(message: string, param = 'messages') {
+    super(message, 'context_length_exceeded', param)
   }
 }
 export class TooManyInputs extends InvalidRequest {
@@ -149,6 +149,8 @@ export class UpstreamFailed extends TropaError {
     code = 'upstream_error',
     /** The upstream's HTTP status, when it answered. */
     readonly upstreamStatus: number | null = null,
+    /** What went wrong in detail, for the log only. */
+    readonly detail: string | null = null,
   ) {
     super(message, code)
   }

@@ -10,6 +10,10 @@ export const authenticate =
     principal: svc.identity.authenticate(request.headers.get('authorization')),
   })
 
+/** For body parsers: refuse an unauthenticated request before its body is read. */
+export const authenticateFirst = (svc: Services) => (request: Request) =>
+  void svc.identity.authenticate(request.headers.get('authorization'))
+
 /** Model endpoints take API keys only: they need a key to bill. */
 export function payerOf(p: Principal): Payer {
   if (p.kind === 'api') return p
@@ -33,7 +37,7 @@ export function keyManagerOrg(svc: Services, p: Principal, orgId: string | undef
     if (!orgId) throw new InvalidValue('with the admin token, name the organization with org_id', 'org_id')
     return svc.identity.org(orgId)
   }
-  throw new PermissionDenied('API keys cannot manage keys; use the organization master key (mk-...)')
+  throw new PermissionDenied("this endpoint needs the organization's master key (mk-...), not an API key")
 }
 
 export function requireAdmin(p: Principal): void {

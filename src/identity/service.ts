@@ -137,6 +137,11 @@ export class IdentityService {
     return { key, secret }
   }
 
+  /** Any key by id (internal use: batches run with the key that created them). */
+  keyById(id: string): LiveKey | undefined {
+    return this.byId.get(id)
+  }
+
   /** A key of this organization; another organization's key is reported as not found. */
   key(orgId: string, id: string, kind: KeyKind): LiveKey {
     const key = this.byId.get(id)
@@ -153,7 +158,7 @@ export class IdentityService {
   async updateKey(key: LiveKey, c: KeyChanges): Promise<LiveKey> {
     if (key.status === 'revoked') {
       if (Object.keys(c).length === 0) return key
-      throw new Conflict('a revoked key cannot be changed', 'key_revoked')
+      throw new Conflict('a revoked key cannot be changed', 'key_already_revoked')
     }
     const patch: KeyPatch = {
       ...(c.name !== undefined && { name: c.name }),

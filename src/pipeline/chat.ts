@@ -10,7 +10,7 @@ import type { Candidate } from '../routing/nodes.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
 import { ChatStreamRelay, generatedText, sseEvent, type Usage } from '../upstream/sse.ts'
 import { dispatch, readBody, type UpstreamDeps } from './dispatch.ts'
-import { countChatPrompt, countTokens, loadTokenizer } from './tokens.ts'
+import { countChatPrompt, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
 
 export interface ChatDeps extends UpstreamDeps {
   readonly catalogue: Catalogue
@@ -50,9 +50,15 @@ export async function chatCompletion(
   const promptTokens = countChatPrompt(body.messages, body.tools)
   const maxOut = outputBudget(model, promptTokens, body.max_completion_tokens ?? body.max_tokens)
   const choices = body.n ?? 1
-  deps.limiter.admit(payer.key, promptTokens)
-  const worst = costNano(promptTokens, maxOut * choices, model.price)
+  const worst = costNano(reservedPromptTokens(promptTokens), maxOut * choices, model.price)
   const reservation = deps.meter.reserve(payer.key, payer.org, worst)
+  // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
+  try {
+    deps.limiter.admit(payer.key, promptTokens)
+  } catch (err) {
+    deps.meter.release(reservation)
+    throw err
+  }
 
   const stream = body.stream === true
   const includeUsage = body.stream_options?.include_usage === true
@@ -142,7 +148,11 @@ export async function chatCompletion(
 }
 
 /** Tokens the answer may use: asked for, or what the context leaves; 400 when it cannot fit. */
-function outputBudget(model: ModelConfig, promptTokens: number, asked: number | null | undefined): number {
+export function outputBudget(
+  model: ModelConfig,
+  promptTokens: number,
+  asked: number | null | undefined,
+): number {
   const left = model.contextLength - promptTokens
   if (asked !== undefined && asked !== null) {
     if (promptTokens + asked > model.contextLength)
@@ -159,7 +169,7 @@ function outputBudget(model: ModelConfig, promptTokens: number, asked: number | 
 }
 
 /** The rules TypeBox cannot say: which roles need content, and tool linkage. */
-function checkMessages(messages: readonly ChatMessage[]): void {
+export function checkMessages(messages: readonly ChatMessage[]): void {
   messages.forEach((m, i) => {
     const at = `messages[${i}]`
     if (m.role === 'assistant') {
@@ -171,7 +181,11 @@ function checkMessages(messages: readonly ChatMessage[]): void {
       throw new InvalidValue(`${at}: a ${m.role} message needs content`, `${at}.content`)
     if (m.role === 'tool' && !m.tool_call_id)
       throw new InvalidValue(`${at}: a tool message needs tool_call_id`, `${at}.tool_call_id`)
-    if (m.role !== 'user' && Array.isArray(m.content) && m.content.some((p) => p.type !== 'text'))
+    if (
+      m.role !== 'user' &&
+      Array.isArray(m.content) &&
+      m.content.some((p) => p.type !== 'text' && p.type !== 'refusal')
+    )
       throw new InvalidValue(
         `${at}: only user messages may carry image, audio or file parts`,
         `${at}.content`,
@@ -219,7 +233,10 @@ async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate
   } catch (err) {
     if (err instanceof UpstreamFailed) throw err
     throw new UpstreamFailed(
-      `${c.node.name} broke the stream before its first token: ${(err as Error).message}`,
+      `${c.node.name} broke the stream before its first token`,
+      'upstream_error',
+      null,
+      (err as Error).message,
     )
   } finally {
     deps.watchdog.clear(deadline)
@@ -289,7 +306,7 @@ function relayStream(
         finish(timeout ? 'upstream_timeout' : 'upstream_broken', false)
         fail(
           controller,
-          timeout ? err.message : `${c.node.name} broke the stream: ${(err as Error).message}`,
+          timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
           timeout ? 'upstream_timeout' : 'upstream_error',
         )
       }

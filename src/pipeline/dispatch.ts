@@ -83,6 +83,7 @@ export async function dispatch<T>(
         node: c.node.name,
         model: d.model.id,
         error: err.message,
+        detail: err.detail,
       })
       lastError = err
     }
@@ -99,7 +100,7 @@ export async function readBody(reply: UpstreamReply, deps: UpstreamDeps, node: s
     return await reply.response.text()
   } catch (err) {
     if (err instanceof UpstreamFailed) throw err
-    throw new UpstreamFailed(`${node} broke off its response: ${(err as Error).message}`)
+    throw new UpstreamFailed(`${node} broke off its response`, 'upstream_error', null, (err as Error).message)
   } finally {
     deps.watchdog.clear(deadline)
   }

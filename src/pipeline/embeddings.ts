@@ -1,9 +1,9 @@
 import { type EmbeddingRequest, MAX_EMBEDDING_INPUTS } from '../api/embeddings.ts'
-import { costNano, formatRub } from '../billing/money.ts'
+import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import { ContextLengthExceeded, InvalidValue, TooManyInputs, UpstreamFailed } from '../errors.ts'
 import type { ChatDeps, Payer } from './chat.ts'
 import { dispatch, readBody } from './dispatch.ts'
-import { countTokens, loadTokenizer } from './tokens.ts'
+import { countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
 
 const USAGE = /"usage"\s*:\s*(\{[^{}]*\})/
 
@@ -30,12 +30,18 @@ export async function createEmbeddings(
     if (n > model.contextLength)
       throw new ContextLengthExceeded(
         `input[${i}] has ${n} tokens; ${model.id} takes at most ${model.contextLength}`,
+        'input',
       )
     promptTokens += n
   })
-  deps.limiter.admit(payer.key, promptTokens)
-  const reservation = deps.meter.reserve(payer.key, payer.org, costNano(promptTokens, 0, model.price))
+  const reservation = deps.meter.reserve(
+    payer.key,
+    payer.org,
+    costNano(reservedPromptTokens(promptTokens), 0, model.price),
+  )
   try {
+    // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
+    deps.limiter.admit(payer.key, promptTokens)
     const { value, candidate } = await dispatch(
       deps,
       {
@@ -79,7 +85,7 @@ export async function createEmbeddings(
       outcome: 'ok',
       estimated: value.tokens === undefined,
     })
-    return new Response(value.text, {
+    return new Response(withCost(value.text, nanoToRubNumber(charged)), {
       headers: {
         'content-type': 'application/json',
         'x-request-id': requestId,
@@ -93,7 +99,8 @@ export async function createEmbeddings(
   }
 }
 
-function checkInputs(input: EmbeddingRequest['input']): (string | number[])[] {
+/** The inputs as a list; 400 for empty ones or more than 2048. */
+export function checkInputs(input: EmbeddingRequest['input']): (string | number[])[] {
   if (typeof input === 'string') {
     if (input.length === 0) throw new InvalidValue('input must not be empty', 'input')
     return [input]
@@ -107,6 +114,13 @@ function checkInputs(input: EmbeddingRequest['input']): (string | number[])[] {
     if (item.length === 0) throw new InvalidValue(`input[${i}] must not be empty`, `input[${i}]`)
   })
   return list
+}
+
+/** Adds `cost_rub` to the usage object (flat, at the end of the body) without re-serialising the vectors. */
+function withCost(text: string, costRub: number): string {
+  const at = text.lastIndexOf('"usage"')
+  const close = at < 0 ? -1 : text.indexOf('}', at)
+  return close < 0 ? text : `${text.slice(0, close)},"cost_rub":${costRub}${text.slice(close)}`
 }
 
 function escapeRe(s: string): string {

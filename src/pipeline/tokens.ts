@@ -7,6 +7,15 @@ export function countTokens(text: string): number {
   return text.length === 0 ? 0 : encode(text).length
 }
 
+/**
+ * Prompt tokens to reserve for: Tropa's count plus half again and 16. Upstream models use their
+ * own tokenizers (a llama vocabulary counted 22 tokens where o200k counted 12); the margin keeps
+ * the charge, which never exceeds the reservation, equal to what the upstream reports.
+ */
+export function reservedPromptTokens(counted: number): number {
+  return counted + Math.ceil(counted / 2) + 16
+}
+
 // Per-message framing tokens, as OpenAI counts them for its chat models.
 const PER_MESSAGE = 3
 const REPLY_PRIMING = 3

@@ -42,7 +42,13 @@ export class OpenAICompatibleAdapter implements UpstreamAdapter {
     } catch (err) {
       clientSignal.removeEventListener('abort', onClientAbort)
       if (controller.signal.aborted) throw controller.signal.reason
-      throw new UpstreamFailed(`${call.route.node} could not be reached: ${(err as Error).message}`)
+      // The raw fetch text (socket errors, Bun's hints) is for logs, not for clients.
+      throw new UpstreamFailed(
+        `upstream node ${call.route.node} could not be reached`,
+        'upstream_error',
+        null,
+        (err as Error).message,
+      )
     } finally {
       this.watchdog.clear(deadline)
     }

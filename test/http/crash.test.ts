@@ -10,7 +10,9 @@ import { ADMIN_TOKEN, defaultModels } from '../helpers/start.ts'
 // kill -9 during a streaming load, restart on the same data dir, then check the crash-safety
 // guarantee of docs/billing.md against the SQLite file itself.
 const dir = mkdtempSync(join(tmpdir(), 'tropa-crash-'))
-const fleet = await startSimFleet([1, 2].map((i) => ({ name: `sim-${i}`, itlMs: 3, prefillTokensPerSec: 50_000, seed: i })))
+const fleet = await startSimFleet(
+  [1, 2].map((i) => ({ name: `sim-${i}`, itlMs: 3, prefillTokensPerSec: 50_000, seed: i })),
+)
 afterAll(async () => {
   await fleet.stop()
   rmSync(dir, { recursive: true, force: true })
@@ -25,11 +27,21 @@ writeFileSync(
 )
 
 async function startRouter(port: number) {
-  const proc = Bun.spawn([process.execPath, join(import.meta.dir, '../../src/main.ts'), '--config', configPath, '--port', String(port)], {
-    stdout: 'ignore',
-    stderr: 'pipe',
-    env: { PATH: process.env.PATH ?? '' },
-  })
+  const proc = Bun.spawn(
+    [
+      process.execPath,
+      join(import.meta.dir, '../../src/main.ts'),
+      '--config',
+      configPath,
+      '--port',
+      String(port),
+    ],
+    {
+      stdout: 'ignore',
+      stderr: 'pipe',
+      env: { PATH: process.env.PATH ?? '' },
+    },
+  )
   const url = `http://127.0.0.1:${port}`
   for (let i = 0; i < 500; i++) {
     try {
@@ -50,7 +62,10 @@ const json = (url: string, path: string, token: string, body?: unknown) =>
 test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its limit, completed work in the ledger', async () => {
   const port = 20000 + Math.floor(Math.random() * 20000)
   const first = await startRouter(port)
-  const org = await json(first.url, '/v1/admin/organizations', ADMIN_TOKEN, { name: 'crash', balance_rub: 100 })
+  const org = await json(first.url, '/v1/admin/organizations', ADMIN_TOKEN, {
+    name: 'crash',
+    balance_rub: 100,
+  })
   const limitRub = 0.2
   const key = await json(first.url, '/v1/keys', org.master_key as string, { name: 'k', limit_rub: limitRub })
   const completed: { id: string; at: number }[] = []
@@ -62,10 +77,16 @@ test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its l
         const res = await fetch(`${first.url}/v1/chat/completions`, {
           method: 'POST',
           headers: { authorization: `Bearer ${key.key}`, 'content-type': 'application/json' },
-          body: JSON.stringify({ model: 'test/chat', messages: [{ role: 'user', content: `load ${w} ${i}` }], stream: true, max_tokens: 30 }),
+          body: JSON.stringify({
+            model: 'test/chat',
+            messages: [{ role: 'user', content: `load ${w} ${i}` }],
+            stream: true,
+            max_tokens: 30,
+          }),
         })
         const text = await res.text()
-        if (res.status === 200 && text.endsWith('data: [DONE]\n\n')) completed.push({ id: res.headers.get('x-request-id')!, at: Date.now() })
+        if (res.status === 200 && text.endsWith('data: [DONE]\n\n'))
+          completed.push({ id: res.headers.get('x-request-id')!, at: Date.now() })
         else if (res.status === 402) {
           refused++
           await Bun.sleep(5)
@@ -87,10 +108,16 @@ test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its l
 
   // The record on disk, as the kill left it.
   const db = new Database(join(dir, 'tropa.db'), { readonly: true, safeIntegers: true })
-  const rows = db.query('SELECT request_id, cost_nano FROM ledger WHERE key_id = ?').all(key.key_id as string) as { request_id: string; cost_nano: bigint }[]
+  const rows = db
+    .query('SELECT request_id, cost_nano FROM ledger WHERE key_id = ?')
+    .all(key.key_id as string) as { request_id: string; cost_nano: bigint }[]
   const ids = new Set(rows.map((r) => r.request_id))
-  const spentRow = db.query('SELECT spent_nano, limit_nano FROM keys WHERE id = ?').get(key.key_id as string) as { spent_nano: bigint; limit_nano: bigint }
-  const balanceRow = db.query('SELECT balance_nano FROM orgs WHERE id = ?').get(org.id as string) as { balance_nano: bigint }
+  const spentRow = db
+    .query('SELECT spent_nano, limit_nano FROM keys WHERE id = ?')
+    .get(key.key_id as string) as { spent_nano: bigint; limit_nano: bigint }
+  const balanceRow = db.query('SELECT balance_nano FROM orgs WHERE id = ?').get(org.id as string) as {
+    balance_nano: bigint
+  }
   db.close()
   const old = completed.filter((c) => c.at < killedAt - 1000)
   expect(old.length).toBeGreaterThan(0)
@@ -111,7 +138,11 @@ test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its l
     const res = await fetch(`${second.url}/v1/chat/completions`, {
       method: 'POST',
       headers: { authorization: `Bearer ${key.key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'test/chat', messages: [{ role: 'user', content: 'after' }], max_tokens: 5 }),
+      body: JSON.stringify({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'after' }],
+        max_tokens: 5,
+      }),
     })
     // Either there is room for one more (200) or the limit is honestly reached (402).
     expect([200, 402]).toContain(res.status)

@@ -181,4 +181,22 @@ describe('keys API', () => {
     const missing = await t.admin('/v1/admin/organizations/org_nope')
     expect(missing.status).toBe(404)
   })
+
+  test('the admin lists and revokes master keys; a revoked master key gets 401', async () => {
+    const issued = await t.admin(`/v1/admin/organizations/${t.orgId}/master_keys`, { name: 'second' })
+    const mk = (await issued.json()) as { key_id: string; key: string }
+    expect(mk.key).toMatch(/^mk-/)
+    const list = (await (await t.admin(`/v1/admin/organizations/${t.orgId}/master_keys`)).json()) as {
+      data: { key_id: string }[]
+    }
+    expect(list.data.map((k) => k.key_id)).toContain(mk.key_id)
+    expect((await t.fetch('/v1/keys', { key: mk.key })).status).toBe(200)
+    const del = await t.admin(
+      `/v1/admin/organizations/${t.orgId}/master_keys/${mk.key_id}`,
+      undefined,
+      'DELETE',
+    )
+    expect(del.status).toBe(200)
+    expect((await t.fetch('/v1/keys', { key: mk.key })).status).toBe(401)
+  })
 })

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, test } from 'bun:test'
 import OpenAI from 'openai'
 import { costNano, nanoToRubNumber, parseRub, rubNumberToNano } from '../../src/billing/money.ts'
-import { countChatPrompt, loadTokenizer } from '../../src/pipeline/tokens.ts'
+import { countChatPrompt, loadTokenizer, reservedPromptTokens } from '../../src/pipeline/tokens.ts'
 import { CHAT_PRICE, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
 let t: Tropa | undefined
@@ -18,7 +18,7 @@ const MAX_TOKENS = 20
 const messages = [{ role: 'user' as const, content: 'Count to twenty, please.' }]
 async function worstCaseNano() {
   await loadTokenizer()
-  return costNano(countChatPrompt(messages, undefined), MAX_TOKENS, PRICE)
+  return costNano(reservedPromptTokens(countChatPrompt(messages, undefined)), MAX_TOKENS, PRICE)
 }
 
 /** Fleet with small real delays so that hundreds of requests overlap. */

@@ -1,7 +1,7 @@
 import { Elysia, t } from 'elysia'
 import { CreateOrgBody, CreditBody, MasterKeyBody } from '../../api/keys.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, requireAdmin } from '../auth.ts'
+import { authenticate, authenticateFirst, requireAdmin } from '../auth.ts'
 import { jsonBody } from '../body.ts'
 import { keyView, orgView } from '../views.ts'
 import { limitOf } from './keys.ts'
@@ -10,7 +10,7 @@ const OrgParams = t.Object({ org_id: t.String() })
 
 /** Operator endpoints: organizations, balances, master keys. Admin token only. */
 export const adminRoutes = (svc: Services) => {
-  const parse = jsonBody(64 * 1024)
+  const parse = jsonBody(64 * 1024, authenticateFirst(svc))
   const tags = ['admin']
   return new Elysia()
     .derive(authenticate(svc))
@@ -68,6 +68,27 @@ export const adminRoutes = (svc: Services) => {
         params: OrgParams,
         body: MasterKeyBody,
         detail: { tags, summary: 'Issue another master key' },
+      },
+    )
+    .get(
+      '/v1/admin/organizations/:org_id/master_keys',
+      async ({ params }) => {
+        const org = svc.identity.org(params.org_id)
+        const rows = await svc.identity.listKeys({ orgId: org.id, kind: 'master', limit: 1000 })
+        return { object: 'list', data: rows.map(keyView) }
+      },
+      { params: OrgParams, detail: { tags, summary: "An organization's master keys" } },
+    )
+    .delete(
+      '/v1/admin/organizations/:org_id/master_keys/:key_id',
+      async ({ params }) => {
+        const key = svc.identity.key(svc.identity.org(params.org_id).id, params.key_id, 'master')
+        await svc.identity.revokeKey(key)
+        return { key_id: key.id, object: 'key.deleted', deleted: true }
+      },
+      {
+        params: t.Object({ org_id: t.String(), key_id: t.String() }),
+        detail: { tags, summary: 'Revoke a master key' },
       },
     )
 }

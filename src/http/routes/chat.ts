@@ -2,7 +2,7 @@ import { Elysia } from 'elysia'
 import { ChatRequest } from '../../api/chat.ts'
 import { chatCompletion } from '../../pipeline/chat.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, payerOf } from '../auth.ts'
+import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
 import { jsonBody } from '../body.ts'
 
 export const chatRoutes = (svc: Services) =>
@@ -19,7 +19,7 @@ export const chatRoutes = (svc: Services) =>
           set.headers['x-request-id'] as string,
         ),
       {
-        parse: jsonBody(svc.config.server.maxBodyBytes),
+        parse: jsonBody(svc.config.server.maxBodyBytes, authenticateFirst(svc)),
         body: ChatRequest,
         detail: { tags: ['chat'], summary: 'Chat completion (JSON, or SSE with stream: true)' },
       },

@@ -2,7 +2,7 @@ import { Elysia } from 'elysia'
 import { EmbeddingRequest } from '../../api/embeddings.ts'
 import { createEmbeddings } from '../../pipeline/embeddings.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, payerOf } from '../auth.ts'
+import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
 import { jsonBody } from '../body.ts'
 
 export const embeddingRoutes = (svc: Services) =>
@@ -19,7 +19,7 @@ export const embeddingRoutes = (svc: Services) =>
           set.headers['x-request-id'] as string,
         ),
       {
-        parse: jsonBody(svc.config.server.maxBodyBytes),
+        parse: jsonBody(svc.config.server.maxBodyBytes, authenticateFirst(svc)),
         body: EmbeddingRequest,
         detail: { tags: ['embeddings'], summary: 'Embeddings of up to 2048 inputs' },
       },

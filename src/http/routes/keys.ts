@@ -3,7 +3,7 @@ import { CreateKeyBody, PatchKeyBody } from '../../api/keys.ts'
 import { type NanoRub, rubNumberToNano } from '../../billing/money.ts'
 import { InvalidValue } from '../../errors.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, keyManagerOrg } from '../auth.ts'
+import { authenticate, authenticateFirst, keyManagerOrg } from '../auth.ts'
 import { jsonBody } from '../body.ts'
 import { queryEnum, queryInt } from '../query.ts'
 import { keyView } from '../views.ts'
@@ -27,7 +27,7 @@ export function limitOf(value: number | null | undefined, param = 'limit_rub'): 
 }
 
 export const keyRoutes = (svc: Services) => {
-  const parse = jsonBody(64 * 1024)
+  const parse = jsonBody(64 * 1024, authenticateFirst(svc))
   const tags = ['keys']
   return new Elysia()
     .derive(authenticate(svc))
