@@ -2,8 +2,10 @@ import { swagger } from '@elysiajs/swagger'
 import { Elysia } from 'elysia'
 import { errorMapper } from './http/error-mapper.ts'
 import { adminRoutes } from './http/routes/admin.ts'
+import { batchRoutes } from './http/routes/batches.ts'
 import { chatRoutes } from './http/routes/chat.ts'
 import { embeddingRoutes } from './http/routes/embeddings.ts'
+import { fileRoutes } from './http/routes/files.ts'
 import { healthRoutes } from './http/routes/health.ts'
 import { keyRoutes } from './http/routes/keys.ts'
 import { modelRoutes } from './http/routes/models.ts'
@@ -38,6 +40,8 @@ export function createApp(svc: Services) {
     .use(modelRoutes(svc))
     .use(chatRoutes(svc))
     .use(embeddingRoutes(svc))
+    .use(fileRoutes(svc))
+    .use(batchRoutes(svc))
     .use(keyRoutes(svc))
     .use(usageRoutes(svc))
     .use(adminRoutes(svc))

@@ -1,9 +1,14 @@
+import { BatchScheduler } from './batches/scheduler.ts'
+import { BatchService, LinkSigner } from './batches/service.ts'
 import { LedgerWriter } from './billing/ledger.ts'
 import { Meter } from './billing/meter.ts'
 import { RateLimiter } from './billing/rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
 import type { Config } from './config/load.ts'
+import { LocalFileStore } from './files/file-store.ts'
+import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
+import { randomBase62 } from './ids.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
 import { NodePool } from './routing/nodes.ts'
 import { LeastInFlight } from './routing/policy.ts'
@@ -21,6 +26,8 @@ export interface Services {
   readonly identity: IdentityService
   readonly deps: ChatDeps
   readonly ledger: LedgerWriter
+  readonly files: FilesService
+  readonly batches: BatchService
   readonly log: Log
   /** Flushes the ledger and stops timers; the store is closed by whoever opened it. */
   stop(): Promise<void>
@@ -45,14 +52,41 @@ export async function buildServices(config: Config, store: Store, log: Log): Pro
     timeouts: config.upstream,
     log,
   }
+  const files = new FilesService(store, new LocalFileStore(config.files.dir), config.files)
+  const secret = config.server.secret ?? (await store.initMeta('server_secret', randomBase62(43)))
+  // Batches need a database file that worker threads can open too.
+  const scheduler =
+    config.storage.sqlitePath === ':memory:'
+      ? undefined
+      : new BatchScheduler(store, identity, deps.meter, ledger, pool, config, config.batches, log)
+  scheduler?.start({
+    sqlitePath: config.storage.sqlitePath,
+    filesDir: config.files.dir,
+    models: config.models,
+    firstByteTimeoutMs: config.upstream.firstByteTimeoutMs,
+    leaseMs: Math.max(60_000, config.upstream.firstByteTimeoutMs * 2),
+    concurrency: config.batches.concurrency,
+    maxAttempts: config.batches.maxAttempts,
+  })
+  const batches = new BatchService(
+    store,
+    files,
+    scheduler,
+    new LinkSigner(secret),
+    config.batches.windowSec,
+    config.batches.linkTtlSec,
+  )
   return {
     config,
     store,
     identity,
     deps,
     ledger,
+    files,
+    batches,
     log,
     async stop() {
+      await scheduler?.stop()
       watchdog.stop()
       await ledger.stop()
     },

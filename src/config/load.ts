@@ -37,6 +37,7 @@ export interface Config {
     readonly maxBodyBytes: number
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
     readonly billing: boolean
+    readonly secret: string | undefined
   }
   readonly upstream: {
     readonly connectTimeoutMs: number
@@ -46,6 +47,16 @@ export interface Config {
   }
   readonly storage: { readonly kind: 'sqlite'; readonly sqlitePath: string; readonly flushIntervalMs: number }
   readonly demo: { readonly enabled: boolean; readonly nodes: number; readonly balanceNano: NanoRub }
+  readonly files: { readonly dir: string; readonly maxBytes: number; readonly maxLines: number }
+  readonly batches: {
+    readonly workers: number
+    readonly concurrency: number
+    readonly windowSec: number
+    readonly interactiveReserve: number
+    readonly tickMs: number
+    readonly linkTtlSec: number
+    readonly maxAttempts: number
+  }
   readonly models: readonly ModelConfig[]
 }
 
@@ -165,6 +176,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       maxBodyBytes: cfg.server?.max_body_bytes ?? 32 * 1024 * 1024,
       logLevel: cfg.server?.log_level ?? 'info',
       billing: cfg.server?.billing ?? true,
+      secret: cfg.server?.secret,
     },
     upstream: {
       connectTimeoutMs: cfg.upstream?.connect_timeout_ms ?? 3_000,
@@ -178,6 +190,20 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       flushIntervalMs: cfg.storage?.flush_interval_ms ?? 50,
     },
     demo: { enabled: demoEnabled, nodes: cfg.demo?.nodes ?? 3, balanceNano: balance! },
+    files: {
+      dir: resolve(dataDir, 'files'),
+      maxBytes: cfg.files?.max_bytes ?? 200 * 1024 * 1024,
+      maxLines: cfg.files?.max_lines ?? 50_000,
+    },
+    batches: {
+      workers: cfg.batches?.workers ?? 2,
+      concurrency: cfg.batches?.concurrency ?? 64,
+      windowSec: cfg.batches?.window_sec ?? 24 * 3600,
+      interactiveReserve: cfg.batches?.interactive_reserve ?? 0.25,
+      tickMs: cfg.batches?.tick_ms ?? 200,
+      linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
+      maxAttempts: cfg.batches?.max_attempts ?? 5,
+    },
     models,
   } satisfies Config)
 }

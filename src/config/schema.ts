@@ -47,6 +47,8 @@ export const ServerSchema = T.Object(
     port: T.Optional(T.Integer({ minimum: 0, maximum: 65535 })),
     data_dir: T.Optional(T.String({ minLength: 1 })),
     admin_token: T.Optional(T.String({ minLength: 16 })),
+    /** Signs download links; generated into the store when unset (set it when nodes share links). */
+    secret: T.Optional(T.String({ minLength: 32 })),
     max_body_bytes: T.Optional(T.Integer({ minimum: 1024 })),
     /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
     billing: T.Optional(T.Boolean()),
@@ -89,6 +91,31 @@ export const DemoSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const FilesSchema = T.Object(
+  {
+    max_bytes: T.Optional(T.Integer({ minimum: 1 })),
+    max_lines: T.Optional(T.Integer({ minimum: 1 })),
+  },
+  { additionalProperties: false },
+)
+
+export const BatchesSchema = T.Object(
+  {
+    /** Worker threads that validate files and run lines. */
+    workers: T.Optional(T.Integer({ minimum: 1, maximum: 64 })),
+    /** Lines one worker keeps in flight. */
+    concurrency: T.Optional(T.Integer({ minimum: 1, maximum: 10_000 })),
+    /** The completion window; "24h" per the API, shorter in tests. */
+    window_sec: T.Optional(T.Integer({ minimum: 1 })),
+    /** Share of every node's max_concurrency that batch lines leave to interactive traffic. */
+    interactive_reserve: T.Optional(T.Number({ minimum: 0, maximum: 0.95 })),
+    tick_ms: T.Optional(T.Integer({ minimum: 10, maximum: 10_000 })),
+    link_ttl_sec: T.Optional(T.Integer({ minimum: 1 })),
+    max_attempts: T.Optional(T.Integer({ minimum: 1, maximum: 20 })),
+  },
+  { additionalProperties: false },
+)
+
 /** The config file as written by an operator (TOML or JSON). */
 export const ConfigFileSchema = T.Object(
   {
@@ -96,6 +123,8 @@ export const ConfigFileSchema = T.Object(
     upstream: T.Optional(UpstreamSchema),
     storage: T.Optional(StorageSchema),
     demo: T.Optional(DemoSchema),
+    files: T.Optional(FilesSchema),
+    batches: T.Optional(BatchesSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

@@ -66,6 +66,69 @@ export interface UsageRow {
   readonly costNano: NanoRub
 }
 
+export interface FileRecord {
+  readonly id: string
+  readonly orgId: string
+  readonly filename: string
+  readonly purpose: string
+  readonly bytes: number
+  readonly lines: number
+  readonly createdAt: number
+  readonly deletedAt: number | null
+}
+
+export type BatchStatus =
+  | 'validating'
+  | 'failed'
+  | 'in_progress'
+  | 'finalizing'
+  | 'completed'
+  | 'expired'
+  | 'cancelling'
+  | 'cancelled'
+
+export interface BatchRecord {
+  readonly id: string
+  readonly orgId: string
+  readonly keyId: string
+  readonly endpoint: string
+  readonly inputFileId: string
+  readonly completionWindow: string
+  readonly status: BatchStatus
+  readonly outputFileId: string | null
+  readonly errorFileId: string | null
+  /** JSON text of OpenAI's `errors` object, or null. */
+  readonly errors: string | null
+  /** JSON text of the caller's metadata, or null. */
+  readonly metadata: string | null
+  readonly total: number
+  readonly completed: number
+  readonly failed: number
+  readonly costNano: NanoRub
+  readonly createdAt: number
+  readonly expiresAt: number
+  readonly inProgressAt: number | null
+  readonly finalizingAt: number | null
+  readonly completedAt: number | null
+  readonly failedAt: number | null
+  readonly expiredAt: number | null
+  readonly cancellingAt: number | null
+  readonly cancelledAt: number | null
+}
+
+export type BatchPatch = Partial<
+  Omit<BatchRecord, 'id' | 'orgId' | 'keyId' | 'endpoint' | 'inputFileId' | 'createdAt'>
+>
+
+/** One input line of a batch in the durable queue. */
+export interface BatchLine {
+  readonly batchId: string
+  readonly line: number
+  readonly customId: string
+  readonly body: string
+  readonly attempts: number
+}
+
 export interface KeyListQuery {
   readonly orgId: string
   readonly kind: KeyKind
@@ -101,6 +164,38 @@ export interface Store {
   ledgerForOrg(orgId: string, fromMs: number, toMs: number): Promise<LedgerEntry[]>
   /** Billed usage (credits excluded) grouped by key, model and UTC day, ordered by day. */
   usageByKeyModelDay(orgId: string, fromMs: number, toMs: number): Promise<UsageRow[]>
+
+  insertFile(f: FileRecord): Promise<void>
+  getFile(id: string): Promise<FileRecord | undefined>
+  listFiles(orgId: string, afterId: string | undefined, limit: number): Promise<FileRecord[]>
+  markFileDeleted(id: string, atSec: number): Promise<void>
+
+  insertBatch(b: BatchRecord): Promise<void>
+  getBatch(id: string): Promise<BatchRecord | undefined>
+  listBatches(orgId: string, afterId: string | undefined, limit: number): Promise<BatchRecord[]>
+  /** Updates a batch only if it is in one of `from` (when given); returns whether it did. */
+  updateBatch(id: string, patch: BatchPatch, from?: readonly BatchStatus[]): Promise<boolean>
+  batchesInStatus(statuses: readonly BatchStatus[]): Promise<BatchRecord[]>
+  /** Adds the validated lines of a batch to the queue (all pending). */
+  enqueueLines(lines: readonly BatchLine[]): Promise<void>
+  /**
+   * Leases up to `limit` runnable lines of in-progress batches: pending ones whose back-off is
+   * over, and running ones whose lease expired (their worker died). Atomic: two workers never
+   * lease the same line.
+   */
+  leaseLines(nowMs: number, leaseMs: number, limit: number): Promise<BatchLine[]>
+  /** Returns a leased line to the queue to be retried at `notBeforeMs`. */
+  retryLine(batchId: string, line: number, notBeforeMs: number): Promise<void>
+  /** Writes a line's final result once and counts it in its batch; false if it was already final. */
+  finishLine(batchId: string, line: number, ok: boolean, result: string): Promise<boolean>
+  /** Fails the unfinished lines of a batch (only the pending ones if asked) with this result. */
+  failOpenLines(batchId: string, result: (l: BatchLine) => string, onlyPending?: boolean): Promise<number>
+  /** Lines still pending or running. */
+  openLineCount(batchId: string): Promise<number>
+  /** Finished results in line order: the output (ok) or the error file (not ok). */
+  lineResults(batchId: string, ok: boolean): Promise<string[]>
+  /** Sum of the ledger rows of a batch. */
+  batchCostNano(batchId: string): Promise<NanoRub>
 
   close(): Promise<void>
 }

@@ -20,6 +20,8 @@ export interface TropaOptions {
   /** Starting balance of the test organization, roubles. */
   balanceRub?: number
   maxBodyBytes?: number
+  /** Extra config sections (batches, files, ...). */
+  extra?: Record<string, unknown>
 }
 
 export interface Tropa {
@@ -91,6 +93,8 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
       },
       upstream: { first_byte_timeout_ms: 5000, idle_timeout_ms: 5000, ...opts.upstream },
       storage: { flush_interval_ms: 10 },
+      batches: { tick_ms: 50, workers: 1 },
+      ...opts.extra,
       models: (opts.models ?? defaultModels)(fleet.nodes),
     }),
   )
@@ -131,7 +135,7 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
       const { key: k = key.key, ...rest } = init
       const headers = new Headers(rest.headers)
       if (k !== null && !headers.has('authorization')) headers.set('authorization', `Bearer ${k}`)
-      if (rest.body !== undefined && !headers.has('content-type'))
+      if (typeof rest.body === 'string' && !headers.has('content-type'))
         headers.set('content-type', 'application/json')
       return fetch(`${url}${path}`, { ...rest, headers })
     },

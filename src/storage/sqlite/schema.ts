@@ -1,5 +1,5 @@
 import { sql } from 'drizzle-orm'
-import { index, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core'
+import { index, primaryKey, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core'
 import { count, epoch, money } from './columns.ts'
 
 export const meta = sqliteTable('meta', {
@@ -56,4 +56,76 @@ export const ledger = sqliteTable(
     estimated: count('estimated').notNull().default(0),
   },
   (t) => [index('ledger_org_time').on(t.orgId, t.endedAtMs), index('ledger_key').on(t.keyId)],
+)
+
+export const files = sqliteTable(
+  'files',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id').notNull(),
+    filename: text('filename').notNull(),
+    purpose: text('purpose').notNull(),
+    bytes: count('bytes').notNull(),
+    lines: count('lines').notNull(),
+    createdAt: epoch('created_at').notNull(),
+    deletedAt: epoch('deleted_at'),
+  },
+  (t) => [index('files_org').on(t.orgId, t.id)],
+)
+
+export const batches = sqliteTable(
+  'batches',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id').notNull(),
+    keyId: text('key_id').notNull(),
+    endpoint: text('endpoint').notNull(),
+    inputFileId: text('input_file_id').notNull(),
+    completionWindow: text('completion_window').notNull(),
+    status: text('status').notNull(),
+    outputFileId: text('output_file_id'),
+    errorFileId: text('error_file_id'),
+    /** JSON: `{ object: "list", data: [{ code, line, message, param }] }` or null. */
+    errors: text('errors'),
+    /** JSON object or null. */
+    metadata: text('metadata'),
+    total: count('total').notNull().default(sql`0`),
+    completed: count('completed').notNull().default(sql`0`),
+    failed: count('failed').notNull().default(sql`0`),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+    createdAt: epoch('created_at').notNull(),
+    expiresAt: epoch('expires_at').notNull(),
+    inProgressAt: epoch('in_progress_at'),
+    finalizingAt: epoch('finalizing_at'),
+    completedAt: epoch('completed_at'),
+    failedAt: epoch('failed_at'),
+    expiredAt: epoch('expired_at'),
+    cancellingAt: epoch('cancelling_at'),
+    cancelledAt: epoch('cancelled_at'),
+  },
+  (t) => [index('batches_org').on(t.orgId, t.id), index('batches_status').on(t.status)],
+)
+
+/**
+ * The durable queue: one row per input line. A line is `pending` until a worker leases it,
+ * `running` while leased (`lease_until` lets another worker take it over after a crash), and
+ * `done` or `failed` once its result is written; its result lives here until the batch is
+ * finalized into output and error files, so a line is written exactly once.
+ */
+export const batchLines = sqliteTable(
+  'batch_lines',
+  {
+    batchId: text('batch_id').notNull(),
+    line: count('line').notNull(),
+    customId: text('custom_id').notNull(),
+    body: text('body').notNull(),
+    status: text('status', { enum: ['pending', 'running', 'done', 'failed'] }).notNull(),
+    attempts: count('attempts').notNull().default(sql`0`),
+    notBeforeMs: epoch('not_before_ms').notNull().default(sql`0`),
+    leaseUntilMs: epoch('lease_until_ms'),
+    /** The output or error line (JSON text), once finished. */
+    result: text('result'),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+  },
+  (t) => [primaryKey({ columns: [t.batchId, t.line] }), index('batch_lines_status').on(t.batchId, t.status)],
 )

@@ -1,9 +1,21 @@
 import { Database } from 'bun:sqlite'
 import { mkdirSync } from 'node:fs'
 import { dirname } from 'node:path'
-import { and, asc, eq, gt, gte, lt, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
-import type { KeyListQuery, KeyPatch, KeyRecord, LedgerEntry, OrgRecord, Store } from '../store.ts'
+import type {
+  BatchLine,
+  BatchPatch,
+  BatchRecord,
+  BatchStatus,
+  FileRecord,
+  KeyListQuery,
+  KeyPatch,
+  KeyRecord,
+  LedgerEntry,
+  OrgRecord,
+  Store,
+} from '../store.ts'
 import { embeddedMigrations } from './migrations.ts'
 import * as schema from './schema.ts'
 
@@ -162,6 +174,178 @@ export class SqliteStore implements Store {
       completionTokens: Number(r.completionTokens),
       costNano: BigInt(r.costNano),
     }))
+  }
+
+  async insertFile(f: FileRecord) {
+    this.db.insert(schema.files).values(f).run()
+  }
+
+  async getFile(id: string) {
+    return this.db.select().from(schema.files).where(eq(schema.files.id, id)).get()
+  }
+
+  async listFiles(orgId: string, afterId: string | undefined, limit: number) {
+    const f = schema.files
+    return this.db
+      .select()
+      .from(f)
+      .where(and(eq(f.orgId, orgId), isNull(f.deletedAt), afterId ? lt(f.id, afterId) : undefined))
+      .orderBy(desc(f.id))
+      .limit(limit)
+      .all()
+  }
+
+  async markFileDeleted(id: string, atSec: number) {
+    this.db.update(schema.files).set({ deletedAt: atSec }).where(eq(schema.files.id, id)).run()
+  }
+
+  async insertBatch(b: BatchRecord) {
+    this.db.insert(schema.batches).values(b).run()
+  }
+
+  async getBatch(id: string) {
+    return this.db.select().from(schema.batches).where(eq(schema.batches.id, id)).get() as
+      | BatchRecord
+      | undefined
+  }
+
+  async listBatches(orgId: string, afterId: string | undefined, limit: number) {
+    const b = schema.batches
+    return this.db
+      .select()
+      .from(b)
+      .where(and(eq(b.orgId, orgId), afterId ? lt(b.id, afterId) : undefined))
+      .orderBy(desc(b.id))
+      .limit(limit)
+      .all() as BatchRecord[]
+  }
+
+  async updateBatch(id: string, patch: BatchPatch, from?: readonly BatchStatus[]) {
+    const b = schema.batches
+    const row = this.db
+      .update(b)
+      .set(patch)
+      .where(and(eq(b.id, id), from ? inArray(b.status, [...from]) : undefined))
+      .returning({ id: b.id })
+      .get()
+    return row !== undefined
+  }
+
+  async batchesInStatus(statuses: readonly BatchStatus[]) {
+    return this.db
+      .select()
+      .from(schema.batches)
+      .where(inArray(schema.batches.status, [...statuses]))
+      .all() as BatchRecord[]
+  }
+
+  async enqueueLines(lines: readonly BatchLine[]) {
+    this.db.transaction((tx) => {
+      for (let i = 0; i < lines.length; i += 500) {
+        tx.insert(schema.batchLines)
+          .values(lines.slice(i, i + 500).map((l) => ({ ...l, status: 'pending' as const })))
+          .run()
+      }
+    })
+  }
+
+  async leaseLines(nowMs: number, leaseMs: number, limit: number) {
+    const rows = this.client
+      .query(
+        `UPDATE batch_lines SET status = 'running', lease_until_ms = ?1, attempts = attempts + 1
+         WHERE rowid IN (
+           SELECT l.rowid FROM batch_lines l JOIN batches b ON b.id = l.batch_id
+           WHERE b.status = 'in_progress'
+             AND ((l.status = 'pending' AND l.not_before_ms <= ?2) OR (l.status = 'running' AND l.lease_until_ms < ?2))
+           ORDER BY b.created_at, l.line LIMIT ?3)
+         RETURNING batch_id, line, custom_id, body, attempts`,
+      )
+      .all(nowMs + leaseMs, nowMs, limit) as {
+      batch_id: string
+      line: bigint
+      custom_id: string
+      body: string
+      attempts: bigint
+    }[]
+    return rows.map((r) => ({
+      batchId: r.batch_id,
+      line: Number(r.line),
+      customId: r.custom_id,
+      body: r.body,
+      attempts: Number(r.attempts),
+    }))
+  }
+
+  async retryLine(batchId: string, line: number, notBeforeMs: number) {
+    const l = schema.batchLines
+    this.db
+      .update(l)
+      .set({ status: 'pending', notBeforeMs, leaseUntilMs: null })
+      .where(and(eq(l.batchId, batchId), eq(l.line, line), eq(l.status, 'running')))
+      .run()
+  }
+
+  async finishLine(batchId: string, line: number, ok: boolean, result: string) {
+    const l = schema.batchLines
+    const b = schema.batches
+    return this.db.transaction((tx) => {
+      const row = tx
+        .update(l)
+        .set({ status: ok ? 'done' : 'failed', result, leaseUntilMs: null })
+        .where(and(eq(l.batchId, batchId), eq(l.line, line), inArray(l.status, ['pending', 'running'])))
+        .returning({ line: l.line })
+        .get()
+      if (!row) return false
+      tx.update(b)
+        .set(ok ? { completed: sql`${b.completed} + 1` } : { failed: sql`${b.failed} + 1` })
+        .where(eq(b.id, batchId))
+        .run()
+      return true
+    })
+  }
+
+  async failOpenLines(batchId: string, result: (l: BatchLine) => string, onlyPending = false) {
+    const l = schema.batchLines
+    const open = this.db
+      .select()
+      .from(l)
+      .where(
+        and(eq(l.batchId, batchId), inArray(l.status, onlyPending ? ['pending'] : ['pending', 'running'])),
+      )
+      .all()
+    let n = 0
+    for (const line of open) if (await this.finishLine(batchId, line.line, false, result(line))) n++
+    return n
+  }
+
+  async openLineCount(batchId: string) {
+    const l = schema.batchLines
+    const row = this.db
+      .select({ n: sql<bigint>`count(*)` })
+      .from(l)
+      .where(and(eq(l.batchId, batchId), inArray(l.status, ['pending', 'running'])))
+      .get()
+    return Number(row?.n ?? 0)
+  }
+
+  async lineResults(batchId: string, ok: boolean) {
+    const l = schema.batchLines
+    return this.db
+      .select({ result: l.result })
+      .from(l)
+      .where(and(eq(l.batchId, batchId), eq(l.status, ok ? 'done' : 'failed')))
+      .orderBy(asc(l.line))
+      .all()
+      .map((r) => r.result ?? '')
+  }
+
+  async batchCostNano(batchId: string) {
+    const row = this.db
+      .select({ sum: sql<bigint | null>`sum(${schema.ledger.costNano})` })
+      .from(schema.ledger)
+      .where(eq(schema.ledger.batchId, batchId))
+      .get()
+    return row?.sum ? BigInt(row.sum) : 0n
   }
 
   async close() {

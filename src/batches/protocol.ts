@@ -1,0 +1,70 @@
+import type { ModelConfig } from '../config/load.ts'
+import type { BatchStatus } from '../storage/store.ts'
+
+// Messages between the main thread (money, routing, state transitions) and the batch worker
+// threads (validation, upstream calls, result files). Structured clone carries bigint.
+
+export interface WorkerInit {
+  readonly sqlitePath: string
+  readonly filesDir: string
+  readonly models: readonly ModelConfig[]
+  readonly firstByteTimeoutMs: number
+  readonly leaseMs: number
+  /** Lines one worker keeps in flight at most. */
+  readonly concurrency: number
+  readonly maxAttempts: number
+}
+
+export interface ValidationError {
+  readonly code: string
+  readonly line: number | null
+  readonly message: string
+  readonly param: string | null
+}
+
+export type ToWorker =
+  | { readonly t: 'validate'; readonly batchId: string }
+  | { readonly t: 'finalize'; readonly batchId: string; readonly status: BatchStatus }
+  | { readonly t: 'admitted'; readonly reqId: number; readonly reply: AdmitReply }
+  | { readonly t: 'stop' }
+
+export type AdmitReply =
+  | {
+      readonly kind: 'go'
+      readonly baseUrl: string
+      readonly upstreamModel: string
+      readonly apiKey: string | undefined
+    }
+  /** No node has headroom beyond the interactive reserve: try again later. */
+  | { readonly kind: 'wait'; readonly ms: number }
+  /** The batch stopped running, or its money ran out: give the line back. */
+  | { readonly kind: 'stop'; readonly code: string }
+
+export type FromWorker =
+  | {
+      readonly t: 'validated'
+      readonly batchId: string
+      readonly total: number
+      readonly estimateNano: bigint
+      readonly errors: readonly ValidationError[]
+    }
+  | {
+      readonly t: 'admit'
+      readonly reqId: number
+      readonly batchId: string
+      readonly line: number
+      readonly model: string
+      readonly promptTokens: number
+      /** Worst-case cost of the line at the batch price. */
+      readonly worstNano: bigint
+    }
+  | {
+      readonly t: 'settle'
+      readonly reqId: number
+      /** Usage when the upstream answered 2xx; otherwise nothing is charged. */
+      readonly usage: { readonly promptTokens: number; readonly completionTokens: number } | null
+      readonly nodeOk: boolean
+      readonly outcome: string
+    }
+  | { readonly t: 'finalized'; readonly batchId: string }
+  | { readonly t: 'error'; readonly message: string }

@@ -1,0 +1,343 @@
+import type { LedgerWriter } from '../billing/ledger.ts'
+import type { Meter, Reservation } from '../billing/meter.ts'
+import { batchCostNano, costNano } from '../billing/money.ts'
+import type { Config } from '../config/load.ts'
+import type { IdentityService } from '../identity/service.ts'
+import type { Candidate, NodePool } from '../routing/nodes.ts'
+import type { Log } from '../services.ts'
+import type { BatchRecord, Store } from '../storage/store.ts'
+import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
+
+export interface BatchSettings {
+  readonly workers: number
+  /** Share of each node's max_concurrency kept free for interactive traffic. */
+  readonly interactiveReserve: number
+  readonly tickMs: number
+}
+
+interface Admitted {
+  readonly reservation: Reservation
+  readonly candidate: Candidate
+  readonly batchId: string
+  readonly line: number
+  readonly model: string
+  readonly startedAtMs: number
+}
+
+/**
+ * The main-thread half of batch execution: it owns every state transition, and it is the only
+ * place batch lines get a node and a reservation (so money and routing stay single-threaded
+ * while worker threads do the parsing, upstream calls and file writing).
+ */
+export class BatchScheduler {
+  private readonly workers: Worker[] = []
+  /** Lines holding a node slot and a reservation, per worker and its request number. */
+  private readonly admitted = new Map<Worker, Map<number, Admitted>>()
+  private readonly busy = new Set<string>() // batches with a validation or finalization under way
+  private timer: ReturnType<typeof setInterval> | undefined
+  private turn = 0
+
+  constructor(
+    private readonly store: Store,
+    private readonly identity: IdentityService,
+    private readonly meter: Meter,
+    private readonly ledger: LedgerWriter,
+    private readonly pool: NodePool,
+    private readonly config: Config,
+    private readonly settings: BatchSettings,
+    private readonly log: Log,
+  ) {}
+
+  private init: WorkerInit | undefined
+
+  /** Starts the tick; worker threads start with the first batch there is to work on. */
+  start(init: WorkerInit): void {
+    this.init = init
+    this.timer = setInterval(() => this.nudge(), this.settings.tickMs)
+  }
+
+  private ensureWorkers() {
+    if (this.workers.length > 0 || !this.init) return
+    const init = this.init
+    for (let i = 0; i < this.settings.workers; i++) {
+      // A second entry point of the compiled executable (see the build script).
+      const w = new Worker(new URL('./worker.ts', import.meta.url).href)
+      w.onmessage = (ev: MessageEvent<FromWorker>) => this.onMessage(w, ev.data)
+      w.onerror = (ev) => this.log('error', 'batch worker error', { error: String(ev.message) })
+      w.postMessage({ t: 'init', init })
+      this.workers.push(w)
+      this.admitted.set(w, new Map())
+    }
+  }
+
+  async stop(): Promise<void> {
+    if (this.timer) clearInterval(this.timer)
+    for (const w of this.workers) {
+      w.postMessage({ t: 'stop' } satisfies ToWorker)
+      w.terminate()
+    }
+    this.workers.length = 0
+    for (const lines of this.admitted.values()) {
+      for (const a of lines.values()) {
+        this.meter.release(a.reservation)
+        this.pool.end(a.candidate.node, true)
+      }
+    }
+    this.admitted.clear()
+  }
+
+  private ticking = false
+
+  /** Wakes the scheduler now (a new batch, a cancel) instead of at the next tick. */
+  nudge(): void {
+    if (this.ticking) return
+    this.ticking = true
+    this.tick()
+      .catch((err) => this.log('error', 'batch tick failed', { error: String(err) }))
+      .finally(() => {
+        this.ticking = false
+      })
+  }
+
+  private send(m: ToWorker) {
+    const w = this.workers[this.turn++ % this.workers.length]
+    w?.postMessage(m)
+  }
+
+  /** Moves batches along: validate, notice the end, expire, finish a cancel. */
+  private async tick() {
+    const now = Math.floor(Date.now() / 1000)
+    const active = await this.store.batchesInStatus(['validating', 'in_progress', 'cancelling', 'finalizing'])
+    if (active.length > 0) this.ensureWorkers()
+    for (const b of active) {
+      if (this.busy.has(b.id)) continue
+      if (b.status === 'finalizing') {
+        // A finalization that a restart interrupted: do it again (it is idempotent).
+        await this.finalize(b, 'completed')
+        continue
+      }
+      if (b.status === 'validating') {
+        this.busy.add(b.id)
+        this.send({ t: 'validate', batchId: b.id })
+        continue
+      }
+      if (b.status === 'in_progress' && now >= b.expiresAt) {
+        await this.store.failOpenLines(b.id, (l) =>
+          errorLine(l.customId, 'batch_expired', 'the batch expired before this line ran'),
+        )
+        await this.finalize(b, 'expired')
+        continue
+      }
+      if (b.status === 'cancelling') {
+        await this.store.failOpenLines(
+          b.id,
+          (l) => errorLine(l.customId, 'batch_cancelled', 'the batch was cancelled before this line ran'),
+          true,
+        )
+      }
+      if ((await this.store.openLineCount(b.id)) === 0)
+        await this.finalize(b, b.status === 'cancelling' ? 'cancelled' : 'completed')
+    }
+  }
+
+  private async finalize(b: BatchRecord, status: 'completed' | 'expired' | 'cancelled' | 'failed') {
+    this.busy.add(b.id)
+    // The batch's cost is the sum of its ledger rows: write the queued ones first.
+    await this.ledger.flush()
+    const now = Math.floor(Date.now() / 1000)
+    await this.store.updateBatch(b.id, {
+      status: status === 'completed' ? 'finalizing' : b.status,
+      finalizingAt: now,
+    })
+    this.send({ t: 'finalize', batchId: b.id, status })
+  }
+
+  private onMessage(w: Worker, m: FromWorker) {
+    switch (m.t) {
+      case 'validated':
+        void this.validated(m).catch((err) =>
+          this.log('error', 'batch validation failed', { error: String(err) }),
+        )
+        return
+      case 'admit':
+        w.postMessage({ t: 'admitted', reqId: m.reqId, reply: this.admit(w, m) } satisfies ToWorker)
+        return
+      case 'settle':
+        this.settle(w, m)
+        return
+      case 'finalized':
+        this.busy.delete(m.batchId)
+        this.log('info', 'batch finished', { batch: m.batchId })
+        return
+      case 'error':
+        this.log('error', 'batch worker', { error: m.message })
+        return
+    }
+  }
+
+  private async validated(m: Extract<FromWorker, { t: 'validated' }>) {
+    const b = await this.store.getBatch(m.batchId)
+    this.busy.delete(m.batchId)
+    if (b?.status !== 'validating') return
+    const now = Math.floor(Date.now() / 1000)
+    const fail = (
+      errors: readonly { code: string; line: number | null; message: string; param: string | null }[],
+    ) =>
+      this.store.updateBatch(
+        b.id,
+        { status: 'failed', failedAt: now, errors: JSON.stringify({ object: 'list', data: errors }) },
+        ['validating'],
+      )
+    if (m.errors.length > 0) return void (await fail(m.errors))
+    // Enough money for the whole file at its worst case, now: the key's remaining limit and the balance.
+    const key = this.identity.keyById(b.keyId)
+    const org = this.identity.org(b.orgId)
+    const keyRoom = key?.limitNano == null ? null : key.limitNano - key.spentNano - key.reservedNano
+    const orgRoom = org.balanceNano - org.reservedNano
+    if ((keyRoom !== null && m.estimateNano > keyRoom) || m.estimateNano > orgRoom) {
+      const which =
+        keyRoom !== null && m.estimateNano > keyRoom ? 'key_limit_reached' : 'insufficient_balance'
+      return void (await fail([
+        {
+          code: which,
+          line: null,
+          param: null,
+          message: `the batch may cost up to ${m.estimateNano} nano-roubles at the batch price, more than is left`,
+        },
+      ]))
+    }
+    await this.store.updateBatch(b.id, { status: 'in_progress', inProgressAt: now, total: m.total }, [
+      'validating',
+    ])
+  }
+
+  /**
+   * A line may go to a node only while the node has headroom beyond the share kept for
+   * interactive traffic; interactive requests never wait behind batch lines.
+   */
+  private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): AdmitReply {
+    const b = this.batchInfo(m.batchId)
+    if (!b) return { kind: 'stop', code: 'batch_not_running' }
+    const key = this.identity.keyById(b.keyId)
+    if (key?.status !== 'active') return { kind: 'stop', code: 'key_not_active' }
+    const now = Date.now()
+    let best: Candidate | undefined
+    for (const c of this.pool.candidates(m.model)) {
+      const cap = Math.floor(c.route.maxConcurrency * (1 - this.settings.interactiveReserve))
+      if (!c.node.available(now) || c.node.inFlight >= cap) continue
+      if (!best || c.node.inFlight / c.route.weight < best.node.inFlight / best.route.weight) best = c
+    }
+    if (!best) return { kind: 'wait', ms: 100 }
+    let reservation: Reservation
+    try {
+      reservation = this.meter.reserve(key, this.identity.org(b.orgId), m.worstNano)
+    } catch {
+      // Out of money mid-batch: the batch fails, keeping what finished.
+      void this.failForFunds(m.batchId)
+      return { kind: 'stop', code: 'insufficient_quota' }
+    }
+    this.pool.begin(best.node)
+    this.admitted.get(w)?.set(m.reqId, {
+      reservation,
+      candidate: best,
+      batchId: m.batchId,
+      line: m.line,
+      model: m.model,
+      startedAtMs: now,
+    })
+    return {
+      kind: 'go',
+      baseUrl: best.route.baseUrl,
+      upstreamModel: best.route.upstreamModel,
+      apiKey: best.route.apiKey,
+    }
+  }
+
+  private settle(w: Worker, m: Extract<FromWorker, { t: 'settle' }>) {
+    const lines = this.admitted.get(w)
+    const a = lines?.get(m.reqId)
+    if (!a) return
+    lines!.delete(m.reqId)
+    this.pool.end(a.candidate.node, m.nodeOk)
+    if (!m.usage) {
+      this.meter.release(a.reservation)
+      return
+    }
+    const model = this.config.models.find((x) => x.id === a.model)!
+    this.meter.settle(a.reservation, {
+      requestId: `${a.batchId}-${a.line}`,
+      model: a.model,
+      node: a.candidate.node.name,
+      promptTokens: m.usage.promptTokens,
+      completionTokens: m.usage.completionTokens,
+      costNano: batchCostNano(costNano(m.usage.promptTokens, m.usage.completionTokens, model.price)),
+      batchId: a.batchId,
+      startedAtMs: a.startedAtMs,
+      endedAtMs: Date.now(),
+      outcome: m.outcome,
+      estimated: false,
+    })
+  }
+
+  private readonly running = new Map<
+    string,
+    { keyId: string; orgId: string; checkedAtMs: number; ok: boolean }
+  >()
+
+  /** Batch owner and whether it is running, cached for a moment (admission is per line). */
+  private batchInfo(batchId: string) {
+    const c = this.running.get(batchId)
+    if (c && Date.now() - c.checkedAtMs < 250) return c.ok ? c : undefined
+    void this.store.getBatch(batchId).then((b) => {
+      if (b)
+        this.running.set(batchId, {
+          keyId: b.keyId,
+          orgId: b.orgId,
+          checkedAtMs: Date.now(),
+          ok: b.status === 'in_progress',
+        })
+    })
+    return c?.ok ? c : undefined
+  }
+
+  private async failForFunds(batchId: string) {
+    if (this.busy.has(batchId)) return
+    const b = await this.store.getBatch(batchId)
+    if (b?.status !== 'in_progress') return
+    this.busy.add(batchId)
+    await this.store.updateBatch(batchId, {
+      errors: JSON.stringify({
+        object: 'list',
+        data: [
+          {
+            code: 'insufficient_quota',
+            line: null,
+            param: null,
+            message: 'the money ran out during the batch',
+          },
+        ],
+      }),
+    })
+    await this.store.failOpenLines(
+      batchId,
+      (l) => errorLine(l.customId, 'insufficient_quota', 'the money ran out before this line ran'),
+      true,
+    )
+    // Lines in flight finish first; then the batch is finalized as failed.
+    const wait = async () => {
+      if ((await this.store.openLineCount(batchId)) > 0) return void setTimeout(() => void wait(), 50)
+      this.busy.delete(batchId)
+      await this.finalize(b, 'failed')
+    }
+    await wait()
+  }
+}
+
+function errorLine(customId: string, code: string, message: string): string {
+  return JSON.stringify({
+    id: `batch_req_${customId}`,
+    custom_id: customId,
+    response: null,
+    error: { code, message },
+  })
+}

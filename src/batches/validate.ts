@@ -1,0 +1,161 @@
+import { Value } from '@sinclair/typebox/value'
+import { ChatRequest } from '../api/chat.ts'
+import { EmbeddingRequest } from '../api/embeddings.ts'
+import { batchCostNano, costNano } from '../billing/money.ts'
+import type { ModelConfig } from '../config/load.ts'
+import { TropaError } from '../errors.ts'
+import { checkMessages, outputBudget } from '../pipeline/chat.ts'
+import { checkInputs } from '../pipeline/embeddings.ts'
+import { countChatPrompt, countTokens, reservedPromptTokens } from '../pipeline/tokens.ts'
+import type { BatchLine } from '../storage/store.ts'
+import type { ValidationError } from './protocol.ts'
+
+export const MAX_REPORTED_ERRORS = 1000
+
+export interface LineCost {
+  readonly model: ModelConfig
+  readonly promptTokens: number
+  /** Worst case at the batch price (half). */
+  readonly worstNano: bigint
+}
+
+/**
+ * Checks one request body by the live endpoint's rules (schema, message rules, catalogue model
+ * of the right kind, context length) and prices its worst case at half. Throws TropaError.
+ */
+export function priceLine(
+  endpoint: string,
+  body: unknown,
+  models: ReadonlyMap<string, ModelConfig>,
+): LineCost {
+  const chat = endpoint === '/v1/chat/completions'
+  const schema = chat ? ChatRequest : EmbeddingRequest
+  if (!Value.Check(schema, body)) {
+    const first = Value.Errors(schema, body).First()
+    throw new LineError(
+      'invalid_body',
+      `body${first?.path ?? ''}: ${first?.message ?? 'invalid'}`,
+      first?.path ?? null,
+    )
+  }
+  const model = models.get(body.model)
+  if (!model)
+    throw new LineError(
+      'model_not_found',
+      `the model ${JSON.stringify(body.model)} does not exist`,
+      'body.model',
+    )
+  if (model.kind !== (chat ? 'chat' : 'embedding'))
+    throw new LineError('invalid_body', `${model.id} cannot serve ${endpoint}`, 'body.model')
+  if (chat) {
+    const req = body as ChatRequest
+    checkMessages(req.messages)
+    const promptTokens = countChatPrompt(req.messages, req.tools)
+    const maxOut = outputBudget(model, promptTokens, req.max_completion_tokens ?? req.max_tokens)
+    const worst = costNano(reservedPromptTokens(promptTokens), maxOut * (req.n ?? 1), model.price)
+    return { model, promptTokens, worstNano: batchCostNano(worst) }
+  }
+  const req = body as EmbeddingRequest
+  let promptTokens = 0
+  for (const input of checkInputs(req.input)) {
+    const n = typeof input === 'string' ? countTokens(input) : input.length
+    if (n > model.contextLength)
+      throw new LineError(
+        'context_length_exceeded',
+        `an input has ${n} tokens, over ${model.contextLength}`,
+        'body.input',
+      )
+    promptTokens += n
+  }
+  return {
+    model,
+    promptTokens,
+    worstNano: batchCostNano(costNano(reservedPromptTokens(promptTokens), 0, model.price)),
+  }
+}
+
+class LineError extends Error {
+  constructor(
+    readonly code: string,
+    message: string,
+    readonly param: string | null,
+  ) {
+    super(message)
+  }
+}
+
+type Checked = { ok: true; line: BatchLine; worstNano: bigint } | { ok: false; error: ValidationError }
+
+/** One JSONL line: its shape, its custom id (unique within `seen`), and its body and price. */
+function checkLine(
+  batchId: string,
+  endpoint: string,
+  content: string,
+  lineNo: number,
+  seen: Set<string>,
+  models: ReadonlyMap<string, ModelConfig>,
+): Checked {
+  const fail = (code: string, message: string, param: string | null = null): Checked => ({
+    ok: false,
+    error: { code, line: lineNo, message, param },
+  })
+  let obj: { custom_id?: unknown; method?: unknown; url?: unknown; body?: unknown }
+  try {
+    obj = JSON.parse(content)
+  } catch {
+    return fail('invalid_json_line', 'the line is not valid JSON')
+  }
+  if (!obj || typeof obj !== 'object' || Array.isArray(obj))
+    return fail('invalid_json_line', 'the line is not a JSON object')
+  if (typeof obj.custom_id !== 'string' || obj.custom_id.length === 0)
+    return fail('missing_custom_id', 'custom_id must be a non-empty string', 'custom_id')
+  if (seen.has(obj.custom_id))
+    return fail(
+      'duplicate_custom_id',
+      `custom_id ${JSON.stringify(obj.custom_id)} is used twice`,
+      'custom_id',
+    )
+  seen.add(obj.custom_id)
+  if (obj.method !== 'POST') return fail('invalid_method', 'method must be "POST"', 'method')
+  if (obj.url !== endpoint)
+    return fail('invalid_url', `url must be ${JSON.stringify(endpoint)}, the batch's endpoint`, 'url')
+  try {
+    const cost = priceLine(endpoint, obj.body, models)
+    const line = {
+      batchId,
+      line: lineNo,
+      customId: obj.custom_id,
+      body: JSON.stringify(obj.body),
+      attempts: 0,
+    }
+    return { ok: true, line, worstNano: cost.worstNano }
+  } catch (err) {
+    if (err instanceof LineError) return fail(err.code, err.message, err.param)
+    if (err instanceof TropaError) return fail(err.code, err.message, err.param ? `body.${err.param}` : null)
+    throw err
+  }
+}
+
+/** Validates a whole JSONL file: every line, unique custom ids, and the total worst case. */
+export function validateFile(
+  batchId: string,
+  endpoint: string,
+  text: string,
+  models: ReadonlyMap<string, ModelConfig>,
+): { lines: BatchLine[]; estimateNano: bigint; errors: ValidationError[] } {
+  const lines: BatchLine[] = []
+  const errors: ValidationError[] = []
+  const seen = new Set<string>()
+  let estimateNano = 0n
+  for (const [i, content] of text.split('\n').entries()) {
+    if (content.trim().length === 0) continue
+    const r = checkLine(batchId, endpoint, content, i + 1, seen, models)
+    if (r.ok) {
+      lines.push(r.line)
+      estimateNano += r.worstNano
+    } else if (errors.length < MAX_REPORTED_ERRORS) errors.push(r.error)
+  }
+  if (lines.length === 0 && errors.length === 0)
+    errors.push({ code: 'empty_file', line: null, message: 'the file has no request lines', param: null })
+  return { lines, estimateNano, errors }
+}

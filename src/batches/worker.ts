@@ -1,0 +1,246 @@
+/// <reference lib="webworker" />
+// Entry point of a batch worker thread (a second entry of the compiled executable). It validates
+// batch files, runs leased lines against the upstream the main thread picked, and writes result
+// files. Money and routing stay on the main thread: every line asks it for a node and a
+// reservation first, so the hard limits hold across threads.
+import type { ModelConfig } from '../config/load.ts'
+import { LocalFileStore } from '../files/file-store.ts'
+import { FilesService } from '../files/service.ts'
+import { requestId } from '../ids.ts'
+import { loadTokenizer } from '../pipeline/tokens.ts'
+import { openSqliteStore } from '../storage/sqlite/store.ts'
+import type { BatchLine, BatchStatus, Store } from '../storage/store.ts'
+import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
+import { priceLine, validateFile } from './validate.ts'
+
+declare const self: Worker
+let cfg: WorkerInit
+let store: Store
+let files: FilesService
+let models: Map<string, ModelConfig>
+let stopping = false
+let inFlight = 0
+let nextReq = 0
+const waiting = new Map<number, (r: AdmitReply) => void>()
+let markReady!: () => void
+// Messages can arrive before the store and the tokenizer are open: every job waits for this.
+const ready = new Promise<void>((resolve) => {
+  markReady = resolve
+})
+const job = (f: () => Promise<void>) =>
+  void ready.then(f).catch((err) => post({ t: 'error', message: String(err?.stack ?? err) }))
+
+const post = (m: FromWorker) => self.postMessage(m)
+
+self.onmessage = (ev: MessageEvent<ToWorker | { t: 'init'; init: WorkerInit }>) => {
+  const m = ev.data
+  switch (m.t) {
+    case 'init':
+      void start(m.init)
+      break
+    case 'validate':
+      job(() => validate(m.batchId))
+      break
+    case 'finalize':
+      job(() => finalize(m.batchId, m.status))
+      break
+    case 'admitted':
+      waiting.get(m.reqId)?.(m.reply)
+      waiting.delete(m.reqId)
+      break
+    case 'stop':
+      stopping = true
+      break
+  }
+}
+
+async function start(i: WorkerInit) {
+  cfg = i
+  store = openSqliteStore(cfg.sqlitePath)
+  files = new FilesService(store, new LocalFileStore(cfg.filesDir), { maxBytes: 0, maxLines: 0 })
+  models = new Map(cfg.models.map((m) => [m.id, m]))
+  await loadTokenizer()
+  markReady()
+  void pump()
+}
+
+/** Leases runnable lines whenever there is room, and runs them. */
+async function pump() {
+  while (!stopping) {
+    const room = cfg.concurrency - inFlight
+    let leased: BatchLine[] = []
+    if (room > 0) {
+      try {
+        leased = await store.leaseLines(Date.now(), cfg.leaseMs, room)
+      } catch (err) {
+        post({ t: 'error', message: `lease failed: ${String(err)}` })
+      }
+    }
+    for (const line of leased) {
+      inFlight++
+      void runLine(line)
+        .catch((err) => post({ t: 'error', message: String(err?.stack ?? err) }))
+        .finally(() => inFlight--)
+    }
+    await Bun.sleep(leased.length > 0 ? 5 : 50)
+  }
+}
+
+function admit(m: Omit<Extract<FromWorker, { t: 'admit' }>, 't' | 'reqId'>): Promise<AdmitReply> {
+  const reqId = ++nextReq
+  return new Promise((resolve) => {
+    waiting.set(reqId, resolve)
+    post({ t: 'admit', reqId, ...m })
+  }).then((reply) => Object.assign(reply as AdmitReply, { reqId }))
+}
+
+async function runLine(line: BatchLine) {
+  const batch = await store.getBatch(line.batchId)
+  if (!batch) return
+  const body = JSON.parse(line.body) as Record<string, unknown>
+  const cost = priceLine(batch.endpoint, body, models)
+  const reply = (await admit({
+    batchId: line.batchId,
+    line: line.line,
+    model: cost.model.id,
+    promptTokens: cost.promptTokens,
+    worstNano: cost.worstNano,
+  })) as AdmitReply & { reqId: number }
+  if (reply.kind !== 'go') {
+    // Waiting for capacity, or the batch stopped: the line goes back to the queue.
+    await store.retryLine(line.batchId, line.line, Date.now() + (reply.kind === 'wait' ? reply.ms : 1000))
+    return
+  }
+  const path = batch.endpoint === '/v1/chat/completions' ? '/chat/completions' : '/embeddings'
+  const requestIdOfLine = `${line.batchId}-${line.line}`
+  const headers: Record<string, string> = { 'content-type': 'application/json' }
+  if (reply.apiKey) headers.authorization = `Bearer ${reply.apiKey}`
+  let status = 0
+  let text = ''
+  try {
+    const res = await fetch(`${reply.baseUrl}${path}`, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ ...body, model: reply.upstreamModel, stream: false }),
+      signal: AbortSignal.timeout(cfg.firstByteTimeoutMs),
+    })
+    status = res.status
+    text = await res.text()
+  } catch {
+    status = 0
+  }
+  if (status >= 200 && status < 300) {
+    let parsed: {
+      id?: string
+      model?: string
+      usage?: { prompt_tokens?: number; completion_tokens?: number }
+    }
+    try {
+      parsed = JSON.parse(text)
+    } catch {
+      return transient(line, reply.reqId, 'upstream sent a malformed body')
+    }
+    if (batch.endpoint === '/v1/chat/completions') parsed.id = `chatcmpl-${requestId()}`
+    parsed.model = cost.model.id
+    const usage = {
+      promptTokens: parsed.usage?.prompt_tokens ?? cost.promptTokens,
+      completionTokens: parsed.usage?.completion_tokens ?? 0,
+    }
+    const result = JSON.stringify({
+      id: `batch_req_${requestId()}`,
+      custom_id: line.customId,
+      response: { status_code: status, request_id: requestIdOfLine, body: parsed },
+      error: null,
+    })
+    const fresh = await store.finishLine(line.batchId, line.line, true, result)
+    // A line already final (finished by a worker that died after writing) is not billed again.
+    post({ t: 'settle', reqId: reply.reqId, usage: fresh ? usage : null, nodeOk: true, outcome: 'ok' })
+    return
+  }
+  if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
+    // The upstream refused the request itself: retrying elsewhere would not help.
+    let errBody: unknown = text
+    try {
+      errBody = JSON.parse(text)
+    } catch {}
+    await store.finishLine(
+      line.batchId,
+      line.line,
+      false,
+      JSON.stringify({
+        id: `batch_req_${requestId()}`,
+        custom_id: line.customId,
+        response: { status_code: status, request_id: requestIdOfLine, body: errBody },
+        error: { code: 'upstream_rejected', message: `the upstream answered ${status}` },
+      }),
+    )
+    post({ t: 'settle', reqId: reply.reqId, usage: null, nodeOk: true, outcome: 'rejected' })
+    return
+  }
+  return transient(
+    line,
+    reply.reqId,
+    status === 0 ? 'upstream unreachable or timed out' : `upstream answered ${status}`,
+  )
+}
+
+/** A node failure: back off and retry within the window, up to maxAttempts. */
+async function transient(line: BatchLine, reqId: number, why: string) {
+  post({ t: 'settle', reqId, usage: null, nodeOk: false, outcome: 'upstream_error' })
+  if (line.attempts < cfg.maxAttempts) {
+    await store.retryLine(line.batchId, line.line, Date.now() + Math.min(30_000, 250 * 2 ** line.attempts))
+    return
+  }
+  await store.finishLine(
+    line.batchId,
+    line.line,
+    false,
+    JSON.stringify({
+      id: `batch_req_${requestId()}`,
+      custom_id: line.customId,
+      response: null,
+      error: { code: 'upstream_error', message: why },
+    }),
+  )
+}
+
+async function validate(batchId: string) {
+  const batch = await store.getBatch(batchId)
+  if (!batch) return
+  const text = await files.contents.text(batch.inputFileId)
+  const { lines, estimateNano, errors } = validateFile(batchId, batch.endpoint, text, models)
+  if (errors.length === 0) await store.enqueueLines(lines)
+  post({ t: 'validated', batchId, total: lines.length, estimateNano, errors })
+}
+
+async function finalize(batchId: string, status: BatchStatus) {
+  const batch = await store.getBatch(batchId)
+  if (!batch) return
+  const ok = await store.lineResults(batchId, true)
+  const bad = await store.lineResults(batchId, false)
+  const out =
+    ok.length > 0
+      ? await files.create(batch.orgId, `${batchId}_output.jsonl`, 'batch_output', `${ok.join('\n')}\n`)
+      : undefined
+  const err =
+    bad.length > 0
+      ? await files.create(batch.orgId, `${batchId}_error.jsonl`, 'batch_output', `${bad.join('\n')}\n`)
+      : undefined
+  const now = Math.floor(Date.now() / 1000)
+  const stamp =
+    status === 'completed'
+      ? { completedAt: now }
+      : status === 'expired'
+        ? { expiredAt: now }
+        : status === 'cancelled'
+          ? { cancelledAt: now }
+          : { failedAt: now }
+  await store.updateBatch(batchId, {
+    status,
+    outputFileId: out?.id ?? null,
+    errorFileId: err?.id ?? null,
+    costNano: await store.batchCostNano(batchId),
+    ...stamp,
+  })
+  post({ t: 'finalized', batchId })
+}
