@@ -96,7 +96,7 @@ async function serve(base: Config): Promise<void> {
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
   const store = openSqliteStore(config.storage.sqlitePath)
-  const svc = await buildServices(config, store, log)
+  const svc = await buildServices(config, store, log, batchWorkerEntry())
   const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`
   log('info', 'tropa listening', {
@@ -138,6 +138,17 @@ Try it:
     -d '{"model":"sim/chat-small","messages":[{"role":"user","content":"Hello!"}]}'
 `)
   }
+}
+
+/**
+ * The batch worker's entry point. Inside the executable it is the second entry of the build,
+ * at a fixed path in Bun's embedded file system; with --bytecode, import.meta.url names the
+ * source file on disk instead, so a relative URL would load (or miss) files outside the binary.
+ */
+function batchWorkerEntry(): string | URL {
+  return Bun.main.startsWith('/$bunfs/')
+    ? '/$bunfs/root/batches/worker.js'
+    : new URL('./batches/worker.ts', import.meta.url)
 }
 
 /** The admin token: configured, or (embedded default) generated once into the data dir. */

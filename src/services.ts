@@ -33,7 +33,13 @@ export interface Services {
   stop(): Promise<void>
 }
 
-export async function buildServices(config: Config, store: Store, log: Log): Promise<Services> {
+/** `workerUrl`: the batch worker's entry, as main.ts sees it (needed inside the executable). */
+export async function buildServices(
+  config: Config,
+  store: Store,
+  log: Log,
+  workerUrl?: string | URL,
+): Promise<Services> {
   const identity = await IdentityService.open(store, config.server.adminToken)
   const ledger = new LedgerWriter(store, config.storage.flushIntervalMs, (err) =>
     log('error', 'ledger flush failed; will retry', { error: String(err) }),
@@ -58,7 +64,16 @@ export async function buildServices(config: Config, store: Store, log: Log): Pro
   const scheduler =
     config.storage.sqlitePath === ':memory:'
       ? undefined
-      : new BatchScheduler(store, identity, deps.meter, ledger, pool, config, config.batches, log)
+      : new BatchScheduler(
+          store,
+          identity,
+          deps.meter,
+          ledger,
+          pool,
+          config,
+          { ...config.batches, workerUrl },
+          log,
+        )
   scheduler?.start({
     sqlitePath: config.storage.sqlitePath,
     filesDir: config.files.dir,

@@ -13,6 +13,7 @@ export interface BatchSettings {
   /** Share of each node's max_concurrency kept free for interactive traffic. */
   readonly interactiveReserve: number
   readonly tickMs: number
+  readonly workerUrl?: string | URL | undefined
 }
 
 interface Admitted {
@@ -60,8 +61,9 @@ export class BatchScheduler {
     if (this.workers.length > 0 || !this.init) return
     const init = this.init
     for (let i = 0; i < this.settings.workers; i++) {
-      // A second entry point of the compiled executable (see the build script).
-      const w = new Worker(new URL('./worker.ts', import.meta.url).href)
+      // A second entry point of the compiled executable (see the build script); main.ts names it,
+      // since inside the executable only a path relative to the entry point finds it.
+      const w = new Worker(this.settings.workerUrl ?? new URL('./worker.ts', import.meta.url))
       w.onmessage = (ev: MessageEvent<FromWorker>) => this.onMessage(w, ev.data)
       w.onerror = (ev) => this.log('error', 'batch worker error', { error: String(ev.message) })
       w.postMessage({ t: 'init', init })

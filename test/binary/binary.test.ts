@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import OpenAI from 'openai'
+import OpenAI, { toFile } from 'openai'
 
 // Builds the single executable once and runs it from an empty directory (no node_modules,
 // no sources beside it): the demo must start, serve a chat and a stream, and restart on its data.
@@ -97,6 +97,29 @@ describe('the compiled executable', () => {
       expect(usage?.completion_tokens).toBe(5)
       const e = await client.embeddings.create({ model: 'sim/embed-small', input: 'x' })
       expect(e.data[0]!.embedding.length).toBe(256)
+      // Batches run in a worker thread: this proves the worker is bundled into the executable.
+      const line = (i: number) =>
+        JSON.stringify({
+          custom_id: `c${i}`,
+          method: 'POST',
+          url: '/v1/chat/completions',
+          body: { model: 'sim/chat-small', messages: [{ role: 'user', content: `q${i}` }], max_tokens: 3 },
+        })
+      const file = await client.files.create({
+        file: await toFile(Buffer.from(`${line(1)}\n${line(2)}\n`), 'b.jsonl'),
+        purpose: 'batch',
+      })
+      let batch = await client.batches.create({
+        input_file_id: file.id,
+        endpoint: '/v1/chat/completions',
+        completion_window: '24h',
+      })
+      for (let i = 0; i < 200 && !['completed', 'failed'].includes(batch.status); i++) {
+        await Bun.sleep(50)
+        batch = await client.batches.retrieve(batch.id)
+      }
+      expect(batch.status).toBe('completed')
+      expect(batch.request_counts?.completed).toBe(2)
     } finally {
       first.proc.kill('SIGTERM')
       await first.proc.exited
