@@ -184,6 +184,11 @@ export interface Store {
    * lease the same line.
    */
   leaseLines(nowMs: number, leaseMs: number, limit: number): Promise<BatchLine[]>
+  /**
+   * Returns every leased line to the queue. Only for a store that one router node owns (SQLite),
+   * at start: its leases can only belong to workers of a process that died.
+   */
+  releaseAllLeases(): Promise<number>
   /** Returns a leased line to the queue to be retried at `notBeforeMs`. */
   retryLine(batchId: string, line: number, notBeforeMs: number): Promise<void>
   /** Writes a line's final result once and counts it in its batch; false if it was already final. */

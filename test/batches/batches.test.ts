@@ -180,8 +180,10 @@ describe('batches through the official SDK', () => {
       completion_window: '24h',
     })
     let b = await c.batches.retrieve(created.id)
-    for (let i = 0; i < 200 && b.status === 'validating'; i++)
-      b = await (await Bun.sleep(25), c.batches.retrieve(created.id))
+    for (let i = 0; i < 200 && b.status === 'validating'; i++) {
+      await Bun.sleep(25)
+      b = await c.batches.retrieve(created.id)
+    }
     expect(b.status).toBe('failed')
     expect(b.errors?.data?.[0]?.code).toBe('key_limit_reached')
   })

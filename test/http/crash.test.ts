@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { rubNumberToNano } from '../../src/billing/money.ts'
 import { startSimFleet } from '../../src/simulator/index.ts'
+import { jsonCall, startRouterProcess } from '../helpers/process.ts'
 import { ADMIN_TOKEN, defaultModels } from '../helpers/start.ts'
 
 // kill -9 during a streaming load, restart on the same data dir, then check the crash-safety
@@ -26,38 +27,8 @@ writeFileSync(
   }),
 )
 
-async function startRouter(port: number) {
-  const proc = Bun.spawn(
-    [
-      process.execPath,
-      join(import.meta.dir, '../../src/main.ts'),
-      '--config',
-      configPath,
-      '--port',
-      String(port),
-    ],
-    {
-      stdout: 'ignore',
-      stderr: 'pipe',
-      env: { PATH: process.env.PATH ?? '' },
-    },
-  )
-  const url = `http://127.0.0.1:${port}`
-  for (let i = 0; i < 500; i++) {
-    try {
-      if ((await fetch(`${url}/ready`)).ok) return { proc, url }
-    } catch {}
-    await Bun.sleep(10)
-  }
-  throw new Error(`router did not start: ${await new Response(proc.stderr).text()}`)
-}
-
-const json = (url: string, path: string, token: string, body?: unknown) =>
-  fetch(`${url}${path}`, {
-    method: body === undefined ? 'GET' : 'POST',
-    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-    ...(body !== undefined && { body: JSON.stringify(body) }),
-  }).then((r) => r.json() as Promise<Record<string, unknown>>)
+const startRouter = (port: number) => startRouterProcess(configPath, port)
+const json = jsonCall
 
 test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its limit, completed work in the ledger', async () => {
   const port = 20000 + Math.floor(Math.random() * 20000)

@@ -276,6 +276,17 @@ export class SqliteStore implements Store {
     }))
   }
 
+  async releaseAllLeases() {
+    const l = schema.batchLines
+    const rows = this.db
+      .update(l)
+      .set({ status: 'pending', leaseUntilMs: null })
+      .where(eq(l.status, 'running'))
+      .returning({ line: l.line })
+      .all()
+    return rows.length
+  }
+
   async retryLine(batchId: string, line: number, notBeforeMs: number) {
     const l = schema.batchLines
     this.db

@@ -1,0 +1,113 @@
+import { afterEach, describe, expect, test } from 'bun:test'
+import OpenAI, { toFile } from 'openai'
+import { startTropa, type Tropa } from '../helpers/start.ts'
+
+let t: Tropa | undefined
+afterEach(async () => {
+  await t?.stop()
+  t = undefined
+})
+
+const line = (i: number) => ({
+  custom_id: `r${i}`,
+  method: 'POST',
+  url: '/v1/chat/completions',
+  body: { model: 'test/chat', messages: [{ role: 'user', content: `n${i}` }], max_tokens: 20 },
+})
+const jsonl = (n: number) => `${Array.from({ length: n }, (_, i) => JSON.stringify(line(i))).join('\n')}\n`
+/** One slow node with room for few lines at once, so a batch takes a while. */
+const slowFleet = () => ({ nodes: [{ name: 'slow', itlMs: 15, prefillTokensPerSec: 100_000 }] })
+
+async function until(client: OpenAI, id: string, statuses: string[], ms = 20_000) {
+  const deadline = Date.now() + ms
+  for (;;) {
+    const b = await client.batches.retrieve(id)
+    if (statuses.includes(b.status)) return b
+    if (Date.now() > deadline) throw new Error(`batch stuck in ${b.status}`)
+    await Bun.sleep(25)
+  }
+}
+const linesOf = async (client: OpenAI, fileId: string | null | undefined) =>
+  fileId
+    ? (await (await client.files.content(fileId)).text())
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l))
+    : []
+
+describe('batch lifecycle', () => {
+  test('cancel: cancelling -> cancelled, finished lines delivered, the rest in the error file', async () => {
+    t = await startTropa({ ...slowFleet(), extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } } })
+    const client = t.client()
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(jsonl(60)), 'c.jsonl'),
+      purpose: 'batch',
+    })
+    const created = await client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    })
+    for (let b = await until(client, created.id, ['in_progress']); (b.request_counts?.completed ?? 0) < 5; ) {
+      await Bun.sleep(20)
+      b = await client.batches.retrieve(created.id)
+    }
+    const cancelling = await client.batches.cancel(created.id)
+    expect(['cancelling', 'cancelled']).toContain(cancelling.status)
+    const b = await until(client, created.id, ['cancelled'])
+    expect(b.cancelled_at).toBeGreaterThan(0)
+    const ok = await linesOf(client, b.output_file_id)
+    const bad = await linesOf(client, b.error_file_id)
+    expect(ok.length).toBeGreaterThanOrEqual(5)
+    expect(ok.length).toBeLessThan(60)
+    expect(ok.length + bad.length).toBe(60)
+    expect(new Set([...ok, ...bad].map((l) => l.custom_id)).size).toBe(60)
+    expect(bad.every((l) => l.error.code === 'batch_cancelled')).toBe(true)
+    expect(b.request_counts).toEqual({ total: 60, completed: ok.length, failed: bad.length })
+    // cancelling a finished batch again is harmless; a completed one cannot be cancelled
+    expect((await client.batches.cancel(created.id)).status).toBe('cancelled')
+  }, 30_000)
+
+  test('expiry: unfinished lines go to the error file as batch_expired', async () => {
+    t = await startTropa({
+      ...slowFleet(),
+      extra: { batches: { tick_ms: 50, workers: 1, concurrency: 2, window_sec: 1 } },
+    })
+    const client = t.client()
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(jsonl(80)), 'e.jsonl'),
+      purpose: 'batch',
+    })
+    const created = await client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    })
+    expect(created.expires_at! - created.created_at).toBe(1)
+    const b = await until(client, created.id, ['expired'])
+    expect(b.expired_at).toBeGreaterThan(0)
+    const ok = await linesOf(client, b.output_file_id)
+    const bad = await linesOf(client, b.error_file_id)
+    expect(bad.length).toBeGreaterThan(0)
+    expect(ok.length + bad.length).toBe(80)
+    expect(bad.every((l) => l.error.code === 'batch_expired')).toBe(true)
+  }, 30_000)
+
+  test('a completed batch cannot be cancelled: 409', async () => {
+    t = await startTropa()
+    const client = t.client()
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(jsonl(2)), 'd.jsonl'),
+      purpose: 'batch',
+    })
+    const created = await client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    })
+    await until(client, created.id, ['completed'])
+    const err = await client.batches.cancel(created.id).catch((e) => e)
+    expect(err).toBeInstanceOf(OpenAI.ConflictError)
+    expect(err.code).toBe('batch_not_cancellable')
+  })
+})

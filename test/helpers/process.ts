@@ -1,0 +1,32 @@
+import { join } from 'node:path'
+
+/** Tropa as a separate process from the sources (so a test can kill -9 it), ready when /ready answers. */
+export async function startRouterProcess(configPath: string, port: number) {
+  const proc = Bun.spawn(
+    [
+      process.execPath,
+      join(import.meta.dir, '../../src/main.ts'),
+      '--config',
+      configPath,
+      '--port',
+      String(port),
+    ],
+    { stdout: 'ignore', stderr: 'pipe', env: { PATH: process.env.PATH ?? '' } },
+  )
+  const url = `http://127.0.0.1:${port}`
+  for (let i = 0; i < 500; i++) {
+    try {
+      if ((await fetch(`${url}/ready`)).ok) return { proc, url }
+    } catch {}
+    await Bun.sleep(10)
+  }
+  throw new Error(`router did not start: ${await new Response(proc.stderr).text()}`)
+}
+
+/** A request with a bearer token and an optional JSON body, answered as JSON. */
+export const jsonCall = (url: string, path: string, token: string, body?: unknown) =>
+  fetch(`${url}${path}`, {
+    method: body === undefined ? 'GET' : 'POST',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    ...(body !== undefined && { body: JSON.stringify(body) }),
+  }).then((r) => r.json() as Promise<Record<string, unknown>>)
