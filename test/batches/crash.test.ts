@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import OpenAI, { toFile } from 'openai'
 import { startSimFleet } from '../../src/simulator/index.ts'
-import { jsonCall, startRouterProcess } from '../helpers/process.ts'
+import { freePort, jsonCall, startRouterProcess } from '../helpers/process.ts'
 import { ADMIN_TOKEN, defaultModels } from '../helpers/start.ts'
 
 // kill -9 the router in the middle of a batch, restart it: the batch resumes, every line
@@ -29,7 +29,7 @@ writeFileSync(
 )
 
 test('kill -9 mid-batch, restart: exactly-once results, no double billing', async () => {
-  const port = 20000 + Math.floor(Math.random() * 20000)
+  const port = freePort()
   const first = await startRouterProcess(configPath, port)
   const org = await jsonCall(first.url, '/v1/admin/organizations', ADMIN_TOKEN, {
     name: 'b',
@@ -64,7 +64,7 @@ test('kill -9 mid-batch, restart: exactly-once results, no double billing', asyn
   first.proc.kill('SIGKILL')
   await first.proc.exited
 
-  const second = await startRouterProcess(configPath, port + 1)
+  const second = await startRouterProcess(configPath, freePort())
   try {
     const c2 = new OpenAI({ baseURL: `${second.url}/v1`, apiKey: key.key as string, maxRetries: 0 })
     let b = await c2.batches.retrieve(created.id)

@@ -30,3 +30,11 @@ export const jsonCall = (url: string, path: string, token: string, body?: unknow
     headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
     ...(body !== undefined && { body: JSON.stringify(body) }),
   }).then((r) => r.json() as Promise<Record<string, unknown>>)
+
+/** A port that is free right now (the OS picks it; the tiny race with other listeners is acceptable in tests). */
+export function freePort(): number {
+  const s = Bun.serve({ port: 0, hostname: '127.0.0.1', fetch: () => new Response() })
+  const port = s.port!
+  s.stop(true)
+  return port
+}

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { rubNumberToNano } from '../../src/billing/money.ts'
 import { startSimFleet } from '../../src/simulator/index.ts'
-import { jsonCall, startRouterProcess } from '../helpers/process.ts'
+import { freePort, jsonCall, startRouterProcess } from '../helpers/process.ts'
 import { ADMIN_TOKEN, defaultModels } from '../helpers/start.ts'
 
 // kill -9 during a streaming load, restart on the same data dir, then check the crash-safety
@@ -31,7 +31,7 @@ const startRouter = (port: number) => startRouterProcess(configPath, port)
 const json = jsonCall
 
 test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its limit, completed work in the ledger', async () => {
-  const port = 20000 + Math.floor(Math.random() * 20000)
+  const port = freePort()
   const first = await startRouter(port)
   const org = await json(first.url, '/v1/admin/organizations', ADMIN_TOKEN, {
     name: 'crash',
@@ -100,7 +100,7 @@ test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its l
 
   // After a restart: no reservation survives, the same numbers are served, and the key works
   // up to exactly its limit.
-  const second = await startRouter(port + 1)
+  const second = await startRouter(freePort())
   try {
     const orgView = await json(second.url, `/v1/admin/organizations/${org.id}`, ADMIN_TOKEN)
     expect(orgView.reserved_rub).toBe(0)
