@@ -3,6 +3,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'n
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { createApp } from './app.ts'
+import { runBatchesCommand } from './cli/batches.ts'
 import { type Config, ConfigError, loadConfig } from './config/load.ts'
 import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
 import { randomBase62 } from './ids.ts'
@@ -18,6 +19,7 @@ const HELP = `tropa ${VERSION}: an OpenAI-compatible model router with hard spen
 Usage:
   tropa [serve] [flags]     start the router (the default subcommand)
   tropa sim [flags]         run simulated OpenAI-compatible upstream nodes (tropa sim --help)
+  tropa batches watch <id>  follow a batch with a progress bar (tropa batches --help)
   tropa help | --help       this text
   tropa version | --version
 
@@ -36,6 +38,7 @@ one at first start into <data-dir>/admin-token (mode 0600) and prints it once.`
 async function main(argv: string[]): Promise<void> {
   const [first, ...rest] = argv
   if (first === 'sim') return runSimCommand(rest)
+  if (first === 'batches') return runBatchesCommand(rest)
   if (first === 'help' || first === '--help' || first === '-h') return void console.log(HELP)
   if (first === 'version' || first === '--version') return void console.log(VERSION)
   const args = first === 'serve' ? rest : argv

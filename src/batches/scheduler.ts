@@ -147,6 +147,22 @@ export class BatchScheduler {
     }
   }
 
+  private readonly lastProgressLog = new Map<string, number>()
+
+  /** A progress line per running batch every few seconds, for operators reading the log. */
+  private logProgress(b: BatchRecord) {
+    const now = Date.now()
+    if (now - (this.lastProgressLog.get(b.id) ?? 0) < 5000) return
+    this.lastProgressLog.set(b.id, now)
+    this.log('info', 'batch progress', {
+      batch: b.id,
+      status: b.status,
+      total: b.total,
+      completed: b.completed,
+      failed: b.failed,
+    })
+  }
+
   private async finalize(b: BatchRecord, status: 'completed' | 'expired' | 'cancelled' | 'failed') {
     this.busy.add(b.id)
     // The batch's cost is the sum of its ledger rows: write the queued ones first.

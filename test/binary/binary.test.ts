@@ -120,6 +120,22 @@ describe('the compiled executable', () => {
       }
       expect(batch.status).toBe('completed')
       expect(batch.request_counts?.completed).toBe(2)
+      const watch = Bun.spawnSync(
+        [
+          exe,
+          'batches',
+          'watch',
+          batch.id,
+          '--base-url',
+          first.creds.base_url,
+          '--api-key',
+          first.creds.api_key,
+        ],
+        { cwd: work },
+      )
+      expect(watch.exitCode).toBe(0)
+      expect(watch.stdout.toString()).toContain('100% 2/2 done, 0 failed')
+      expect(watch.stdout.toString()).toContain('completed')
     } finally {
       first.proc.kill('SIGTERM')
       await first.proc.exited
