@@ -12,6 +12,8 @@ export interface BatchSettings {
   readonly workers: number
   /** Share of each node's max_concurrency kept free for interactive traffic. */
   readonly interactiveReserve: number
+  /** Share of each node's max_concurrency batch lines may use while interactive traffic is active there. */
+  readonly busyShare: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
 }
@@ -87,7 +89,7 @@ export class BatchScheduler {
     for (const lines of this.admitted.values()) {
       for (const a of lines.values()) {
         this.meter.release(a.reservation)
-        this.pool.end(a.candidate.node, true)
+        this.pool.endBatch(a.candidate.node, true)
       }
     }
     this.admitted.clear()
@@ -236,7 +238,9 @@ export class BatchScheduler {
 
   /**
    * A line may go to a node only while the node has headroom beyond the share kept for
-   * interactive traffic; interactive requests never wait behind batch lines.
+   * interactive traffic, and while interactive requests are active on the node (one started in
+   * the last two seconds) batch lines shrink to `busyShare`: every running sequence slows each
+   * decode step a little, and interactive time to first token must not pay for the batch.
    */
   private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): AdmitReply {
     const b = this.batchInfo(m.batchId)
@@ -246,8 +250,10 @@ export class BatchScheduler {
     const now = Date.now()
     let best: Candidate | undefined
     for (const c of this.pool.candidates(m.model)) {
-      const cap = Math.floor(c.route.maxConcurrency * (1 - this.settings.interactiveReserve))
-      if (!c.node.available(now) || c.node.inFlight >= cap) continue
+      const busy = now - c.node.lastInteractiveAtMs < 2000
+      const share = busy ? this.settings.busyShare : 1 - this.settings.interactiveReserve
+      const cap = Math.floor(c.route.maxConcurrency * share)
+      if (!c.node.available(now) || c.node.inFlight >= cap || c.node.batchInFlight >= cap) continue
       if (!best || c.node.inFlight / c.route.weight < best.node.inFlight / best.route.weight) best = c
     }
     if (!best) return { kind: 'wait', ms: 100 }
@@ -259,7 +265,7 @@ export class BatchScheduler {
       void this.failForFunds(m.batchId)
       return { kind: 'stop', code: 'insufficient_quota' }
     }
-    this.pool.begin(best.node)
+    this.pool.beginBatch(best.node)
     this.admitted.get(w)?.set(m.reqId, {
       reservation,
       candidate: best,
@@ -281,7 +287,7 @@ export class BatchScheduler {
     const a = lines?.get(m.reqId)
     if (!a) return
     lines!.delete(m.reqId)
-    this.pool.end(a.candidate.node, m.nodeOk)
+    this.pool.endBatch(a.candidate.node, m.nodeOk)
     if (!m.usage) {
       this.meter.release(a.reservation)
       return

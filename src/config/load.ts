@@ -53,6 +53,7 @@ export interface Config {
     readonly concurrency: number
     readonly windowSec: number
     readonly interactiveReserve: number
+    readonly busyShare: number
     readonly tickMs: number
     readonly linkTtlSec: number
     readonly maxAttempts: number
@@ -199,7 +200,8 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       workers: cfg.batches?.workers ?? 2,
       concurrency: cfg.batches?.concurrency ?? 64,
       windowSec: cfg.batches?.window_sec ?? 24 * 3600,
-      interactiveReserve: cfg.batches?.interactive_reserve ?? 0.25,
+      interactiveReserve: cfg.batches?.interactive_reserve ?? 0.1,
+      busyShare: cfg.batches?.busy_share ?? 0.25,
       tickMs: cfg.batches?.tick_ms ?? 200,
       linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
       maxAttempts: cfg.batches?.max_attempts ?? 5,

@@ -109,6 +109,8 @@ export const BatchesSchema = T.Object(
     window_sec: T.Optional(T.Integer({ minimum: 1 })),
     /** Share of every node's max_concurrency that batch lines leave to interactive traffic. */
     interactive_reserve: T.Optional(T.Number({ minimum: 0, maximum: 0.95 })),
+    /** Share of every node's max_concurrency batch lines may use while interactive traffic is active there. */
+    busy_share: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
     tick_ms: T.Optional(T.Integer({ minimum: 10, maximum: 10_000 })),
     link_ttl_sec: T.Optional(T.Integer({ minimum: 1 })),
     max_attempts: T.Optional(T.Integer({ minimum: 1, maximum: 20 })),

@@ -6,6 +6,10 @@ import type { ModelConfig, RouteConfig } from '../config/load.ts'
  */
 export class NodeState {
   inFlight = 0
+  /** Batch lines among inFlight. */
+  batchInFlight = 0
+  /** When an interactive request last started here (batch lines yield while this is recent). */
+  lastInteractiveAtMs = 0
   consecutiveFailures = 0
   ejectedUntilMs = 0
   requests = 0
@@ -54,9 +58,22 @@ export class NodePool {
     return this.byModel.get(modelId) ?? []
   }
 
-  begin(node: NodeState): void {
+  begin(node: NodeState, nowMs = Date.now()): void {
     node.inFlight++
     node.requests++
+    node.lastInteractiveAtMs = nowMs
+  }
+
+  /** A batch line starts on the node (counted apart, so batches can yield to interactive traffic). */
+  beginBatch(node: NodeState): void {
+    node.inFlight++
+    node.batchInFlight++
+    node.requests++
+  }
+
+  endBatch(node: NodeState, ok: boolean): void {
+    node.batchInFlight--
+    this.end(node, ok)
   }
 
   /** The request left the node; `ok` says whether the node served it (a client's cancel counts as ok). */

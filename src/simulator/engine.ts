@@ -4,7 +4,9 @@
  * simulator and in virtual time in the routing benchmark.
  *
  * Each iteration takes `iterationOverheadMs + prefillTokens * 1000 / prefillTokensPerSec +
- * (decoding ? itlMs : 0)`, times the slowdown. Prefill is chunked under a per-iteration token
+ * (decoding ? itlMs + decodeMsPerSeq * decodingSeqs : 0)`, times the slowdown: the `a + b*prefill
+ * + c*decode_seqs` of a GPU engine, where one decode step costs about the same for one sequence
+ * or a few, and grows slowly with the batch. Prefill is chunked under a per-iteration token
  * budget; every decoding sequence yields one token per iteration; a sequence's first token
  * comes at the end of the iteration that finishes its prefill. A block-level LRU prefix cache
  * means only uncached prompt tokens are prefilled.
@@ -17,6 +19,8 @@ export interface EngineParams {
   prefillBudgetTokens: number
   cacheBlocks: number
   blockSize?: number
+  /** Extra decode time per running sequence; default itlMs / 20. */
+  decodeMsPerSeq?: number
 }
 
 export interface EngineRequest {
@@ -181,7 +185,9 @@ export class Engine {
     const ms =
       (this.p.iterationOverheadMs +
         (prefillTokens * 1000) / this.p.prefillTokensPerSec +
-        (decode.length > 0 ? this.p.itlMs : 0)) *
+        (decode.length > 0
+          ? this.p.itlMs + (this.p.decodeMsPerSeq ?? this.p.itlMs / 20) * decode.length
+          : 0)) *
       this.slowdown
     this.plan = { endsAt: now + ms, prefill, decode }
   }

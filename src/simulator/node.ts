@@ -27,6 +27,8 @@ export interface SimNodeOptions {
   iterationOverheadMs?: number
   maxSeqs?: number
   prefillBudgetTokens?: number
+  /** Extra decode time per running sequence (default itlMs / 20). */
+  decodeMsPerSeq?: number
   cacheBlocks?: number
   embeddingDims?: number
   /** Multiplies every delay; 0 answers at once (fast tests). */
@@ -98,6 +100,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     maxSeqs: opts.maxSeqs ?? 32,
     prefillBudgetTokens: opts.prefillBudgetTokens ?? 2048,
     cacheBlocks: opts.cacheBlocks ?? 4096,
+    ...(opts.decodeMsPerSeq !== undefined && { decodeMsPerSeq: opts.decodeMsPerSeq }),
   })
   const embeddingDims = opts.embeddingDims ?? 256
   let faults: SimFaults = { ...NO_FAULTS, ...opts.faults }

@@ -32,7 +32,7 @@ beforeAll(async () => {
         })),
       },
     ],
-    extra: { batches: { tick_ms: 50, workers: 1, concurrency: 64 } }, // default interactive_reserve (25%)
+    extra: { batches: { tick_ms: 50, workers: 1, concurrency: 64 } }, // default shares
   })
 })
 afterAll(() => t.stop())

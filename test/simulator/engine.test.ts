@@ -8,6 +8,7 @@ const params: EngineParams = {
   maxSeqs: 2,
   prefillBudgetTokens: 10_000,
   cacheBlocks: 100,
+  decodeMsPerSeq: 0, // exact arithmetic below; the batch-size term has its own test
 }
 
 /** Runs the engine to idle in virtual time, returning every event. */
@@ -88,6 +89,16 @@ describe('engine timing model', () => {
     expect(ev.some((x) => x.id === 'a')).toBe(false)
     // the iteration under way when `a` is cancelled still runs (50..100); then b's prefill, slowed
     expect(at(ev, 'first_token', 'b')!.at).toBe(150)
+  })
+
+  test('a decode step grows slowly with the number of sequences decoding', () => {
+    const e = new Engine({ ...params, maxSeqs: 8, decodeMsPerSeq: 1 })
+    for (const id of ['a', 'b', 'c', 'd'])
+      e.submit({ id, promptBlocks: [], promptTokens: 10, outputTokens: 3 }, 0)
+    const ev = drain(e)
+    // a: alone 10 ms prefill; then b, c, d join and prefill (30 ms) while a decodes (10 + 1x1)
+    const tokens = ev.filter((x) => x.kind === 'token' && x.id === 'b').map((x) => x.at)
+    expect(tokens[1]! - tokens[0]!).toBe(10 + 3) // three sequences decoding: itl + 3 x 1 ms
   })
 
   test('block hashes chain: a shared prefix gives shared hashes, seeded by model', () => {
