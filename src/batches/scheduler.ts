@@ -116,6 +116,7 @@ export class BatchScheduler {
   /** Moves batches along: validate, notice the end, expire, finish a cancel. */
   private async tick() {
     const now = Math.floor(Date.now() / 1000)
+    this.drainQueue() // nodes may have freed up without a batch line ending (interactive traffic left)
     const active = await this.store.batchesInStatus(['validating', 'in_progress', 'cancelling', 'finalizing'])
     if (active.length > 0) this.ensureWorkers()
     for (const b of active) {
@@ -184,9 +185,14 @@ export class BatchScheduler {
           this.log('error', 'batch validation failed', { error: String(err) }),
         )
         return
-      case 'admit':
-        w.postMessage({ t: 'admitted', reqId: m.reqId, reply: this.admit(w, m) } satisfies ToWorker)
+      case 'admit': {
+        // No node has room now: the line waits here, first in first out, for the next free slot
+        // (a settle frees one), instead of going back to the queue with a delay.
+        const reply = this.admit(w, m)
+        if (reply) w.postMessage({ t: 'admitted', reqId: m.reqId, reply } satisfies ToWorker)
+        else this.queued.push({ w, m, sinceMs: Date.now() })
         return
+      }
       case 'settle':
         this.settle(w, m)
         return
@@ -197,6 +203,21 @@ export class BatchScheduler {
       case 'error':
         this.log('error', 'batch worker', { error: m.message })
         return
+    }
+  }
+
+  private readonly queued: { w: Worker; m: Extract<FromWorker, { t: 'admit' }>; sinceMs: number }[] = []
+
+  /** Admits waiting lines while there is room; a line that waited too long goes back to its worker. */
+  private drainQueue() {
+    const now = Date.now()
+    while (this.queued.length > 0) {
+      const q = this.queued[0]!
+      const reply =
+        this.admit(q.w, q.m) ?? (now - q.sinceMs > 5_000 ? ({ kind: 'wait', ms: 100 } as const) : undefined)
+      if (!reply) return
+      this.queued.shift()
+      q.w.postMessage({ t: 'admitted', reqId: q.m.reqId, reply } satisfies ToWorker)
     }
   }
 
@@ -242,7 +263,7 @@ export class BatchScheduler {
    * the last two seconds) batch lines shrink to `busyShare`: every running sequence slows each
    * decode step a little, and interactive time to first token must not pay for the batch.
    */
-  private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): AdmitReply {
+  private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): AdmitReply | undefined {
     const b = this.batchInfo(m.batchId)
     if (!b) return { kind: 'stop', code: 'batch_not_running' }
     const key = this.identity.keyById(b.keyId)
@@ -256,7 +277,7 @@ export class BatchScheduler {
       if (!c.node.available(now) || c.node.inFlight >= cap || c.node.batchInFlight >= cap) continue
       if (!best || c.node.inFlight / c.route.weight < best.node.inFlight / best.route.weight) best = c
     }
-    if (!best) return { kind: 'wait', ms: 100 }
+    if (!best) return undefined
     let reservation: Reservation
     try {
       reservation = this.meter.reserve(key, this.identity.org(b.orgId), m.worstNano)
@@ -288,6 +309,7 @@ export class BatchScheduler {
     if (!a) return
     lines!.delete(m.reqId)
     this.pool.endBatch(a.candidate.node, m.nodeOk)
+    queueMicrotask(() => this.drainQueue())
     if (!m.usage) {
       this.meter.release(a.reservation)
       return

@@ -64,6 +64,12 @@ async function start(i: WorkerInit) {
   void pump()
 }
 
+let wakeUp: (() => void) | undefined
+const wake = () => {
+  wakeUp?.()
+  wakeUp = undefined
+}
+
 /** Leases runnable lines whenever there is room, and runs them. */
 async function pump() {
   while (!stopping) {
@@ -80,9 +86,16 @@ async function pump() {
       inFlight++
       void runLine(line)
         .catch((err) => post({ t: 'error', message: String(err?.stack ?? err) }))
-        .finally(() => inFlight--)
+        .finally(() => {
+          inFlight--
+          wake()
+        })
     }
-    await Bun.sleep(leased.length > 0 ? 5 : 50)
+    // Sleep until a line finishes (room to lease again) or, when idle, poll for new work.
+    await new Promise<void>((resolve) => {
+      wakeUp = resolve
+      setTimeout(resolve, leased.length > 0 ? 20 : 50)
+    })
   }
 }
 
