@@ -147,6 +147,7 @@ export class BatchScheduler {
       }
       if ((await this.store.openLineCount(b.id)) === 0)
         await this.finalize(b, b.status === 'cancelling' ? 'cancelled' : 'completed')
+      else this.logProgress(b)
     }
   }
 
