@@ -3,6 +3,7 @@ import { NoUpstreamAvailable, UpstreamFailed, UpstreamRejected } from '../errors
 import type { Candidate, NodePool } from '../routing/nodes.ts'
 import type { RoutingPolicy } from '../routing/policy.ts'
 import type { UpstreamAdapter, UpstreamReply } from '../upstream/adapter.ts'
+import { probeConnect } from '../upstream/connect-probe.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
 
 /** What the pipelines need to reach upstreams. */
@@ -58,6 +59,7 @@ export async function dispatch<T>(
     exclude.add(c)
     deps.pool.begin(c.node)
     try {
+      if (!c.node.answering) await probeConnect(c.route.baseUrl, c.node.name, deps.timeouts.connectTimeoutMs)
       const reply = await deps.adapter.send(
         { route: c.route, path: d.path, body: d.body(c.route), stream: d.stream },
         signal,

@@ -11,6 +11,8 @@ export class NodeState {
   /** When an interactive request last started here (batch lines yield while this is recent). */
   lastInteractiveAtMs = 0
   consecutiveFailures = 0
+  /** The node answered its last request; until then (and after a failure) it is probed first. */
+  answering = false
   ejectedUntilMs = 0
   requests = 0
   failures = 0
@@ -81,8 +83,10 @@ export class NodePool {
     node.inFlight--
     if (ok) {
       node.consecutiveFailures = 0
+      node.answering = true
       return
     }
+    node.answering = false
     node.failures++
     node.consecutiveFailures++
     if (node.consecutiveFailures >= EJECT_AFTER_FAILURES) {
