@@ -266,7 +266,7 @@ export class BatchScheduler {
    */
   private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): AdmitReply | undefined {
     const b = this.batchInfo(m.batchId)
-    if (!b) return { kind: 'stop', code: 'batch_not_running' }
+    if (!b || this.failing.has(m.batchId)) return { kind: 'stop', code: 'batch_not_running' }
     const key = this.identity.keyById(b.keyId)
     if (key?.status !== 'active') return { kind: 'stop', code: 'key_not_active' }
     const now = Date.now()
@@ -352,11 +352,18 @@ export class BatchScheduler {
     return c?.ok ? c : undefined
   }
 
+  /** Batches failing for lack of money: their lines are refused at once. */
+  private readonly failing = new Set<string>()
+
   private async failForFunds(batchId: string) {
     if (this.busy.has(batchId)) return
-    const b = await this.store.getBatch(batchId)
-    if (b?.status !== 'in_progress') return
     this.busy.add(batchId)
+    const b = await this.store.getBatch(batchId)
+    if (b?.status !== 'in_progress') {
+      this.busy.delete(batchId)
+      return
+    }
+    this.failing.add(batchId)
     await this.store.updateBatch(batchId, {
       errors: JSON.stringify({
         object: 'list',
@@ -370,15 +377,17 @@ export class BatchScheduler {
         ],
       }),
     })
-    await this.store.failOpenLines(
-      batchId,
-      (l) => errorLine(l.customId, 'insufficient_quota', 'the money ran out before this line ran'),
-      true,
-    )
-    // Lines in flight finish first; then the batch is finalized as failed.
+    // Lines in flight finish first; lines handed back meanwhile (refused for money) are failed
+    // too, until none is open; then the batch is finalized as failed.
     const wait = async () => {
+      await this.store.failOpenLines(
+        batchId,
+        (l) => errorLine(l.customId, 'insufficient_quota', 'the money ran out before this line ran'),
+        true,
+      )
       if ((await this.store.openLineCount(batchId)) > 0) return void setTimeout(() => void wait(), 50)
       this.busy.delete(batchId)
+      this.failing.delete(batchId)
       await this.finalize(b, 'failed')
     }
     await wait()

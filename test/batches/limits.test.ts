@@ -1,7 +1,7 @@
 import { afterEach, expect, test } from 'bun:test'
 import OpenAI, { toFile } from 'openai'
 import { rubNumberToNano } from '../../src/billing/money.ts'
-import { newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
+import { CHAT_PRICE, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
 let t: Tropa | undefined
 afterEach(async () => {
@@ -38,7 +38,26 @@ test('file limits: too large -> 413, too many lines -> 400, both before anything
 
 test('money running out mid-batch: the batch fails, finished lines are kept, the balance never goes negative', async () => {
   t = await startTropa({
-    nodes: [{ name: 'slow', itlMs: 10, prefillTokensPerSec: 100_000 }],
+    nodes: [
+      { name: 'slow', itlMs: 10, prefillTokensPerSec: 100_000 },
+      { name: 'hanger', faults: { hang: true } },
+    ],
+    // test/chat runs the batch; test/hang holds a live request (and its reservation) open.
+    models: ([slow, hanger]) => [
+      {
+        id: 'test/chat',
+        context_length: 4096,
+        pricing: CHAT_PRICE,
+        routes: [{ name: 'slow', base_url: slow!.url }],
+      },
+      {
+        id: 'test/hang',
+        context_length: 4096,
+        pricing: CHAT_PRICE,
+        routes: [{ name: 'hanger', base_url: hanger!.url }],
+      },
+    ],
+    upstream: { first_byte_timeout_ms: 30_000 },
     balanceRub: 0.2,
     extra: { batches: { tick_ms: 50, workers: 1, concurrency: 2 } },
   })
@@ -59,29 +78,35 @@ test('money running out mid-batch: the batch fails, finished lines are kept, the
   let b = await client.batches.retrieve(created.id)
   while (b.status === 'validating') b = await client.batches.retrieve(created.id)
   expect(b.status).toBe('in_progress')
-  // Other keys of the organization spend the balance while the batch runs.
-  const spender = t.client((await newApiKey(t, { name: 'spender' })).key)
-  let running = true
-  const spend = async () => {
-    while (running)
-      await spender.chat.completions
-        .create({ model: 'test/chat', messages: [{ role: 'user', content: 'spend' }], max_tokens: 100 })
-        .catch(() => Bun.sleep(20))
-  }
-  const spenders = Array.from({ length: 6 }, spend)
+  // Another key's live request holds most of the balance (its worst case stays reserved while
+  // it waits on a node that never answers): the batch's next lines cannot be covered.
+  const spender = (await newApiKey(t, { name: 'spender' })).key
+  const hold = new AbortController()
+  const held = t
+    .fetch('/v1/chat/completions', {
+      method: 'POST',
+      key: spender,
+      signal: hold.signal,
+      body: JSON.stringify({
+        model: 'test/hang',
+        messages: [{ role: 'user', content: 'hold' }],
+        max_tokens: 3100,
+      }),
+    })
+    .catch(() => undefined)
   while (!['failed', 'completed'].includes(b.status)) {
     await Bun.sleep(20)
     b = await client.batches.retrieve(created.id)
   }
-  running = false
-  await Promise.all(spenders)
+  hold.abort()
+  await held
   expect(b.status).toBe('failed')
   expect((b.errors?.data ?? []).map((e) => e.code)).toContain('insufficient_quota')
   const ok = b.output_file_id
     ? (await (await client.files.content(b.output_file_id)).text()).trim().split('\n')
     : []
   const bad = (await (await client.files.content(b.error_file_id!)).text()).trim().split('\n')
-  expect(ok.length).toBe(b.request_counts?.completed)
+  expect(ok.length).toBe(b.request_counts?.completed ?? -1)
   expect(ok.length + bad.length).toBe(N)
   await t.svc.ledger.flush()
   const org = (await (await t.fetch('/v1/organization', { key: t.masterKey })).json()) as {
