@@ -154,6 +154,103 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect(await store.usageByKeyModelDay('o1', day2 + 10, day2 + 20)).toEqual([])
     })
 
+    test('files: insert, get, list newest first, soft delete', async () => {
+      const f = (id: string, orgId = 'o1') => ({
+        id,
+        orgId,
+        filename: `${id}.jsonl`,
+        purpose: 'batch',
+        bytes: 10,
+        lines: 2,
+        createdAt: 1,
+        deletedAt: null,
+      })
+      for (const id of ['file-a', 'file-b', 'file-c']) await store.insertFile(f(id))
+      await store.insertFile(f('file-z', 'o2'))
+      expect((await store.getFile('file-b'))!.lines).toBe(2)
+      expect((await store.listFiles('o1', undefined, 2)).map((x) => x.id)).toEqual(['file-c', 'file-b'])
+      expect((await store.listFiles('o1', 'file-b', 10)).map((x) => x.id)).toEqual(['file-a'])
+      await store.markFileDeleted('file-c', 5)
+      expect((await store.listFiles('o1', undefined, 10)).map((x) => x.id)).toEqual(['file-b', 'file-a'])
+      expect((await store.getFile('file-c'))!.deletedAt).toBe(5)
+    })
+
+    test('the batch queue: lease, retry, finish once, fail the rest, results in line order', async () => {
+      await store.insertOrg(org('o1'))
+      const batch = {
+        id: 'batch_1',
+        orgId: 'o1',
+        keyId: 'k1',
+        endpoint: '/v1/chat/completions',
+        inputFileId: 'file-a',
+        completionWindow: '24h',
+        status: 'validating' as const,
+        outputFileId: null,
+        errorFileId: null,
+        errors: null,
+        metadata: '{"a":"b"}',
+        total: 0,
+        completed: 0,
+        failed: 0,
+        costNano: 0n,
+        createdAt: 1,
+        expiresAt: 86_401,
+        inProgressAt: null,
+        finalizingAt: null,
+        completedAt: null,
+        failedAt: null,
+        expiredAt: null,
+        cancellingAt: null,
+        cancelledAt: null,
+      }
+      await store.insertBatch(batch)
+      await store.enqueueLines(
+        [1, 2, 3, 4].map((line) => ({
+          batchId: 'batch_1',
+          line,
+          customId: `c${line}`,
+          body: '{}',
+          attempts: 0,
+        })),
+      )
+      expect(await store.leaseLines(1000, 100, 10)).toHaveLength(0) // not in progress yet
+      expect(await store.updateBatch('batch_1', { status: 'in_progress', total: 4 }, ['completed'])).toBe(
+        false,
+      )
+      expect(await store.updateBatch('batch_1', { status: 'in_progress', total: 4 }, ['validating'])).toBe(
+        true,
+      )
+      const leased = await store.leaseLines(1000, 100, 3)
+      expect(leased.map((l) => [l.line, l.attempts])).toEqual([
+        [1, 1],
+        [2, 1],
+        [3, 1],
+      ])
+      await store.retryLine('batch_1', 3, 5000)
+      expect((await store.leaseLines(1000, 100, 10)).map((l) => l.line)).toEqual([4]) // 3 waits for its back-off
+      expect(await store.finishLine('batch_1', 2, true, '{"r":2}')).toBe(true)
+      expect(await store.finishLine('batch_1', 2, true, '{"r":"again"}')).toBe(false) // written once
+      expect(await store.finishLine('batch_1', 1, false, '{"e":1}')).toBe(true)
+      expect(await store.openLineCount('batch_1')).toBe(2)
+      expect(await store.releaseAllLeases()).toBe(1) // line 4
+      expect(await store.failOpenLines('batch_1', (l) => `{"e":${l.line}}`, true)).toBe(2)
+      expect(await store.openLineCount('batch_1')).toBe(0)
+      expect(await store.lineResults('batch_1', true)).toEqual(['{"r":2}'])
+      expect(await store.lineResults('batch_1', false)).toEqual(['{"e":1}', '{"e":3}', '{"e":4}'])
+      const b = (await store.getBatch('batch_1'))!
+      expect([b.status, b.total, b.completed, b.failed, b.metadata]).toEqual([
+        'in_progress',
+        4,
+        1,
+        3,
+        '{"a":"b"}',
+      ])
+      await store.recordLedger([{ ...usage('batch_1-2', 'o1', 'k1', 500n), batchId: 'batch_1' }])
+      expect(await store.batchCostNano('batch_1')).toBe(500n)
+      expect((await store.batchesInStatus(['in_progress'])).map((x) => x.id)).toEqual(['batch_1'])
+      expect((await store.listBatches('o1', undefined, 10)).map((x) => x.id)).toEqual(['batch_1'])
+    })
+
     test('a credit adds to the balance and is a ledger row of its own', async () => {
       await store.insertOrg(org('o1'))
       await store.recordLedger([{ ...usage('c1', 'o1', 'k1', 5_000n), kind: 'credit', keyId: null }])

@@ -1,0 +1,20 @@
+import type { Migration } from '../sqlite/migrations.ts'
+import m0000 from './migrations/0000_init.sql' with { type: 'text' }
+import journal from './migrations/meta/_journal.json'
+
+// As for SQLite: the SQL travels inside the executable (a test checks every file is listed).
+const SQL: Record<string, string> = { '0000_init': m0000 }
+
+export function embeddedPgMigrations(): Migration[] {
+  return journal.entries.map((e) => {
+    const text = SQL[e.tag]
+    if (text === undefined) throw new Error(`migration ${e.tag} is not embedded in postgres/migrations.ts`)
+    return {
+      sql: text.split('--> statement-breakpoint'),
+      bps: e.breakpoints,
+      folderMillis: e.when,
+      hash: new Bun.CryptoHasher('sha256').update(text).digest('hex'),
+    }
+  })
+}
+export const EMBEDDED_PG_MIGRATION_TAGS = Object.keys(SQL)

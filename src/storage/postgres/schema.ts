@@ -1,0 +1,130 @@
+import { sql } from 'drizzle-orm'
+import { bigint, index, integer, pgTable, primaryKey, text, uniqueIndex } from 'drizzle-orm/pg-core'
+
+// The same tables as storage/sqlite/schema.ts, column for column: money is bigint nano-roubles,
+// times are Unix seconds or milliseconds as the column names say.
+const money = (name: string) => bigint(name, { mode: 'bigint' })
+const ms = (name: string) => bigint(name, { mode: 'number' })
+
+export const meta = pgTable('meta', {
+  key: text('key').primaryKey(),
+  value: text('value').notNull(),
+})
+
+export const orgs = pgTable('orgs', {
+  id: text('id').primaryKey(),
+  name: text('name').notNull().unique(),
+  balanceNano: money('balance_nano').notNull().default(sql`0`),
+  createdAt: integer('created_at').notNull(),
+})
+
+export const keys = pgTable(
+  'keys',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id')
+      .notNull()
+      .references(() => orgs.id),
+    kind: text('kind', { enum: ['api', 'master'] }).notNull(),
+    name: text('name').notNull(),
+    secretHash: text('secret_hash').notNull(),
+    hint: text('hint').notNull(),
+    limitNano: money('limit_nano'),
+    spentNano: money('spent_nano').notNull().default(sql`0`),
+    status: text('status', { enum: ['active', 'disabled', 'revoked'] }).notNull(),
+    createdAt: integer('created_at').notNull(),
+    lastUsedAt: integer('last_used_at'),
+    revokedAt: integer('revoked_at'),
+    rpmLimit: integer('rpm_limit'),
+    tpmLimit: integer('tpm_limit'),
+  },
+  (t) => [uniqueIndex('keys_secret_hash').on(t.secretHash), index('keys_org').on(t.orgId, t.kind, t.id)],
+)
+
+export const ledger = pgTable(
+  'ledger',
+  {
+    requestId: text('request_id').primaryKey(),
+    kind: text('kind', { enum: ['usage', 'credit'] }).notNull(),
+    orgId: text('org_id').notNull(),
+    keyId: text('key_id'),
+    model: text('model'),
+    node: text('node'),
+    promptTokens: integer('prompt_tokens').notNull().default(0),
+    completionTokens: integer('completion_tokens').notNull().default(0),
+    costNano: money('cost_nano').notNull(),
+    batchId: text('batch_id'),
+    startedAtMs: ms('started_at_ms').notNull(),
+    endedAtMs: ms('ended_at_ms').notNull(),
+    outcome: text('outcome').notNull(),
+    estimated: integer('estimated').notNull().default(0),
+  },
+  (t) => [
+    index('ledger_org_time').on(t.orgId, t.endedAtMs),
+    index('ledger_key').on(t.keyId),
+    index('ledger_batch').on(t.batchId),
+  ],
+)
+
+export const files = pgTable(
+  'files',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id').notNull(),
+    filename: text('filename').notNull(),
+    purpose: text('purpose').notNull(),
+    bytes: bigint('bytes', { mode: 'number' }).notNull(),
+    lines: integer('lines').notNull(),
+    createdAt: integer('created_at').notNull(),
+    deletedAt: integer('deleted_at'),
+  },
+  (t) => [index('files_org').on(t.orgId, t.id)],
+)
+
+export const batches = pgTable(
+  'batches',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id').notNull(),
+    keyId: text('key_id').notNull(),
+    endpoint: text('endpoint').notNull(),
+    inputFileId: text('input_file_id').notNull(),
+    completionWindow: text('completion_window').notNull(),
+    status: text('status').notNull(),
+    outputFileId: text('output_file_id'),
+    errorFileId: text('error_file_id'),
+    errors: text('errors'),
+    metadata: text('metadata'),
+    total: integer('total').notNull().default(0),
+    completed: integer('completed').notNull().default(0),
+    failed: integer('failed').notNull().default(0),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+    createdAt: integer('created_at').notNull(),
+    expiresAt: integer('expires_at').notNull(),
+    inProgressAt: integer('in_progress_at'),
+    finalizingAt: integer('finalizing_at'),
+    completedAt: integer('completed_at'),
+    failedAt: integer('failed_at'),
+    expiredAt: integer('expired_at'),
+    cancellingAt: integer('cancelling_at'),
+    cancelledAt: integer('cancelled_at'),
+  },
+  (t) => [index('batches_org').on(t.orgId, t.id), index('batches_status').on(t.status)],
+)
+
+export const batchLines = pgTable(
+  'batch_lines',
+  {
+    batchId: text('batch_id').notNull(),
+    line: integer('line').notNull(),
+    customId: text('custom_id').notNull(),
+    body: text('body').notNull(),
+    status: text('status', { enum: ['pending', 'running', 'done', 'failed'] }).notNull(),
+    attempts: integer('attempts').notNull().default(0),
+    notBeforeMs: ms('not_before_ms').notNull().default(0),
+    leaseUntilMs: ms('lease_until_ms'),
+    result: text('result'),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+  },
+  (t) => [primaryKey({ columns: [t.batchId, t.line] }), index('batch_lines_status').on(t.batchId, t.status)],
+)

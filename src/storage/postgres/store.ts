@@ -1,0 +1,371 @@
+import { SQL } from 'bun'
+import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, sql } from 'drizzle-orm'
+import { type BunSQLDatabase, drizzle } from 'drizzle-orm/bun-sql'
+import type {
+  BatchLine,
+  BatchPatch,
+  BatchRecord,
+  BatchStatus,
+  FileRecord,
+  KeyListQuery,
+  KeyPatch,
+  KeyRecord,
+  LedgerEntry,
+  OrgRecord,
+  Store,
+} from '../store.ts'
+import { embeddedPgMigrations } from './migrations.ts'
+import * as schema from './schema.ts'
+
+type Db = BunSQLDatabase<typeof schema>
+
+export interface PgOptions {
+  readonly url: string
+  readonly maxConnections?: number
+  /** Statements running longer are cancelled by the server. */
+  readonly statementTimeoutMs?: number
+}
+
+/** Connects (failing clearly when the server is unreachable) and applies the embedded migrations. */
+export async function openPostgresStore(o: PgOptions): Promise<PostgresStore> {
+  const client = new SQL({
+    url: o.url,
+    max: o.maxConnections ?? 10,
+    connectionTimeout: 5,
+    idleTimeout: 30,
+    // Sent at connection start, so every pooled connection has it.
+    connection: { statement_timeout: o.statementTimeoutMs ?? 10_000 },
+  })
+  try {
+    await client`SELECT 1`
+  } catch (err) {
+    throw new Error(`cannot reach PostgreSQL at ${redact(o.url)}: ${(err as Error).message}`)
+  }
+  const db = drizzle({ client, schema })
+  const internals = db as unknown as {
+    dialect: { migrate(m: unknown, s: unknown, c: unknown): Promise<void> }
+    session: unknown
+  }
+  await internals.dialect.migrate(embeddedPgMigrations(), internals.session, {
+    migrationsFolder: '(embedded)',
+  })
+  return new PostgresStore(client, db)
+}
+
+function redact(url: string): string {
+  return url.replace(/\/\/([^:/@]+):([^@]+)@/, '//$1:***@')
+}
+
+export class PostgresStore implements Store {
+  constructor(
+    private readonly client: SQL,
+    private readonly db: Db,
+  ) {}
+
+  async getMeta(key: string) {
+    const [row] = await this.db.select().from(schema.meta).where(eq(schema.meta.key, key))
+    return row?.value
+  }
+
+  async initMeta(key: string, value: string) {
+    await this.db.insert(schema.meta).values({ key, value }).onConflictDoNothing()
+    return (await this.getMeta(key))!
+  }
+
+  async insertOrg(org: OrgRecord) {
+    await this.db.insert(schema.orgs).values(org)
+  }
+
+  async getOrg(id: string) {
+    const [row] = await this.db.select().from(schema.orgs).where(eq(schema.orgs.id, id))
+    return row
+  }
+
+  async findOrgByName(name: string) {
+    const [row] = await this.db.select().from(schema.orgs).where(eq(schema.orgs.name, name))
+    return row
+  }
+
+  async insertKey(key: KeyRecord) {
+    await this.db.insert(schema.keys).values(key)
+  }
+
+  async getKey(id: string) {
+    const [row] = await this.db.select().from(schema.keys).where(eq(schema.keys.id, id))
+    return row
+  }
+
+  async listKeys(q: KeyListQuery) {
+    const k = schema.keys
+    return this.db
+      .select()
+      .from(k)
+      .where(
+        and(
+          eq(k.orgId, q.orgId),
+          eq(k.kind, q.kind),
+          q.status ? eq(k.status, q.status) : undefined,
+          q.afterId ? gt(k.id, q.afterId) : undefined,
+        ),
+      )
+      .orderBy(asc(k.id))
+      .limit(q.limit)
+  }
+
+  async updateKey(id: string, patch: KeyPatch) {
+    if (Object.keys(patch).length === 0) return this.getKey(id)
+    const [row] = await this.db.update(schema.keys).set(patch).where(eq(schema.keys.id, id)).returning()
+    return row
+  }
+
+  loadKeys() {
+    return this.db.select().from(schema.keys)
+  }
+
+  loadOrgs() {
+    return this.db.select().from(schema.orgs)
+  }
+
+  async recordLedger(entries: readonly LedgerEntry[]) {
+    if (entries.length === 0) return
+    const { keys, orgs, ledger } = schema
+    await this.db.transaction(async (tx) => {
+      for (const e of entries) {
+        const [inserted] = await tx
+          .insert(ledger)
+          .values({ ...e, estimated: e.estimated ? 1 : 0 })
+          .onConflictDoNothing()
+          .returning({ id: ledger.requestId })
+        if (!inserted) continue // already billed: a replay
+        const sign = e.kind === 'credit' ? sql`+` : sql`-`
+        await tx
+          .update(orgs)
+          .set({ balanceNano: sql`${orgs.balanceNano} ${sign} ${e.costNano}` })
+          .where(eq(orgs.id, e.orgId))
+        if (e.kind === 'usage' && e.keyId) {
+          const usedAt = Math.floor(e.endedAtMs / 1000)
+          await tx
+            .update(keys)
+            .set({
+              spentNano: sql`${keys.spentNano} + ${e.costNano}`,
+              lastUsedAt: sql`greatest(coalesce(${keys.lastUsedAt}, 0), ${usedAt})`,
+            })
+            .where(eq(keys.id, e.keyId))
+        }
+      }
+    })
+  }
+
+  async ledgerForOrg(orgId: string, fromMs: number, toMs: number) {
+    const l = schema.ledger
+    const rows = await this.db
+      .select()
+      .from(l)
+      .where(and(eq(l.orgId, orgId), gte(l.endedAtMs, fromMs), lt(l.endedAtMs, toMs)))
+      .orderBy(asc(l.endedAtMs))
+    return rows.map((r) => ({ ...r, estimated: r.estimated === 1 }))
+  }
+
+  async usageByKeyModelDay(orgId: string, fromMs: number, toMs: number) {
+    const l = schema.ledger
+    const day = sql<string>`to_char(to_timestamp(${l.endedAtMs} / 1000.0) at time zone 'UTC', 'YYYY-MM-DD')`
+    const rows = await this.db
+      .select({
+        keyId: l.keyId,
+        model: l.model,
+        day,
+        requests: sql<string>`count(*)`,
+        promptTokens: sql<string>`sum(${l.promptTokens})`,
+        completionTokens: sql<string>`sum(${l.completionTokens})`,
+        costNano: sql<string>`sum(${l.costNano})`,
+      })
+      .from(l)
+      .where(and(eq(l.orgId, orgId), eq(l.kind, 'usage'), gte(l.endedAtMs, fromMs), lt(l.endedAtMs, toMs)))
+      .groupBy(l.keyId, l.model, day)
+      .orderBy(day, l.keyId, l.model)
+    return rows.map((r) => ({
+      ...r,
+      requests: Number(r.requests),
+      promptTokens: Number(r.promptTokens),
+      completionTokens: Number(r.completionTokens),
+      costNano: BigInt(r.costNano),
+    }))
+  }
+
+  async insertFile(f: FileRecord) {
+    await this.db.insert(schema.files).values(f)
+  }
+
+  async getFile(id: string) {
+    const [row] = await this.db.select().from(schema.files).where(eq(schema.files.id, id))
+    return row
+  }
+
+  listFiles(orgId: string, afterId: string | undefined, limit: number) {
+    const f = schema.files
+    return this.db
+      .select()
+      .from(f)
+      .where(and(eq(f.orgId, orgId), isNull(f.deletedAt), afterId ? lt(f.id, afterId) : undefined))
+      .orderBy(desc(f.id))
+      .limit(limit)
+  }
+
+  async markFileDeleted(id: string, atSec: number) {
+    await this.db.update(schema.files).set({ deletedAt: atSec }).where(eq(schema.files.id, id))
+  }
+
+  async insertBatch(b: BatchRecord) {
+    await this.db.insert(schema.batches).values(b)
+  }
+
+  async getBatch(id: string) {
+    const [row] = await this.db.select().from(schema.batches).where(eq(schema.batches.id, id))
+    return row as BatchRecord | undefined
+  }
+
+  async listBatches(orgId: string, afterId: string | undefined, limit: number) {
+    const b = schema.batches
+    return (await this.db
+      .select()
+      .from(b)
+      .where(and(eq(b.orgId, orgId), afterId ? lt(b.id, afterId) : undefined))
+      .orderBy(desc(b.id))
+      .limit(limit)) as BatchRecord[]
+  }
+
+  async updateBatch(id: string, patch: BatchPatch, from?: readonly BatchStatus[]) {
+    const b = schema.batches
+    const rows = await this.db
+      .update(b)
+      .set(patch)
+      .where(and(eq(b.id, id), from ? inArray(b.status, [...from]) : undefined))
+      .returning({ id: b.id })
+    return rows.length > 0
+  }
+
+  async batchesInStatus(statuses: readonly BatchStatus[]) {
+    return (await this.db
+      .select()
+      .from(schema.batches)
+      .where(inArray(schema.batches.status, [...statuses]))) as BatchRecord[]
+  }
+
+  async enqueueLines(lines: readonly BatchLine[]) {
+    await this.db.transaction(async (tx) => {
+      for (let i = 0; i < lines.length; i += 500)
+        await tx
+          .insert(schema.batchLines)
+          .values(lines.slice(i, i + 500).map((l) => ({ ...l, status: 'pending' as const })))
+    })
+  }
+
+  async leaseLines(nowMs: number, leaseMs: number, limit: number) {
+    // SKIP LOCKED: several router nodes lease from one queue without waiting on each other.
+    const rows = (await this.client`
+      UPDATE batch_lines l SET status = 'running', lease_until_ms = ${nowMs + leaseMs}, attempts = l.attempts + 1
+      FROM (
+        SELECT x.batch_id, x.line FROM batch_lines x JOIN batches b ON b.id = x.batch_id
+        WHERE b.status = 'in_progress'
+          AND ((x.status = 'pending' AND x.not_before_ms <= ${nowMs}) OR (x.status = 'running' AND x.lease_until_ms < ${nowMs}))
+        ORDER BY b.created_at, x.line
+        LIMIT ${limit}
+        FOR UPDATE OF x SKIP LOCKED
+      ) s
+      WHERE l.batch_id = s.batch_id AND l.line = s.line
+      RETURNING l.batch_id, l.line, l.custom_id, l.body, l.attempts`) as {
+      batch_id: string
+      line: number
+      custom_id: string
+      body: string
+      attempts: number
+    }[]
+    return rows.map((r) => ({
+      batchId: r.batch_id,
+      line: Number(r.line),
+      customId: r.custom_id,
+      body: r.body,
+      attempts: Number(r.attempts),
+    }))
+  }
+
+  async releaseAllLeases() {
+    const l = schema.batchLines
+    const rows = await this.db
+      .update(l)
+      .set({ status: 'pending', leaseUntilMs: null })
+      .where(eq(l.status, 'running'))
+      .returning({ line: l.line })
+    return rows.length
+  }
+
+  async retryLine(batchId: string, line: number, notBeforeMs: number) {
+    const l = schema.batchLines
+    await this.db
+      .update(l)
+      .set({ status: 'pending', notBeforeMs, leaseUntilMs: null })
+      .where(and(eq(l.batchId, batchId), eq(l.line, line), eq(l.status, 'running')))
+  }
+
+  async finishLine(batchId: string, line: number, ok: boolean, result: string) {
+    const l = schema.batchLines
+    const b = schema.batches
+    return this.db.transaction(async (tx) => {
+      const [row] = await tx
+        .update(l)
+        .set({ status: ok ? 'done' : 'failed', result, leaseUntilMs: null })
+        .where(and(eq(l.batchId, batchId), eq(l.line, line), inArray(l.status, ['pending', 'running'])))
+        .returning({ line: l.line })
+      if (!row) return false
+      await tx
+        .update(b)
+        .set(ok ? { completed: sql`${b.completed} + 1` } : { failed: sql`${b.failed} + 1` })
+        .where(eq(b.id, batchId))
+      return true
+    })
+  }
+
+  async failOpenLines(batchId: string, result: (l: BatchLine) => string, onlyPending = false) {
+    const l = schema.batchLines
+    const open = await this.db
+      .select()
+      .from(l)
+      .where(
+        and(eq(l.batchId, batchId), inArray(l.status, onlyPending ? ['pending'] : ['pending', 'running'])),
+      )
+    let n = 0
+    for (const line of open) if (await this.finishLine(batchId, line.line, false, result(line))) n++
+    return n
+  }
+
+  async openLineCount(batchId: string) {
+    const l = schema.batchLines
+    const [row] = await this.db
+      .select({ n: sql<string>`count(*)` })
+      .from(l)
+      .where(and(eq(l.batchId, batchId), inArray(l.status, ['pending', 'running'])))
+    return Number(row?.n ?? 0)
+  }
+
+  async lineResults(batchId: string, ok: boolean) {
+    const l = schema.batchLines
+    const rows = await this.db
+      .select({ result: l.result })
+      .from(l)
+      .where(and(eq(l.batchId, batchId), eq(l.status, ok ? 'done' : 'failed')))
+      .orderBy(asc(l.line))
+    return rows.map((r) => r.result ?? '')
+  }
+
+  async batchCostNano(batchId: string) {
+    const [row] = await this.db
+      .select({ sum: sql<string | null>`sum(${schema.ledger.costNano})` })
+      .from(schema.ledger)
+      .where(eq(schema.ledger.batchId, batchId))
+    return row?.sum ? BigInt(row.sum) : 0n
+  }
+
+  async close() {
+    await this.client.close()
+  }
+}

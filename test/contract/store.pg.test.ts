@@ -1,0 +1,97 @@
+import { afterAll, beforeAll, expect, test } from 'bun:test'
+import { readdirSync } from 'node:fs'
+import { join } from 'node:path'
+import { SQL } from 'bun'
+import { EMBEDDED_PG_MIGRATION_TAGS } from '../../src/storage/postgres/migrations.ts'
+import { openPostgresStore } from '../../src/storage/postgres/store.ts'
+import { storeContract } from './store.contract.ts'
+
+// Real PostgreSQL on this machine (CI starts it). Each store in this file gets a database of its
+// own, dropped at the end, so runs never see each other's rows.
+const ADMIN_URL = process.env.TROPA_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test'
+const admin = new SQL(ADMIN_URL)
+const created: string[] = []
+
+async function freshDatabase(): Promise<string> {
+  const name = `tropa_t_${process.pid}_${created.length}_${Math.floor(Math.random() * 1e6)}`
+  await admin.unsafe(`CREATE DATABASE ${name}`)
+  created.push(name)
+  const u = new URL(ADMIN_URL)
+  u.pathname = `/${name}`
+  return u.toString()
+}
+
+afterAll(async () => {
+  for (const name of created) await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+  await admin.close()
+})
+
+storeContract('postgres', async () => openPostgresStore({ url: await freshDatabase(), maxConnections: 4 }))
+
+test('every PostgreSQL migration file is embedded', () => {
+  const dir = join(import.meta.dir, '../../src/storage/postgres/migrations')
+  const files = readdirSync(dir)
+    .filter((f) => f.endsWith('.sql'))
+    .map((f) => f.replace(/\.sql$/, ''))
+  expect(EMBEDDED_PG_MIGRATION_TAGS.sort()).toEqual(files.sort())
+})
+
+test('an unreachable server fails the start with a clear message, password redacted', async () => {
+  const err = await openPostgresStore({ url: 'postgres://tropa:secret@127.0.0.1:1/none' }).catch((e) => e)
+  expect(String(err.message)).toContain('cannot reach PostgreSQL at postgres://tropa:***@127.0.0.1:1/none')
+  expect(String(err.message)).not.toContain('secret')
+})
+
+let shared: Awaited<ReturnType<typeof openPostgresStore>>
+beforeAll(async () => {
+  shared = await openPostgresStore({ url: await freshDatabase() })
+})
+afterAll(() => shared.close())
+
+test('leasing with SKIP LOCKED: concurrent leases never hand out a line twice', async () => {
+  await shared.insertOrg({ id: 'o', name: 'o', balanceNano: 0n, createdAt: 1 })
+  await shared.insertBatch({
+    id: 'b',
+    orgId: 'o',
+    keyId: 'k',
+    endpoint: '/v1/chat/completions',
+    inputFileId: 'f',
+    completionWindow: '24h',
+    status: 'in_progress',
+    outputFileId: null,
+    errorFileId: null,
+    errors: null,
+    metadata: null,
+    total: 300,
+    completed: 0,
+    failed: 0,
+    costNano: 0n,
+    createdAt: 1,
+    expiresAt: 2,
+    inProgressAt: 1,
+    finalizingAt: null,
+    completedAt: null,
+    failedAt: null,
+    expiredAt: null,
+    cancellingAt: null,
+    cancelledAt: null,
+  })
+  await shared.enqueueLines(
+    Array.from({ length: 300 }, (_, i) => ({
+      batchId: 'b',
+      line: i + 1,
+      customId: `c${i}`,
+      body: '{}',
+      attempts: 0,
+    })),
+  )
+  const leases = await Promise.all(
+    Array.from({ length: 12 }, () => shared.leaseLines(Date.now(), 60_000, 40)),
+  )
+  const all = leases.flat().map((l) => l.line)
+  expect(all.length).toBe(300)
+  expect(new Set(all).size).toBe(300)
+  expect(await shared.leaseLines(Date.now(), 60_000, 10)).toHaveLength(0)
+  // an expired lease is taken over
+  expect(await shared.leaseLines(Date.now() + 120_000, 60_000, 500)).toHaveLength(300)
+})
