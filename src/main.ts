@@ -10,7 +10,7 @@ import { randomBase62 } from './ids.ts'
 import { loadTokenizer } from './pipeline/tokens.ts'
 import { buildServices, consoleLog } from './services.ts'
 import { runSimCommand } from './simulator/cli.ts'
-import { openSqliteStore } from './storage/sqlite/store.ts'
+import { openStore } from './storage/open.ts'
 
 const VERSION = '0.1.0'
 
@@ -98,7 +98,7 @@ async function serve(base: Config): Promise<void> {
   const models = fleet ? demoModels(fleet.nodes) : base.models
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
-  const store = openSqliteStore(config.storage.sqlitePath)
+  const store = await openStore(config.storage)
   const svc = await buildServices(config, store, log, batchWorkerEntry())
   const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`

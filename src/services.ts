@@ -62,7 +62,7 @@ export async function buildServices(
   const secret = config.server.secret ?? (await store.initMeta('server_secret', randomBase62(43)))
   // Batches need a database file that worker threads can open too.
   const scheduler =
-    config.storage.sqlitePath === ':memory:'
+    config.storage.kind === 'sqlite' && config.storage.sqlitePath === ':memory:'
       ? undefined
       : new BatchScheduler(
           store,
@@ -75,7 +75,7 @@ export async function buildServices(
           log,
         )
   scheduler?.start({
-    sqlitePath: config.storage.sqlitePath,
+    storage: config.storage,
     filesDir: config.files.dir,
     models: config.models,
     firstByteTimeoutMs: config.upstream.firstByteTimeoutMs,

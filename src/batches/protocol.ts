@@ -1,11 +1,12 @@
-import type { ModelConfig } from '../config/load.ts'
+import type { Config, ModelConfig } from '../config/load.ts'
 import type { BatchStatus } from '../storage/store.ts'
 
 // Messages between the main thread (money, routing, state transitions) and the batch worker
 // threads (validation, upstream calls, result files). Structured clone carries bigint.
 
 export interface WorkerInit {
-  readonly sqlitePath: string
+  /** The store the worker opens for itself (a connection of its own). */
+  readonly storage: Config['storage']
   readonly filesDir: string
   readonly models: readonly ModelConfig[]
   readonly firstByteTimeoutMs: number

@@ -56,11 +56,12 @@ export class BatchScheduler {
   /** Starts the tick; worker threads start with the first batch there is to work on. */
   start(init: WorkerInit): void {
     this.init = init
-    // One router owns the SQLite file: lines leased when it last stopped (or was killed) go back
-    // to the queue now rather than after their lease.
-    void this.store.releaseAllLeases().then((n) => {
-      if (n > 0) this.log('info', 'batch lines returned to the queue after a restart', { lines: n })
-    })
+    // One router owns a SQLite file: lines leased when it last stopped (or was killed) go back
+    // to the queue now. On PostgreSQL other nodes may hold leases; a dead node's expire.
+    if (this.config.storage.kind === 'sqlite')
+      void this.store.releaseAllLeases().then((n) => {
+        if (n > 0) this.log('info', 'batch lines returned to the queue after a restart', { lines: n })
+      })
     this.timer = setInterval(() => this.nudge(), this.settings.tickMs)
   }
 

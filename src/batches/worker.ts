@@ -8,7 +8,7 @@ import { LocalFileStore } from '../files/file-store.ts'
 import { FilesService } from '../files/service.ts'
 import { requestId } from '../ids.ts'
 import { loadTokenizer } from '../pipeline/tokens.ts'
-import { openSqliteStore } from '../storage/sqlite/store.ts'
+import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchStatus, Store } from '../storage/store.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { priceLine, validateFile } from './validate.ts'
@@ -56,7 +56,7 @@ self.onmessage = (ev: MessageEvent<ToWorker | { t: 'init'; init: WorkerInit }>) 
 
 async function start(i: WorkerInit) {
   cfg = i
-  store = openSqliteStore(cfg.sqlitePath)
+  store = await openStore(cfg.storage)
   files = new FilesService(store, new LocalFileStore(cfg.filesDir), { maxBytes: 0, maxLines: 0 })
   models = new Map(cfg.models.map((m) => [m.id, m]))
   await loadTokenizer()

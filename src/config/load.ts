@@ -45,7 +45,14 @@ export interface Config {
     readonly idleTimeoutMs: number
     readonly maxAttempts: number
   }
-  readonly storage: { readonly kind: 'sqlite'; readonly sqlitePath: string; readonly flushIntervalMs: number }
+  readonly storage: {
+    readonly kind: 'sqlite' | 'postgres'
+    readonly sqlitePath: string
+    readonly postgresUrl: string | undefined
+    readonly postgresMaxConnections: number
+    readonly statementTimeoutMs: number
+    readonly flushIntervalMs: number
+  }
   readonly demo: { readonly enabled: boolean; readonly nodes: number; readonly balanceNano: NanoRub }
   readonly files: { readonly dir: string; readonly maxBytes: number; readonly maxLines: number }
   readonly batches: {
@@ -91,6 +98,8 @@ const ENV_KEYS: Record<
   TROPA_LOG_LEVEL: ['server', 'log_level', 'str'],
   TROPA_MAX_BODY_BYTES: ['server', 'max_body_bytes', 'int'],
   TROPA_SQLITE_PATH: ['storage', 'sqlite_path', 'str'],
+  TROPA_STORAGE: ['storage', 'kind', 'str'],
+  TROPA_POSTGRES_URL: ['storage', 'postgres_url', 'str'],
   TROPA_DEMO: ['demo', 'enabled', 'bool'],
 }
 /** Benchmarks compare the money path on and off in one run; this turns it off. */
@@ -160,6 +169,10 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
   }
   if (models.length === 0 && !demoEnabled)
     problems.push(`${source}: no models configured. Fix: add [[models]] entries, or start with --demo`)
+  if (cfg.storage?.kind === 'postgres' && !cfg.storage.postgres_url)
+    problems.push(
+      `${source}: storage.kind is "postgres" but storage.postgres_url is not set. Fix: set it (or TROPA_POSTGRES_URL)`,
+    )
   const balance = parseRub(cfg.demo?.balance_rub ?? '1000', 6)
   if (balance === undefined)
     problems.push(`${source}: demo.balance_rub must have at most six fractional digits`)
@@ -186,8 +199,11 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       maxAttempts: cfg.upstream?.max_attempts ?? 3,
     },
     storage: {
-      kind: 'sqlite',
+      kind: cfg.storage?.kind ?? 'sqlite',
       sqlitePath: sqlitePath === ':memory:' ? sqlitePath : resolve(dataDir, sqlitePath),
+      postgresUrl: cfg.storage?.postgres_url,
+      postgresMaxConnections: cfg.storage?.postgres_max_connections ?? 10,
+      statementTimeoutMs: cfg.storage?.statement_timeout_ms ?? 10_000,
       flushIntervalMs: cfg.storage?.flush_interval_ms ?? 50,
     },
     demo: { enabled: demoEnabled, nodes: cfg.demo?.nodes ?? 3, balanceNano: balance! },

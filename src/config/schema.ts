@@ -71,7 +71,11 @@ export const UpstreamSchema = T.Object(
 
 export const StorageSchema = T.Object(
   {
-    kind: T.Optional(T.Literal('sqlite')),
+    kind: T.Optional(T.Union([T.Literal('sqlite'), T.Literal('postgres')])),
+    /** PostgreSQL URL when kind is "postgres" (also TROPA_POSTGRES_URL). */
+    postgres_url: T.Optional(T.String({ pattern: '^postgres(ql)?://' })),
+    postgres_max_connections: T.Optional(T.Integer({ minimum: 1, maximum: 1000 })),
+    statement_timeout_ms: T.Optional(T.Integer({ minimum: 1 })),
     /** SQLite file; relative paths are inside data_dir. */
     sqlite_path: T.Optional(T.String({ minLength: 1 })),
     /** Ledger group commit: rows are written at most this long after a request ends. */

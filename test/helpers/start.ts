@@ -7,7 +7,8 @@ import { loadConfig } from '../../src/config/load.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
 import { buildServices, consoleLog, type Services } from '../../src/services.ts'
 import { type SimNode, type SimNodeOptions, startSimFleet } from '../../src/simulator/index.ts'
-import { openSqliteStore } from '../../src/storage/sqlite/store.ts'
+import { openStore } from '../../src/storage/open.ts'
+import { freshPgDatabase } from './pg.ts'
 
 export const ADMIN_TOKEN = 'test-admin-token-0123456789'
 
@@ -22,6 +23,8 @@ export interface TropaOptions {
   maxBodyBytes?: number
   /** Extra config sections (batches, files, ...). */
   extra?: Record<string, unknown>
+  /** Run on a fresh PostgreSQL database instead of a SQLite file. */
+  postgres?: boolean
 }
 
 export interface Tropa {
@@ -77,6 +80,7 @@ export function defaultModels(nodes: SimNode[]): ModelFile[] {
 /** Tropa on a free port, over a real SQLite file, in front of simulated nodes; with an org and keys. */
 export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
   const dir = mkdtempSync(join(tmpdir(), 'tropa-test-'))
+  const pg = opts.postgres ? await freshPgDatabase() : undefined
   const fleet = await startSimFleet(
     opts.nodes ?? [1, 2, 3].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })),
   )
@@ -92,14 +96,14 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
         ...(opts.maxBodyBytes && { max_body_bytes: opts.maxBodyBytes }),
       },
       upstream: { first_byte_timeout_ms: 5000, idle_timeout_ms: 5000, ...opts.upstream },
-      storage: { flush_interval_ms: 10 },
+      storage: { flush_interval_ms: 10, ...(pg && { kind: 'postgres', postgres_url: pg.url }) },
       batches: { tick_ms: 50, workers: 1 },
       ...opts.extra,
       models: (opts.models ?? defaultModels)(fleet.nodes),
     }),
   )
   const config = loadConfig({ configPath }, {})
-  const store = openSqliteStore(config.storage.sqlitePath)
+  const store = await openStore(config.storage)
   const svc = await buildServices(config, store, consoleLog('error'))
   const app = createApp(svc).listen({ port: 0, hostname: '127.0.0.1' })
   const url = `http://127.0.0.1:${app.server!.port}`
@@ -145,6 +149,7 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
       await svc.stop()
       await store.close()
       await fleet.stop()
+      await pg?.drop()
       rmSync(dir, { recursive: true, force: true })
     },
   }

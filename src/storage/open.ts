@@ -1,0 +1,15 @@
+import type { Config } from '../config/load.ts'
+import { openPostgresStore } from './postgres/store.ts'
+import { openSqliteStore } from './sqlite/store.ts'
+import type { Store } from './store.ts'
+
+/** The store the config names: the embedded SQLite file, or PostgreSQL shared by several nodes. */
+export async function openStore(s: Config['storage']): Promise<Store> {
+  if (s.kind === 'postgres')
+    return openPostgresStore({
+      url: s.postgresUrl!,
+      maxConnections: s.postgresMaxConnections,
+      statementTimeoutMs: s.statementTimeoutMs,
+    })
+  return openSqliteStore(s.sqlitePath)
+}
