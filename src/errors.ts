@@ -129,6 +129,21 @@ export class RateLimited extends TropaError {
   }
 }
 
+/** This node cannot confirm shared state (Redis or PostgreSQL is out of reach): refusing is safer. */
+export class SharedStateUnavailable extends TropaError {
+  readonly status = 503
+  readonly type = 'server_error'
+  constructor() {
+    super(
+      'this router node cannot reach its shared state right now; retry shortly',
+      'shared_state_unavailable',
+    )
+  }
+  override get retryable() {
+    return true
+  }
+}
+
 export class InternalError extends TropaError {
   readonly status = 500
   readonly type = 'server_error'

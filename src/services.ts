@@ -4,6 +4,7 @@ import { LedgerWriter } from './billing/ledger.ts'
 import { Meter } from './billing/meter.ts'
 import { RateLimiter } from './billing/rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
+import { RedisBus } from './cluster/bus.ts'
 import type { Config } from './config/load.ts'
 import { LocalFileStore } from './files/file-store.ts'
 import { FilesService } from './files/service.ts'
@@ -40,7 +41,20 @@ export async function buildServices(
   log: Log,
   workerUrl?: string | URL,
 ): Promise<Services> {
-  const identity = await IdentityService.open(store, config.server.adminToken)
+  const bus = config.redis.url
+    ? new RedisBus(
+        config.redis.url,
+        config.redis.prefix,
+        `node-${randomBase62(8)}`,
+        config.redis.revocationBoundMs,
+      )
+    : undefined
+  const identity = await IdentityService.open(
+    store,
+    config.server.adminToken,
+    bus,
+    config.redis.revocationBoundMs,
+  )
   const ledger = new LedgerWriter(store, config.storage.flushIntervalMs, (err) =>
     log('error', 'ledger flush failed; will retry', { error: String(err) }),
   )
@@ -104,6 +118,7 @@ export async function buildServices(
       await scheduler?.stop()
       watchdog.stop()
       await ledger.stop()
+      await bus?.close()
     },
   }
 }

@@ -55,6 +55,11 @@ export interface Config {
   }
   readonly demo: { readonly enabled: boolean; readonly nodes: number; readonly balanceNano: NanoRub }
   readonly files: { readonly dir: string; readonly maxBytes: number; readonly maxLines: number }
+  readonly redis: {
+    readonly url: string | undefined
+    readonly prefix: string
+    readonly revocationBoundMs: number
+  }
   readonly batches: {
     readonly workers: number
     readonly concurrency: number
@@ -89,7 +94,7 @@ type Env = Record<string, string | undefined>
 /** Environment variables that override file keys (documented in docs/config.md). */
 const ENV_KEYS: Record<
   string,
-  readonly [section: 'server' | 'storage' | 'demo', key: string, kind: 'int' | 'str' | 'bool']
+  readonly [section: 'server' | 'storage' | 'demo' | 'redis', key: string, kind: 'int' | 'str' | 'bool']
 > = {
   TROPA_PORT: ['server', 'port', 'int'],
   TROPA_HOST: ['server', 'host', 'str'],
@@ -100,6 +105,7 @@ const ENV_KEYS: Record<
   TROPA_SQLITE_PATH: ['storage', 'sqlite_path', 'str'],
   TROPA_STORAGE: ['storage', 'kind', 'str'],
   TROPA_POSTGRES_URL: ['storage', 'postgres_url', 'str'],
+  TROPA_REDIS_URL: ['redis', 'url', 'str'],
   TROPA_DEMO: ['demo', 'enabled', 'bool'],
 }
 /** Benchmarks compare the money path on and off in one run; this turns it off. */
@@ -169,6 +175,10 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
   }
   if (models.length === 0 && !demoEnabled)
     problems.push(`${source}: no models configured. Fix: add [[models]] entries, or start with --demo`)
+  if (cfg.redis?.url && cfg.storage?.kind !== 'postgres')
+    problems.push(
+      `${source}: redis.url is set but storage.kind is not "postgres". Fix: nodes that share Redis must share PostgreSQL too`,
+    )
   if (cfg.storage?.kind === 'postgres' && !cfg.storage.postgres_url)
     problems.push(
       `${source}: storage.kind is "postgres" but storage.postgres_url is not set. Fix: set it (or TROPA_POSTGRES_URL)`,
@@ -207,6 +217,11 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       flushIntervalMs: cfg.storage?.flush_interval_ms ?? 50,
     },
     demo: { enabled: demoEnabled, nodes: cfg.demo?.nodes ?? 3, balanceNano: balance! },
+    redis: {
+      url: cfg.redis?.url,
+      prefix: cfg.redis?.prefix ?? 'tropa:',
+      revocationBoundMs: cfg.redis?.revocation_bound_ms ?? 1000,
+    },
     files: {
       dir: resolve(dataDir, 'files'),
       maxBytes: cfg.files?.max_bytes ?? 200 * 1024 * 1024,

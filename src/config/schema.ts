@@ -122,6 +122,18 @@ export const BatchesSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const RedisSchema = T.Object(
+  {
+    /** Redis for the cluster bus (several nodes on one PostgreSQL); also TROPA_REDIS_URL. */
+    url: T.Optional(T.String({ pattern: '^rediss?://' })),
+    /** Prefix of every key and channel, so several clusters (or tests) can share a Redis. */
+    prefix: T.Optional(T.String({ minLength: 1 })),
+    /** How long a node may go without hearing the bus before it checks keys against the store. */
+    revocation_bound_ms: T.Optional(T.Integer({ minimum: 50, maximum: 60_000 })),
+  },
+  { additionalProperties: false },
+)
+
 /** The config file as written by an operator (TOML or JSON). */
 export const ConfigFileSchema = T.Object(
   {
@@ -131,6 +143,7 @@ export const ConfigFileSchema = T.Object(
     demo: T.Optional(DemoSchema),
     files: T.Optional(FilesSchema),
     batches: T.Optional(BatchesSchema),
+    redis: T.Optional(RedisSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

@@ -6,13 +6,14 @@ import type { Services } from '../services.ts'
 /** An Elysia `derive`: who is calling. Throws 401 before validation runs. */
 export const authenticate =
   (svc: Services) =>
-  ({ request }: { request: Request }): { principal: Principal } => ({
-    principal: svc.identity.authenticate(request.headers.get('authorization')),
+  async ({ request }: { request: Request }): Promise<{ principal: Principal }> => ({
+    principal: await svc.identity.authenticateShared(request.headers.get('authorization')),
   })
 
 /** For body parsers: refuse an unauthenticated request before its body is read. */
-export const authenticateFirst = (svc: Services) => (request: Request) =>
-  void svc.identity.authenticate(request.headers.get('authorization'))
+export const authenticateFirst = (svc: Services) => async (request: Request) => {
+  await svc.identity.authenticateShared(request.headers.get('authorization'))
+}
 
 /** Model endpoints take API keys only: they need a key to bill. */
 export function payerOf(p: Principal): Payer {

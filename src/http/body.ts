@@ -4,10 +4,10 @@ import { InvalidJson, PayloadTooLarge, UnsupportedMediaType } from '../errors.ts
  * The body parser of every JSON route: content type (415), size (413) and JSON syntax (400)
  * fail with our errors instead of Elysia's.
  */
-export function jsonBody(maxBytes: number, authenticate?: (request: Request) => void) {
+export function jsonBody(maxBytes: number, authenticate?: (request: Request) => Promise<void>) {
   return async ({ request }: { request: Request }): Promise<unknown> => {
     // A caller without a valid key gets its 401 before Tropa reads (up to maxBytes of) its body.
-    authenticate?.(request)
+    await authenticate?.(request)
     const type = request.headers.get('content-type')
     if (type !== null && !/^application\/([\w.+-]*\+)?json\s*(;|$)/i.test(type))
       throw new UnsupportedMediaType(type)

@@ -1,4 +1,5 @@
 import { type NanoRub, nanoToRubNumber } from '../billing/money.ts'
+import type { ClusterBus } from '../cluster/bus.ts'
 import {
   Conflict,
   invalidApiKey,
@@ -7,6 +8,8 @@ import {
   keyRevoked,
   missingApiKey,
   orgNotFound,
+  SharedStateUnavailable,
+  TropaError,
 } from '../errors.ts'
 import { requestId, sortableId } from '../ids.ts'
 import type { KeyKind, KeyPatch, KeyRecord, KeyStatus, Store } from '../storage/store.ts'
@@ -37,35 +40,134 @@ export class IdentityService {
   private readonly byId = new Map<string, LiveKey>()
   private readonly orgs = new Map<string, LiveOrg>()
 
+  /** Hashes seen to be no key at all (shared mode), so bad keys cannot hammer the database. */
+  private readonly unknown = new Map<string, number>()
+  /** When a key was last confirmed against the store while the bus was down. */
+  private readonly confirmedAt = new Map<string, number>()
+
   private constructor(
     private readonly store: Store,
     private readonly adminHash: string | undefined,
+    private readonly bus: ClusterBus | undefined,
+    private readonly boundMs: number,
   ) {}
 
-  static async open(store: Store, adminToken: string | undefined): Promise<IdentityService> {
-    const svc = new IdentityService(store, adminToken ? hashSecret(adminToken) : undefined)
+  /**
+   * With a bus (several nodes on one PostgreSQL), keys changed on other nodes arrive as events;
+   * keys created elsewhere are looked up on first sight.
+   */
+  static async open(
+    store: Store,
+    adminToken: string | undefined,
+    bus?: ClusterBus,
+    boundMs = 1000,
+  ): Promise<IdentityService> {
+    const svc = new IdentityService(store, adminToken ? hashSecret(adminToken) : undefined, bus, boundMs)
     for (const o of await store.loadOrgs()) svc.orgs.set(o.id, new LiveOrg(o))
     for (const k of await store.loadKeys()) svc.remember(new LiveKey(k))
+    await bus?.subscribe((e) => {
+      if (e.t !== 'key') return
+      // Apply the status at once (the acknowledgement follows this handler), then the rest.
+      const key = svc.byId.get(e.id)
+      if (key && e.status) key.status = e.status
+      void svc.reloadKey(e.id)
+    })
     return svc
   }
 
-  /** Resolves an Authorization header to who is calling; throws 401 otherwise. */
+  /** Resolves an Authorization header to who is calling; throws 401 otherwise. Memory only. */
   authenticate(authorization: string | null | undefined): Principal {
+    const hash = this.hashOf(authorization)
+    if (this.adminHash !== undefined && hash === this.adminHash) return { kind: 'admin' }
+    const key = this.byHash.get(hash)
+    if (!key) throw invalidApiKey()
+    return this.principalOf(key)
+  }
+
+  /**
+   * The same, for a node sharing state with others: a key unknown here may have been created on
+   * another node (looked up once), and while the event bus is down every key is confirmed against
+   * the store at least every half bound, so a revocation is never missed for longer than the bound.
+   */
+  async authenticateShared(authorization: string | null | undefined): Promise<Principal> {
+    if (!this.bus) return this.authenticate(authorization)
+    const hash = this.hashOf(authorization)
+    if (this.adminHash !== undefined && hash === this.adminHash) return { kind: 'admin' }
+    let key = this.byHash.get(hash)
+    const now = Date.now()
+    try {
+      if (!key) {
+        if ((this.unknown.get(hash) ?? 0) > now) throw invalidApiKey()
+        const rec = await this.store.getKeyByHash(hash)
+        if (!rec) {
+          if (this.unknown.size > 100_000) this.unknown.clear()
+          this.unknown.set(hash, now + this.boundMs)
+          throw invalidApiKey()
+        }
+        key = await this.adopt(rec)
+      } else if (!this.bus.healthy() && now - (this.confirmedAt.get(key.id) ?? 0) > this.boundMs / 2) {
+        const rec = await this.store.getKey(key.id)
+        if (rec) this.apply(key, rec)
+        this.confirmedAt.set(key.id, now)
+      }
+    } catch (err) {
+      if (err instanceof TropaError) throw err
+      throw new SharedStateUnavailable()
+    }
+    return this.principalOf(key)
+  }
+
+  private hashOf(authorization: string | null | undefined): string {
     if (!authorization || authorization.trim().toLowerCase() === 'bearer') throw missingApiKey()
     if (authorization.length < 8 || authorization.slice(0, 7).toLowerCase() !== 'bearer ')
       throw invalidApiKey()
     const token = authorization.slice(7).trim()
     if (token.length === 0) throw missingApiKey()
-    const hash = hashSecret(token)
     // Comparing hashes keeps the admin check constant-time with respect to the secret.
-    if (this.adminHash !== undefined && hash === this.adminHash) return { kind: 'admin' }
-    const key = this.byHash.get(hash)
-    if (!key) throw invalidApiKey()
+    return hashSecret(token)
+  }
+
+  private principalOf(key: LiveKey): Principal {
     if (key.status === 'revoked') throw keyRevoked()
     if (key.status === 'disabled') throw keyDisabled()
     const org = this.orgs.get(key.orgId)
     if (!org) throw invalidApiKey()
     return { kind: key.kind, key, org }
+  }
+
+  /** A key (and its organization) first seen on this node. */
+  private async adopt(rec: KeyRecord): Promise<LiveKey> {
+    if (!this.orgs.has(rec.orgId)) {
+      const org = await this.store.getOrg(rec.orgId)
+      if (org) this.orgs.set(org.id, new LiveOrg(org))
+    }
+    const existing = this.byId.get(rec.id)
+    if (existing) return existing
+    const key = new LiveKey(rec)
+    this.remember(key)
+    return key
+  }
+
+  private apply(key: LiveKey, rec: KeyRecord) {
+    key.status = rec.status
+    key.name = rec.name
+    key.limitNano = rec.limitNano
+    key.revokedAt = rec.revokedAt
+    key.rpmLimit = rec.rpmLimit
+    key.tpmLimit = rec.tpmLimit
+  }
+
+  /** Another node changed a key: take the store's version. */
+  private async reloadKey(id: string) {
+    const rec = await this.store.getKey(id).catch(() => undefined)
+    if (!rec) return
+    const key = this.byId.get(id)
+    if (key) this.apply(key, rec)
+    else await this.adopt(rec)
+  }
+
+  private announce(id: string) {
+    if (this.bus) void this.bus.publish({ t: 'key', id, from: this.bus.nodeId }).catch(() => {})
   }
 
   org(id: string): LiveOrg {
@@ -134,6 +236,7 @@ export class IdentityService {
     await this.store.insertKey(rec)
     const key = new LiveKey(rec)
     this.remember(key)
+    this.announce(key.id)
     return { key, secret }
   }
 
@@ -169,6 +272,12 @@ export class IdentityService {
     }
     await this.store.updateKey(key.id, patch)
     Object.assign(key, patch)
+    if (patch.status && this.bus)
+      await this.bus.publishAndConfirm(
+        { t: 'key', id: key.id, from: this.bus.nodeId, status: patch.status },
+        this.boundMs,
+      )
+    else this.announce(key.id)
     return key
   }
 
@@ -179,6 +288,12 @@ export class IdentityService {
     await this.store.updateKey(key.id, { status: 'revoked', revokedAt })
     key.status = 'revoked'
     key.revokedAt = revokedAt
+    // The response to DELETE waits until every node has applied the revocation (or the bound
+    // passed, after which a node that missed it confirms keys against the store).
+    await this.bus?.publishAndConfirm(
+      { t: 'key', id: key.id, from: this.bus.nodeId, status: 'revoked' },
+      this.boundMs,
+    )
   }
 
   balanceRub(org: LiveOrg): number {

@@ -149,6 +149,7 @@ export interface Store {
 
   insertKey(key: KeyRecord): Promise<void>
   getKey(id: string): Promise<KeyRecord | undefined>
+  getKeyByHash(secretHash: string): Promise<KeyRecord | undefined>
   listKeys(q: KeyListQuery): Promise<KeyRecord[]>
   updateKey(id: string, patch: KeyPatch): Promise<KeyRecord | undefined>
   /** Every key, revoked ones included (so they answer key_revoked), to warm the in-memory cache. */

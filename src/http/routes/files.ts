@@ -24,7 +24,7 @@ export const fileRoutes = (svc: Services) => {
               throw new PermissionDenied('the download link is invalid or has expired')
             file = await files.getAny(params.file_id)
           } else {
-            const payer = payerOf(svc.identity.authenticate(request.headers.get('authorization')))
+            const payer = payerOf(await svc.identity.authenticateShared(request.headers.get('authorization')))
             file = await files.get(payer.org.id, params.file_id)
           }
           return new Response(files.contents.stream(file.id), {

@@ -95,6 +95,11 @@ export class PostgresStore implements Store {
     return row
   }
 
+  async getKeyByHash(secretHash: string) {
+    const [row] = await this.db.select().from(schema.keys).where(eq(schema.keys.secretHash, secretHash))
+    return row
+  }
+
   async listKeys(q: KeyListQuery) {
     const k = schema.keys
     return this.db

@@ -77,6 +77,10 @@ export class SqliteStore implements Store {
     return this.db.select().from(schema.keys).where(eq(schema.keys.id, id)).get()
   }
 
+  async getKeyByHash(secretHash: string) {
+    return this.db.select().from(schema.keys).where(eq(schema.keys.secretHash, secretHash)).get()
+  }
+
   async listKeys(q: KeyListQuery) {
     const k = schema.keys
     const where = and(
