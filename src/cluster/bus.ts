@@ -2,7 +2,7 @@ import { RedisClient } from 'bun'
 
 /** What one router node tells the others: a key changed (with its new status when that is the change). */
 export type ClusterEvent = {
-  readonly t: 'key'
+  readonly t: 'key' | 'org'
   readonly id: string
   readonly from: string
   readonly status?: 'active' | 'disabled' | 'revoked'

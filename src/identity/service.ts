@@ -66,7 +66,16 @@ export class IdentityService {
     for (const o of await store.loadOrgs()) svc.orgs.set(o.id, new LiveOrg(o))
     for (const k of await store.loadKeys()) svc.remember(new LiveKey(k))
     await bus?.subscribe((e) => {
-      if (e.t !== 'key') return
+      if (e.t === 'org') {
+        // Created or credited elsewhere: take the store's balance (it holds every node's flushed spend).
+        void store.getOrg(e.id).then((o) => {
+          if (!o) return
+          const live = svc.orgs.get(o.id)
+          if (live) live.balanceNano = o.balanceNano
+          else svc.orgs.set(o.id, new LiveOrg(o))
+        })
+        return
+      }
       // Apply the status at once (the acknowledgement follows this handler), then the rest.
       const key = svc.byId.get(e.id)
       if (key && e.status) key.status = e.status
@@ -183,6 +192,7 @@ export class IdentityService {
     await this.store.insertOrg(rec)
     const org = new LiveOrg(rec)
     this.orgs.set(org.id, org)
+    if (this.bus) void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId }).catch(() => {})
     return org
   }
 
@@ -213,6 +223,7 @@ export class IdentityService {
       },
     ])
     org.balanceNano += amountNano
+    if (this.bus) void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId }).catch(() => {})
   }
 
   async createKey(org: LiveOrg, kind: KeyKind, k: NewKey): Promise<{ key: LiveKey; secret: string }> {
@@ -253,9 +264,17 @@ export class IdentityService {
   }
 
   async listKeys(q: { orgId: string; kind: KeyKind; status?: KeyStatus; afterId?: string; limit: number }) {
-    // Ids come from the store (ordering, paging); the live objects carry unflushed spend.
+    // Ids come from the store (ordering, paging); on one node the live objects carry unflushed
+    // spend. With several nodes each spends apart, so the store's totals are the truth.
     const rows = await this.store.listKeys(q)
-    return rows.map((r) => this.byId.get(r.id) ?? new LiveKey(r))
+    return rows.map((r) => (this.bus ? new LiveKey(r) : (this.byId.get(r.id) ?? new LiveKey(r))))
+  }
+
+  /** A key as its record should be shown: with several nodes, the store's spend and last use. */
+  async current(key: LiveKey): Promise<LiveKey> {
+    if (!this.bus) return key
+    const rec = await this.store.getKey(key.id)
+    return rec ? new LiveKey(rec) : key
   }
 
   async updateKey(key: LiveKey, c: KeyChanges): Promise<LiveKey> {

@@ -76,8 +76,12 @@ export const keyRoutes = (svc: Services) => {
     )
     .get(
       '/v1/keys/:key_id',
-      ({ principal, params, query }) =>
-        keyView(svc.identity.key(keyManagerOrg(svc, principal, query.org_id).id, params.key_id, 'api')),
+      async ({ principal, params, query }) =>
+        keyView(
+          await svc.identity.current(
+            svc.identity.key(keyManagerOrg(svc, principal, query.org_id).id, params.key_id, 'api'),
+          ),
+        ),
       {
         params: KeyParams,
         query: t.Object({ org_id: t.Optional(t.String()) }),
