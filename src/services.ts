@@ -1,8 +1,9 @@
 import { BatchScheduler } from './batches/scheduler.ts'
 import { BatchService, LinkSigner } from './batches/service.ts'
 import { LedgerWriter } from './billing/ledger.ts'
-import { Meter } from './billing/meter.ts'
+import { Meter, type MoneyMeter } from './billing/meter.ts'
 import { RateLimiter } from './billing/rate-limiter.ts'
+import { SharedMeter } from './billing/shared-meter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
 import { RedisBus } from './cluster/bus.ts'
 import type { Config } from './config/load.ts'
@@ -60,10 +61,17 @@ export async function buildServices(
   )
   ledger.start()
   const watchdog = new Watchdog()
+  // Several nodes: money is admitted in Redis so the limits hold across nodes.
+  const shared =
+    config.redis.url && config.server.billing
+      ? new SharedMeter(config.redis.url, config.redis.prefix, store, ledger)
+      : undefined
+  const meter: MoneyMeter = shared ?? new Meter(ledger, config.server.billing)
+  identity.useMeter(meter)
   const pool = new NodePool(config.models)
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
-    meter: new Meter(ledger, config.server.billing),
+    meter,
     limiter: new RateLimiter(),
     pool,
     policy: new LeastInFlight(),
@@ -119,6 +127,7 @@ export async function buildServices(
       watchdog.stop()
       await ledger.stop()
       await bus?.close()
+      shared?.close()
     },
   }
 }

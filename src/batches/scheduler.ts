@@ -1,7 +1,9 @@
 import type { LedgerWriter } from '../billing/ledger.ts'
-import type { Meter, Reservation } from '../billing/meter.ts'
+import type { MoneyMeter, Reservation } from '../billing/meter.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
 import type { Config } from '../config/load.ts'
+import { SharedStateUnavailable } from '../errors.ts'
+import type { LiveKey } from '../identity/live.ts'
 import type { IdentityService } from '../identity/service.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
 import type { Log } from '../services.ts'
@@ -43,7 +45,7 @@ export class BatchScheduler {
   constructor(
     private readonly store: Store,
     private readonly identity: IdentityService,
-    private readonly meter: Meter,
+    private readonly meter: MoneyMeter,
     private readonly ledger: LedgerWriter,
     private readonly pool: NodePool,
     private readonly config: Config,
@@ -190,8 +192,11 @@ export class BatchScheduler {
       case 'admit': {
         // No node has room now: the line waits here, first in first out, for the next free slot
         // (a settle frees one), instead of going back to the queue with a delay.
-        const reply = this.admit(w, m)
-        if (reply) w.postMessage({ t: 'admitted', reqId: m.reqId, reply } satisfies ToWorker)
+        const pending = this.admit(w, m)
+        if (pending)
+          void pending.then((reply) =>
+            w.postMessage({ t: 'admitted', reqId: m.reqId, reply } satisfies ToWorker),
+          )
         else this.queued.push({ w, m, sinceMs: Date.now() })
         return
       }
@@ -215,11 +220,14 @@ export class BatchScheduler {
     const now = Date.now()
     while (this.queued.length > 0) {
       const q = this.queued[0]!
-      const reply =
-        this.admit(q.w, q.m) ?? (now - q.sinceMs > 5_000 ? ({ kind: 'wait', ms: 100 } as const) : undefined)
-      if (!reply) return
+      const pending =
+        this.admit(q.w, q.m) ??
+        (now - q.sinceMs > 5_000 ? Promise.resolve<AdmitReply>({ kind: 'wait', ms: 100 }) : undefined)
+      if (!pending) return
       this.queued.shift()
-      q.w.postMessage({ t: 'admitted', reqId: q.m.reqId, reply } satisfies ToWorker)
+      void pending.then((reply) =>
+        q.w.postMessage({ t: 'admitted', reqId: q.m.reqId, reply } satisfies ToWorker),
+      )
     }
   }
 
@@ -265,11 +273,15 @@ export class BatchScheduler {
    * the last two seconds) batch lines shrink to `busyShare`: every running sequence slows each
    * decode step a little, and interactive time to first token must not pay for the batch.
    */
-  private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): AdmitReply | undefined {
+  /**
+   * The node is picked (and its slot taken) synchronously; then the money is reserved, which
+   * may wait on Redis in a cluster. undefined: no node has room now.
+   */
+  private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): Promise<AdmitReply> | undefined {
     const b = this.batchInfo(m.batchId)
-    if (!b || this.failing.has(m.batchId)) return { kind: 'stop', code: 'batch_not_running' }
+    if (!b || this.failing.has(m.batchId)) return Promise.resolve({ kind: 'stop', code: 'batch_not_running' })
     const key = this.identity.keyById(b.keyId)
-    if (key?.status !== 'active') return { kind: 'stop', code: 'key_not_active' }
+    if (key?.status !== 'active') return Promise.resolve({ kind: 'stop', code: 'key_not_active' })
     const now = Date.now()
     let best: Candidate | undefined
     for (const c of this.pool.candidates(m.model)) {
@@ -280,15 +292,29 @@ export class BatchScheduler {
       if (!best || c.node.inFlight / c.route.weight < best.node.inFlight / best.route.weight) best = c
     }
     if (!best) return undefined
+    const node = best
+    this.pool.beginBatch(node.node)
+    return this.fund(w, m, key, b.orgId, node, now)
+  }
+
+  private async fund(
+    w: Worker,
+    m: Extract<FromWorker, { t: 'admit' }>,
+    key: LiveKey,
+    orgId: string,
+    best: Candidate,
+    now: number,
+  ): Promise<AdmitReply> {
     let reservation: Reservation
     try {
-      reservation = this.meter.reserve(key, this.identity.org(b.orgId), m.worstNano)
-    } catch {
+      reservation = await this.meter.reserve(key, this.identity.org(orgId), m.worstNano)
+    } catch (err) {
+      this.pool.endBatch(best.node, true)
+      if (err instanceof SharedStateUnavailable) return { kind: 'wait', ms: 500 }
       // Out of money mid-batch: the batch fails, keeping what finished.
       void this.failForFunds(m.batchId)
       return { kind: 'stop', code: 'insufficient_quota' }
     }
-    this.pool.beginBatch(best.node)
     this.admitted.get(w)?.set(m.reqId, {
       reservation,
       candidate: best,

@@ -16,12 +16,26 @@ export type Settlement = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'costNan
   readonly costNano: NanoRub
 }
 
+/** Admission and settlement of money: on one node in memory, across nodes in Redis. */
+export interface MoneyMeter {
+  /** Holds the worst-case cost, or throws 402 (key limit first, then balance). */
+  reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Reservation | Promise<Reservation>
+  /** Charges the real cost (never above the reservation), releases the rest; returns the charge. */
+  settle(r: Reservation, s: Settlement): NanoRub
+  /** Gives the whole reservation back. */
+  release(r: Reservation): void
+  /** A key's limit changed (from `before` to `after`; null is no limit). */
+  limitChanged?(key: LiveKey, before: NanoRub | null, after: NanoRub | null): void
+  /** An organization was credited. */
+  credited?(org: LiveOrg, amountNano: NanoRub): void
+}
+
 /**
  * Admission and settlement on one node. JavaScript runs this synchronously on one thread, so
  * check-and-reserve cannot interleave: concurrent requests can never push a key's spent past
  * its limit or an organization's balance below zero.
  */
-export class Meter {
+export class Meter implements MoneyMeter {
   constructor(
     private readonly ledger: LedgerWriter,
     /** false only to measure the money path's own cost in benchmarks: nothing is charged. */

@@ -1,3 +1,4 @@
+import type { MoneyMeter } from '../billing/meter.ts'
 import { type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import type { ClusterBus } from '../cluster/bus.ts'
 import {
@@ -39,6 +40,13 @@ export class IdentityService {
   private readonly byHash = new Map<string, LiveKey>()
   private readonly byId = new Map<string, LiveKey>()
   private readonly orgs = new Map<string, LiveOrg>()
+
+  private meter: MoneyMeter | undefined
+
+  /** The meter to tell about limit changes and credits (its rooms must follow them). */
+  useMeter(m: MoneyMeter): void {
+    this.meter = m
+  }
 
   /** Hashes seen to be no key at all (shared mode), so bad keys cannot hammer the database. */
   private readonly unknown = new Map<string, number>()
@@ -223,6 +231,7 @@ export class IdentityService {
       },
     ])
     org.balanceNano += amountNano
+    this.meter?.credited?.(org, amountNano)
     if (this.bus) void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId }).catch(() => {})
   }
 
@@ -289,8 +298,11 @@ export class IdentityService {
       ...(c.rpmLimit !== undefined && { rpmLimit: c.rpmLimit }),
       ...(c.tpmLimit !== undefined && { tpmLimit: c.tpmLimit }),
     }
+    const limitBefore = key.limitNano
     await this.store.updateKey(key.id, patch)
     Object.assign(key, patch)
+    if (patch.limitNano !== undefined && patch.limitNano !== limitBefore)
+      this.meter?.limitChanged?.(key, limitBefore, patch.limitNano)
     if (patch.status && this.bus)
       await this.bus.publishAndConfirm(
         { t: 'key', id: key.id, from: this.bus.nodeId, status: patch.status },

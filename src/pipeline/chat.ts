@@ -1,5 +1,5 @@
 import type { ChatMessage, ChatRequest } from '../api/chat.ts'
-import type { Meter, Reservation } from '../billing/meter.ts'
+import type { MoneyMeter, Reservation } from '../billing/meter.ts'
 import { costNano, formatRub, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import type { RateLimiter } from '../billing/rate-limiter.ts'
 import type { Catalogue } from '../catalogue/catalogue.ts'
@@ -14,7 +14,7 @@ import { countChatPrompt, countTokens, loadTokenizer, reservedPromptTokens } fro
 
 export interface ChatDeps extends UpstreamDeps {
   readonly catalogue: Catalogue
-  readonly meter: Meter
+  readonly meter: MoneyMeter
   readonly limiter: RateLimiter
 }
 
@@ -51,7 +51,7 @@ export async function chatCompletion(
   const maxOut = outputBudget(model, promptTokens, body.max_completion_tokens ?? body.max_tokens)
   const choices = body.n ?? 1
   const worst = costNano(reservedPromptTokens(promptTokens), maxOut * choices, model.price)
-  const reservation = deps.meter.reserve(payer.key, payer.org, worst)
+  const reservation = await deps.meter.reserve(payer.key, payer.org, worst)
   // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
   try {
     deps.limiter.admit(payer.key, promptTokens)

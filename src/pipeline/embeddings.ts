@@ -34,7 +34,7 @@ export async function createEmbeddings(
       )
     promptTokens += n
   })
-  const reservation = deps.meter.reserve(
+  const reservation = await deps.meter.reserve(
     payer.key,
     payer.org,
     costNano(reservedPromptTokens(promptTokens), 0, model.price),

@@ -4,7 +4,7 @@ import { join } from 'node:path'
 import { createApp } from '../../src/app.ts'
 import { loadConfig } from '../../src/config/load.ts'
 import { buildServices, consoleLog, type Services } from '../../src/services.ts'
-import { type SimNode, startSimFleet } from '../../src/simulator/index.ts'
+import { type SimNode, type SimNodeOptions, startSimFleet } from '../../src/simulator/index.ts'
 import { openStore } from '../../src/storage/open.ts'
 import { freshPgDatabase } from './pg.ts'
 import { ADMIN_TOKEN, defaultModels } from './start.ts'
@@ -15,10 +15,13 @@ export interface ClusterNode {
 }
 
 /** `n` router nodes in this process on their own ports, sharing a fresh PostgreSQL database and a Redis prefix. */
-export async function startCluster(n: number) {
+export async function startCluster(
+  n: number,
+  sim: SimNodeOptions[] = [1, 2].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })),
+) {
   const dir = mkdtempSync(join(tmpdir(), 'tropa-cluster-'))
   const pg = await freshPgDatabase()
-  const fleet = await startSimFleet([1, 2].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })))
+  const fleet = await startSimFleet(sim)
   const prefix = `tropa-test-${process.pid}-${Date.now().toString(36)}:`
   const configPath = join(dir, 'tropa.json')
   writeFileSync(
