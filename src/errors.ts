@@ -57,9 +57,9 @@ export class PayloadTooLarge extends InvalidRequest {
 }
 export class UnsupportedMediaType extends InvalidRequest {
   override readonly status = 415
-  constructor(contentType: string) {
+  constructor(contentType: string, expected = 'application/json') {
     super(
-      `unsupported content type ${JSON.stringify(contentType)}; send application/json`,
+      `unsupported content type ${JSON.stringify(contentType)}; send ${expected}`,
       'unsupported_media_type',
     )
   }

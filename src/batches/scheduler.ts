@@ -5,6 +5,7 @@ import type { Config } from '../config/load.ts'
 import { SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey } from '../identity/live.ts'
 import type { IdentityService } from '../identity/service.ts'
+import { requestId } from '../ids.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
 import type { Log } from '../services.ts'
 import type { BatchRecord, Store } from '../storage/store.ts'
@@ -123,6 +124,13 @@ export class BatchScheduler {
     const active = await this.store.batchesInStatus(['validating', 'in_progress', 'cancelling', 'finalizing'])
     if (active.length > 0) this.ensureWorkers()
     for (const b of active) {
+      // Admission reads this cache; refreshing it here keeps it warm for every running batch.
+      this.running.set(b.id, {
+        keyId: b.keyId,
+        orgId: b.orgId,
+        checkedAtMs: Date.now(),
+        ok: b.status === 'in_progress',
+      })
       if (this.busy.has(b.id)) continue
       if (b.status === 'finalizing') {
         // A finalization that a restart interrupted: do it again (it is idempotent).
@@ -262,9 +270,12 @@ export class BatchScheduler {
         },
       ]))
     }
-    await this.store.updateBatch(b.id, { status: 'in_progress', inProgressAt: now, total: m.total }, [
-      'validating',
-    ])
+    if (
+      await this.store.updateBatch(b.id, { status: 'in_progress', inProgressAt: now, total: m.total }, [
+        'validating',
+      ])
+    )
+      this.running.set(b.id, { keyId: b.keyId, orgId: b.orgId, checkedAtMs: Date.now(), ok: true })
   }
 
   /**
@@ -287,7 +298,10 @@ export class BatchScheduler {
     for (const c of this.pool.candidates(m.model)) {
       const busy = now - c.node.lastInteractiveAtMs < 2000
       const share = busy ? this.settings.busyShare : 1 - this.settings.interactiveReserve
-      const cap = Math.floor(c.route.maxConcurrency * share)
+      // An idle node always takes at least one line, however small its max_concurrency.
+      const cap = busy
+        ? Math.floor(c.route.maxConcurrency * share)
+        : Math.max(1, Math.floor(c.route.maxConcurrency * share))
       if (!c.node.available(now) || c.node.inFlight >= cap || c.node.batchInFlight >= cap) continue
       if (!best || c.node.inFlight / c.route.weight < best.node.inFlight / best.route.weight) best = c
     }
@@ -366,7 +380,7 @@ export class BatchScheduler {
   /** Batch owner and whether it is running, cached for a moment (admission is per line). */
   private batchInfo(batchId: string) {
     const c = this.running.get(batchId)
-    if (c && Date.now() - c.checkedAtMs < 250) return c.ok ? c : undefined
+    if (c && Date.now() - c.checkedAtMs < Math.max(250, this.settings.tickMs * 2)) return c.ok ? c : undefined
     void this.store.getBatch(batchId).then((b) => {
       if (b)
         this.running.set(batchId, {
@@ -423,7 +437,7 @@ export class BatchScheduler {
 
 function errorLine(customId: string, code: string, message: string): string {
   return JSON.stringify({
-    id: `batch_req_${customId}`,
+    id: `batch_req_${requestId()}`,
     custom_id: customId,
     response: null,
     error: { code, message },

@@ -121,7 +121,12 @@ async function runLine(line: BatchLine) {
   })) as AdmitReply & { reqId: number }
   if (reply.kind !== 'go') {
     // Waiting for capacity, or the batch stopped: the line goes back to the queue.
-    await store.retryLine(line.batchId, line.line, Date.now() + (reply.kind === 'wait' ? reply.ms : 1000))
+    await store.retryLine(
+      line.batchId,
+      line.line,
+      Date.now() + (reply.kind === 'wait' ? reply.ms : 1000),
+      true,
+    )
     return
   }
   const path = batch.endpoint === '/v1/chat/completions' ? '/chat/completions' : '/embeddings'
@@ -170,7 +175,8 @@ async function runLine(line: BatchLine) {
     post({ t: 'settle', reqId: reply.reqId, usage: fresh ? usage : null, nodeOk: true, outcome: 'ok' })
     return
   }
-  if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
+  // As for live requests: these say the node failed, not the request (src/upstream/openai-compatible.ts).
+  if (status >= 400 && status < 500 && ![401, 403, 404, 408, 409, 425, 429].includes(status)) {
     // The upstream refused the request itself: retrying elsewhere would not help.
     let errBody: unknown = text
     try {

@@ -45,7 +45,7 @@ export class FilesService {
   ): Promise<{ file: FileRecord; fields: Record<string, string> }> {
     const type = request.headers.get('content-type') ?? ''
     if (!type.toLowerCase().startsWith('multipart/form-data'))
-      throw new UnsupportedMediaType(type || '(none)')
+      throw new UnsupportedMediaType(type || '(none)', 'multipart/form-data')
     const declared = Number(request.headers.get('content-length') ?? 0)
     if (declared > this.limits.maxBytes + 64 * 1024) throw new PayloadTooLarge(this.limits.maxBytes)
     const up = await this.receive(orgId, request, type)

@@ -190,8 +190,11 @@ export interface Store {
    * at start: its leases can only belong to workers of a process that died.
    */
   releaseAllLeases(): Promise<number>
-  /** Returns a leased line to the queue to be retried at `notBeforeMs`. */
-  retryLine(batchId: string, line: number, notBeforeMs: number): Promise<void>
+  /**
+   * Returns a leased line to the queue to be retried at `notBeforeMs`. `notAnAttempt`: the line
+   * never reached an upstream (no node had room), so its lease does not count as an attempt.
+   */
+  retryLine(batchId: string, line: number, notBeforeMs: number, notAnAttempt?: boolean): Promise<void>
   /** Writes a line's final result once and counts it in its batch; false if it was already final. */
   finishLine(batchId: string, line: number, ok: boolean, result: string): Promise<boolean>
   /** Fails the unfinished lines of a batch (only the pending ones if asked) with this result. */

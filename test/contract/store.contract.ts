@@ -228,6 +228,8 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       ])
       await store.retryLine('batch_1', 3, 5000)
       expect((await store.leaseLines(1000, 100, 10)).map((l) => l.line)).toEqual([4]) // 3 waits for its back-off
+      await store.retryLine('batch_1', 4, 0, true) // never reached an upstream: not an attempt
+      expect((await store.leaseLines(1000, 100, 10)).map((l) => [l.line, l.attempts])).toEqual([[4, 1]])
       expect(await store.finishLine('batch_1', 2, true, '{"r":2}')).toBe(true)
       expect(await store.finishLine('batch_1', 2, true, '{"r":"again"}')).toBe(false) // written once
       expect(await store.finishLine('batch_1', 1, false, '{"e":1}')).toBe(true)

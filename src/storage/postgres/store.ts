@@ -304,11 +304,16 @@ export class PostgresStore implements Store {
     return rows.length
   }
 
-  async retryLine(batchId: string, line: number, notBeforeMs: number) {
+  async retryLine(batchId: string, line: number, notBeforeMs: number, notAnAttempt = false) {
     const l = schema.batchLines
     await this.db
       .update(l)
-      .set({ status: 'pending', notBeforeMs, leaseUntilMs: null })
+      .set({
+        status: 'pending',
+        notBeforeMs,
+        leaseUntilMs: null,
+        ...(notAnAttempt && { attempts: sql`greatest(${l.attempts} - 1, 0)` }),
+      })
       .where(and(eq(l.batchId, batchId), eq(l.line, line), eq(l.status, 'running')))
   }
 

@@ -291,11 +291,16 @@ export class SqliteStore implements Store {
     return rows.length
   }
 
-  async retryLine(batchId: string, line: number, notBeforeMs: number) {
+  async retryLine(batchId: string, line: number, notBeforeMs: number, notAnAttempt = false) {
     const l = schema.batchLines
     this.db
       .update(l)
-      .set({ status: 'pending', notBeforeMs, leaseUntilMs: null })
+      .set({
+        status: 'pending',
+        notBeforeMs,
+        leaseUntilMs: null,
+        ...(notAnAttempt && { attempts: sql`max(${l.attempts} - 1, 0)` }),
+      })
       .where(and(eq(l.batchId, batchId), eq(l.line, line), eq(l.status, 'running')))
       .run()
   }
