@@ -7,9 +7,10 @@ import type { ModelConfig } from '../config/load.ts'
 import { LocalFileStore } from '../files/file-store.ts'
 import { FilesService } from '../files/service.ts'
 import { requestId } from '../ids.ts'
-import { loadTokenizer } from '../pipeline/tokens.ts'
+import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchStatus, Store } from '../storage/store.ts'
+import { sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { priceLine, validateFile } from './validate.ts'
 
@@ -120,7 +121,7 @@ async function runLine(line: BatchLine) {
     worstNano: cost.worstNano,
   })) as AdmitReply & { reqId: number }
   if (reply.kind !== 'go') {
-    // Waiting for capacity, or the batch stopped: the line goes back to the queue.
+    // No node had room, or the batch stopped: the line goes back, and this was no attempt.
     await store.retryLine(
       line.batchId,
       line.line,
@@ -129,7 +130,33 @@ async function runLine(line: BatchLine) {
     )
     return
   }
-  const path = batch.endpoint === '/v1/chat/completions' ? '/chat/completions' : '/embeddings'
+  // From here the main thread holds a node slot and money for this line: whatever happens,
+  // exactly one settle goes back.
+  let settle: Extract<FromWorker, { t: 'settle' }> = {
+    t: 'settle',
+    reqId: reply.reqId,
+    usage: null,
+    nodeOk: true,
+    outcome: 'error',
+  }
+  try {
+    settle = await callUpstream(line, batch.endpoint, body, cost.model.id, cost.promptTokens, reply)
+  } finally {
+    post(settle)
+  }
+}
+
+/** One line against the node the main thread chose; returns what to settle. */
+async function callUpstream(
+  line: BatchLine,
+  endpoint: string,
+  body: Record<string, unknown>,
+  modelId: string,
+  countedPrompt: number,
+  reply: Extract<AdmitReply, { kind: 'go' }> & { reqId: number },
+): Promise<Extract<FromWorker, { t: 'settle' }>> {
+  const reqId = reply.reqId
+  const path = endpoint === '/v1/chat/completions' ? '/chat/completions' : '/embeddings'
   const requestIdOfLine = `${line.batchId}-${line.line}`
   const headers: Record<string, string> = { 'content-type': 'application/json' }
   if (reply.apiKey) headers.authorization = `Bearer ${reply.apiKey}`
@@ -148,21 +175,20 @@ async function runLine(line: BatchLine) {
     status = 0
   }
   if (status >= 200 && status < 300) {
-    let parsed: {
-      id?: string
-      model?: string
-      usage?: { prompt_tokens?: number; completion_tokens?: number }
-    }
+    let parsed: { id?: unknown; model?: unknown; usage?: unknown; choices?: unknown } | null = null
     try {
       parsed = JSON.parse(text)
-    } catch {
-      return transient(line, reply.reqId, 'upstream sent a malformed body')
-    }
-    if (batch.endpoint === '/v1/chat/completions') parsed.id = `chatcmpl-${requestId()}`
-    parsed.model = cost.model.id
+    } catch {}
+    if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed))
+      return transient(line, reqId, 'upstream sent a malformed body')
+    if (endpoint === '/v1/chat/completions') parsed.id = `chatcmpl-${requestId()}`
+    parsed.model = modelId
+    const reported = sanitizeUsage(parsed.usage)
     const usage = {
-      promptTokens: parsed.usage?.prompt_tokens ?? cost.promptTokens,
-      completionTokens: parsed.usage?.completion_tokens ?? 0,
+      promptTokens: reported?.prompt_tokens ?? countedPrompt,
+      completionTokens:
+        reported?.completion_tokens ??
+        (endpoint === '/v1/chat/completions' ? countTokens(answerText(parsed)) : 0),
     }
     const result = JSON.stringify({
       id: `batch_req_${requestId()}`,
@@ -172,8 +198,13 @@ async function runLine(line: BatchLine) {
     })
     const fresh = await store.finishLine(line.batchId, line.line, true, result)
     // A line already final (finished by a worker that died after writing) is not billed again.
-    post({ t: 'settle', reqId: reply.reqId, usage: fresh ? usage : null, nodeOk: true, outcome: 'ok' })
-    return
+    return {
+      t: 'settle',
+      reqId,
+      usage: fresh ? usage : null,
+      nodeOk: true,
+      outcome: reported ? 'ok' : 'ok:estimated',
+    }
   }
   // As for live requests: these say the node failed, not the request (src/upstream/openai-compatible.ts).
   if (status >= 400 && status < 500 && ![401, 403, 404, 408, 409, 425, 429].includes(status)) {
@@ -193,22 +224,37 @@ async function runLine(line: BatchLine) {
         error: { code: 'upstream_rejected', message: `the upstream answered ${status}` },
       }),
     )
-    post({ t: 'settle', reqId: reply.reqId, usage: null, nodeOk: true, outcome: 'rejected' })
-    return
+    return { t: 'settle', reqId, usage: null, nodeOk: true, outcome: 'rejected' }
   }
   return transient(
     line,
-    reply.reqId,
+    reqId,
     status === 0 ? 'upstream unreachable or timed out' : `upstream answered ${status}`,
   )
 }
 
+/** The generated text of a chat completion, to count when the upstream reports no usage. */
+function answerText(c: { choices?: unknown }): string {
+  let text = ''
+  for (const ch of Array.isArray(c.choices)
+    ? (c.choices as { message?: { content?: unknown; tool_calls?: unknown } }[])
+    : []) {
+    if (typeof ch?.message?.content === 'string') text += ch.message.content
+    if (ch?.message?.tool_calls) text += JSON.stringify(ch.message.tool_calls)
+  }
+  return text
+}
+
 /** A node failure: back off and retry within the window, up to maxAttempts. */
-async function transient(line: BatchLine, reqId: number, why: string) {
-  post({ t: 'settle', reqId, usage: null, nodeOk: false, outcome: 'upstream_error' })
+async function transient(
+  line: BatchLine,
+  reqId: number,
+  why: string,
+): Promise<Extract<FromWorker, { t: 'settle' }>> {
+  const settle = { t: 'settle', reqId, usage: null, nodeOk: false, outcome: 'upstream_error' } as const
   if (line.attempts < cfg.maxAttempts) {
     await store.retryLine(line.batchId, line.line, Date.now() + Math.min(30_000, 250 * 2 ** line.attempts))
-    return
+    return settle
   }
   await store.finishLine(
     line.batchId,
@@ -221,18 +267,49 @@ async function transient(line: BatchLine, reqId: number, why: string) {
       error: { code: 'upstream_error', message: why },
     }),
   )
+  return settle
 }
 
 async function validate(batchId: string) {
   const batch = await store.getBatch(batchId)
   if (!batch) return
-  const text = await files.contents.text(batch.inputFileId)
+  let text: string
+  try {
+    text = await files.contents.text(batch.inputFileId)
+  } catch {
+    // The input file is gone (deleted right after the batch was created): fail the batch, do
+    // not leave it validating.
+    post({
+      t: 'validated',
+      batchId,
+      total: 0,
+      estimateNano: 0n,
+      errors: [
+        {
+          code: 'file_not_found',
+          line: null,
+          message: 'the input file could not be read',
+          param: 'input_file_id',
+        },
+      ],
+    })
+    return
+  }
   const { lines, estimateNano, errors } = validateFile(batchId, batch.endpoint, text, models)
   if (errors.length === 0) await store.enqueueLines(lines)
   post({ t: 'validated', batchId, total: lines.length, estimateNano, errors })
 }
 
 async function finalize(batchId: string, status: BatchStatus) {
+  // Always answer, so the scheduler can try again at its next tick if this failed.
+  try {
+    await writeResults(batchId, status)
+  } finally {
+    post({ t: 'finalized', batchId })
+  }
+}
+
+async function writeResults(batchId: string, status: BatchStatus) {
   const batch = await store.getBatch(batchId)
   if (!batch) return
   const ok = await store.lineResults(batchId, true)
@@ -261,5 +338,4 @@ async function finalize(batchId: string, status: BatchStatus) {
     costNano: await store.batchCostNano(batchId),
     ...stamp,
   })
-  post({ t: 'finalized', batchId })
 }

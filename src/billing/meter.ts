@@ -10,6 +10,8 @@ export interface Reservation {
   readonly org: LiveOrg
   readonly amountNano: NanoRub
   done: boolean
+  /** Cluster meter: the key's room was debited too (the key had a limit at reservation). */
+  keyDebited?: boolean
 }
 
 export type Settlement = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'costNano'> & {
@@ -62,8 +64,8 @@ export class Meter implements MoneyMeter {
     if (r.done) return 0n
     r.done = true
     if (!this.enabled) return 0n
-    // biome-ignore lint/complexity/useMathMinMax: Math.min does not take bigint
-    const charged = s.costNano > r.amountNano ? r.amountNano : s.costNano
+    const cost = s.costNano < 0n ? 0n : s.costNano
+    const charged = cost > r.amountNano ? r.amountNano : cost
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano
     r.key.spentNano += charged

@@ -77,7 +77,7 @@ export class SharedMeter implements MoneyMeter {
       if (verdict === 'OK') {
         key.reservedNano += amountNano
         org.reservedNano += amountNano
-        return { key, org, amountNano, done: false }
+        return { key, org, amountNano, done: false, keyDebited: limited }
       }
       if (verdict === 'KEY') throw keyLimitReached()
       if (verdict === 'ORG') throw insufficientBalance()
@@ -89,8 +89,8 @@ export class SharedMeter implements MoneyMeter {
   settle(r: Reservation, s: Settlement): NanoRub {
     if (r.done) return 0n
     r.done = true
-    // biome-ignore lint/complexity/useMathMinMax: Math.min does not take bigint
-    const charged = s.costNano > r.amountNano ? r.amountNano : s.costNano
+    const cost = s.costNano < 0n ? 0n : s.costNano
+    const charged = cost > r.amountNano ? r.amountNano : cost
     this.refund(r, r.amountNano - charged)
     r.key.spentNano += charged
     r.org.balanceNano -= charged
@@ -126,7 +126,7 @@ export class SharedMeter implements MoneyMeter {
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano
     if (amount === 0n) return
-    if (r.key.limitNano !== null) void this.incr(this.keyRoom(r.key.id), amount)
+    if (r.keyDebited) void this.incr(this.keyRoom(r.key.id), amount)
     void this.incr(this.orgRoom(r.org.id), amount)
   }
 

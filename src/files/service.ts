@@ -1,4 +1,4 @@
-import { Readable } from 'node:stream'
+import { pipeline, Readable } from 'node:stream'
 import busboy from 'busboy'
 import { InvalidValue, NotFound, PayloadTooLarge, UnsupportedMediaType } from '../errors.ts'
 import { sortableId } from '../ids.ts'
@@ -131,6 +131,12 @@ export class FilesService {
           failure = new PayloadTooLarge(maxBytes)
         })
         pending = new Promise<void>((done) => {
+          // The client went away mid-part: close the file; pipeline's callback below rejects the
+          // upload (an unobserved 'error' event would crash the process).
+          stream.on('error', async () => {
+            await out.end().catch(() => {})
+            done()
+          })
           stream.on('end', async () => {
             await out.end()
             if (last !== 10 && bytes > 0) lines++ // a last line without its newline
@@ -166,7 +172,19 @@ export class FilesService {
         reject(new InvalidValue('the request has no body', 'file'))
         return
       }
-      Readable.fromWeb(request.body as import('node:stream/web').ReadableStream).pipe(parser)
+      // pipeline, not pipe: a client that drops the connection mid-upload must reject this
+      // upload, not crash the process with an unhandled stream error.
+      pipeline(
+        Readable.fromWeb(request.body as import('node:stream/web').ReadableStream),
+        parser,
+        async (err) => {
+          if (!err) return
+          failure ??= new InvalidValue('the upload was interrupted', 'file')
+          await pending
+          if (up.file) await this.contents.remove(up.file.id)
+          reject(failure)
+        },
+      )
     })
   }
 }

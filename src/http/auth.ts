@@ -3,16 +3,20 @@ import type { LiveOrg, Principal } from '../identity/live.ts'
 import type { Payer } from '../pipeline/chat.ts'
 import type { Services } from '../services.ts'
 
+// The body parser authenticates first (401 before reading a body); derive then reuses it.
+const seen = new WeakMap<Request, Principal>()
+
 /** An Elysia `derive`: who is calling. Throws 401 before validation runs. */
 export const authenticate =
   (svc: Services) =>
   async ({ request }: { request: Request }): Promise<{ principal: Principal }> => ({
-    principal: await svc.identity.authenticateShared(request.headers.get('authorization')),
+    principal:
+      seen.get(request) ?? (await svc.identity.authenticateShared(request.headers.get('authorization'))),
   })
 
 /** For body parsers: refuse an unauthenticated request before its body is read. */
 export const authenticateFirst = (svc: Services) => async (request: Request) => {
-  await svc.identity.authenticateShared(request.headers.get('authorization'))
+  seen.set(request, await svc.identity.authenticateShared(request.headers.get('authorization')))
 }
 
 /** Model endpoints take API keys only: they need a key to bill. */

@@ -8,7 +8,7 @@ import { ContextLengthExceeded, InvalidValue, UpstreamFailed, UpstreamTimeout } 
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
-import { ChatStreamRelay, generatedText, sseEvent, type Usage } from '../upstream/sse.ts'
+import { ChatStreamRelay, generatedText, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
 import { dispatch, readBody, type UpstreamDeps } from './dispatch.ts'
 import { countChatPrompt, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
 
@@ -63,11 +63,15 @@ export async function chatCompletion(
   const stream = body.stream === true
   const includeUsage = body.stream_options?.include_usage === true
   const completionId = `chatcmpl-${requestId}`
+  // Only include_usage is forwarded in stream_options (billing reads the usage, and an option
+  // such as continuous_usage_stats changes what it means), and max_tokens always carries the
+  // reserved bound, since some upstreams read only max_tokens.
+  const bound = body.max_tokens ?? body.max_completion_tokens ?? maxOut
   const upstreamBody = (upstreamModel: string) =>
     JSON.stringify(
       stream
-        ? { ...body, model: upstreamModel, stream_options: { ...body.stream_options, include_usage: true } }
-        : { ...body, model: upstreamModel },
+        ? { ...body, model: upstreamModel, max_tokens: bound, stream_options: { include_usage: true } }
+        : { ...body, model: upstreamModel, max_tokens: bound },
     )
   const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
   const settle = (c: Candidate, usage: Usage | undefined, completionText: () => string, outcome: string) => {
@@ -107,8 +111,9 @@ export async function chatCompletion(
       deps.pool.end(candidate.node, true)
       value.id = completionId
       value.model = model.id
-      const charged = settle(candidate, value.usage, () => completionTextOf(value), 'ok')
-      if (value.usage) value.usage.cost_rub = nanoToRubNumber(charged)
+      const usage = sanitizeUsage(value.usage)
+      const charged = settle(candidate, usage, () => completionTextOf(value), 'ok')
+      if (usage) usage.cost_rub = nanoToRubNumber(charged)
       return Response.json(value, {
         headers: { ...headers(candidate), 'x-tropa-cost-rub': formatRub(charged) },
       })
@@ -229,6 +234,11 @@ async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate
   try {
     const { done, value } = await reader.read()
     if (done || !value) throw new UpstreamFailed(`${c.node.name} closed the stream before its first token`)
+    // An error as the very first event is a failure before the first byte: fail over.
+    if (/^data:\s*\{\s*"error"/.test(new TextDecoder().decode(value.subarray(0, 64)))) {
+      reply.abort(new UpstreamFailed('upstream error event'))
+      throw new UpstreamFailed(`${c.node.name} answered its stream with an error`)
+    }
     return { reply, reader, chunk: value }
   } catch (err) {
     if (err instanceof UpstreamFailed) throw err

@@ -59,7 +59,9 @@ export async function createEmbeddings(
           if (usage) {
             try {
               const u = JSON.parse(usage[1]!) as { prompt_tokens?: unknown }
-              if (typeof u.prompt_tokens === 'number') tokens = u.prompt_tokens
+              // Untrusted: only a whole, non-negative count is billed; otherwise Tropa's own.
+              if (Number.isSafeInteger(u.prompt_tokens) && (u.prompt_tokens as number) >= 0)
+                tokens = u.prompt_tokens as number
             } catch {
               // counted below
             }

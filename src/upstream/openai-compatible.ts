@@ -53,8 +53,21 @@ export class OpenAICompatibleAdapter implements UpstreamAdapter {
       this.watchdog.clear(deadline)
     }
     if (!response.ok) {
-      clientSignal.removeEventListener('abort', onClientAbort)
-      const text = await response.text().catch(() => '')
+      // The error body is read under its own deadline and size cap, with the client's abort
+      // still wired: an upstream that stalls after a 5xx header must not hold the request.
+      const d = this.watchdog.watch(Date.now() + 5_000, () =>
+        controller.abort(new UpstreamTimeout(`${call.route.node} stalled in its error response`)),
+      )
+      let text = ''
+      try {
+        text = await readCapped(response, 64 * 1024)
+      } catch {
+        // classified by status alone
+      } finally {
+        this.watchdog.clear(d)
+        clientSignal.removeEventListener('abort', onClientAbort)
+      }
+      if (clientSignal.aborted) throw clientSignal.reason
       throw classify(call, response.status, text)
     }
     return {
@@ -65,6 +78,26 @@ export class OpenAICompatibleAdapter implements UpstreamAdapter {
       },
     }
   }
+}
+
+/** At most `cap` bytes of a body as text; the rest is not read. */
+async function readCapped(response: Response, cap: number): Promise<string> {
+  const reader = response.body?.getReader()
+  if (!reader) return ''
+  const decoder = new TextDecoder()
+  let text = ''
+  let size = 0
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    size += value.byteLength
+    text += decoder.decode(value, { stream: true })
+    if (size >= cap) {
+      await reader.cancel().catch(() => {})
+      break
+    }
+  }
+  return text
 }
 
 function classify(call: UpstreamCall, status: number, body: string): Error {

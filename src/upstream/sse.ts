@@ -8,6 +8,21 @@ export interface Usage {
   cost_rub?: number
 }
 
+const MAX_TOKENS_REPORTED = 2 ** 31 - 1
+
+/**
+ * Usage as an upstream reports it is untrusted input: only whole, non-negative, sane counts are
+ * billed. Anything else (negative, fractional, text, absurd) is dropped, and Tropa counts itself.
+ */
+export function sanitizeUsage(u: unknown): Usage | undefined {
+  if (!u || typeof u !== 'object') return undefined
+  const { prompt_tokens: p, completion_tokens: c } = u as Record<string, unknown>
+  const ok = (x: unknown): x is number =>
+    Number.isSafeInteger(x) && (x as number) >= 0 && (x as number) <= MAX_TOKENS_REPORTED
+  if (!ok(p) || !ok(c)) return undefined
+  return u as Usage
+}
+
 const ID_FIELD = /"id"\s*:\s*"((?:[^"\\]|\\.)*)"/
 const MODEL_FIELD = /"model"\s*:\s*"((?:[^"\\]|\\.)*)"/
 const encoder = new TextEncoder()
@@ -23,6 +38,8 @@ export class ChatStreamRelay {
   /** An error event the upstream sent mid-stream. */
   upstreamError: unknown
   sawDone = false
+  /** The final usage event was billed. */
+  private settled = false
   /** Events with generated content, kept to count tokens if the stream ends without usage. */
   readonly contentEvents: string[] = []
   private buffer = ''
@@ -80,17 +97,22 @@ export class ChatStreamRelay {
       const parsed = safeParse(payload) as
         | { id?: string; model?: string; usage?: Usage; choices?: unknown[] }
         | undefined
-      if (parsed?.usage && !this.usage) {
-        this.usage = parsed.usage
-        const extra = this.onUsage(parsed.usage)
-        if (!this.includeUsage && Array.isArray(parsed.choices) && parsed.choices.length === 0) return ''
+      const usage = sanitizeUsage(parsed?.usage)
+      // Cumulative usage may ride on every chunk (vLLM's continuous_usage_stats): keep the
+      // latest, and settle only on the final usage event (empty choices) or at the stream's end.
+      if (usage) this.usage = usage
+      const final = Array.isArray(parsed?.choices) && parsed.choices.length === 0
+      if (usage && final && parsed && !this.settled) {
+        this.settled = true
+        const extra = this.onUsage(usage)
+        if (!this.includeUsage) return ''
         // The one event Tropa re-serialises: it adds the cost to the usage object.
-        Object.assign(parsed.usage, extra)
+        Object.assign(usage, extra)
         parsed.id = this.completionId
         parsed.model = this.modelId
         return `data: ${JSON.stringify(parsed)}\n\n`
       }
-      if (!this.includeUsage && Array.isArray(parsed?.choices) && parsed.choices.length === 0) return ''
+      if (!this.includeUsage && final) return ''
     } else if (payload.startsWith('{"error"') || /^\{\s*"error"/.test(payload)) {
       this.upstreamError = safeParse(payload) ?? payload
       return ''

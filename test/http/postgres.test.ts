@@ -57,11 +57,11 @@ describe('on PostgreSQL', () => {
       endpoint: '/v1/chat/completions',
       completion_window: '24h',
     })
-    for (let i = 0; i < 400 && !['completed', 'failed'].includes(b.status); i++) {
+    for (let i = 0; i < 1200 && !['completed', 'failed'].includes(b.status); i++) {
       await Bun.sleep(25)
       b = await client.batches.retrieve(b.id)
     }
     expect(b.status).toBe('completed')
     expect(b.request_counts).toEqual({ total: 20, completed: 20, failed: 0 })
-  }, 30_000)
+  }, 45_000)
 })

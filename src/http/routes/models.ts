@@ -23,7 +23,13 @@ export const modelRoutes = (svc: Services) =>
       ({ principal, params }) => {
         requireReader(principal)
         // Model ids contain a slash (<provider>/<model_name>), so the path is a wildcard.
-        return svc.deps.catalogue.view(decodeURIComponent(params['*']))
+        let id = params['*']
+        try {
+          id = decodeURIComponent(id)
+        } catch {
+          // not valid percent-encoding: no model has such an id
+        }
+        return svc.deps.catalogue.view(id)
       },
       { params: t.Object({ '*': t.String() }), detail: { tags: ['models'], summary: 'One model' } },
     )

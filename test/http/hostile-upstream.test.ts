@@ -1,0 +1,157 @@
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { connect } from 'node:net'
+import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
+
+// An upstream that lies or misbehaves: its usage is untrusted input, and none of this may cost
+// money that was not earned, crash the router, or leak a reservation.
+let mode = 'negative'
+const hostile = Bun.serve({
+  port: 0,
+  hostname: '127.0.0.1',
+  async fetch(req) {
+    const body = (await req.json()) as { stream?: boolean }
+    const chunk = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`
+    const base = { id: 'up', object: 'chat.completion.chunk', created: 1, model: 'm' }
+    if (mode === 'error-first')
+      return new Response(chunk({ error: { message: 'boom' } }), {
+        headers: { 'content-type': 'text/event-stream' },
+      })
+    if (body.stream) {
+      // cumulative usage on every chunk, as vLLM's continuous_usage_stats does
+      let text = ''
+      for (let i = 1; i <= 5; i++)
+        text += chunk({
+          ...base,
+          choices: [{ index: 0, delta: { content: ' word' }, finish_reason: null }],
+          usage: { prompt_tokens: 10, completion_tokens: i, total_tokens: 10 + i },
+        })
+      text += chunk({
+        ...base,
+        choices: [],
+        usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 },
+      })
+      return new Response(`${text}data: [DONE]\n\n`, { headers: { 'content-type': 'text/event-stream' } })
+    }
+    const usage =
+      mode === 'negative'
+        ? { prompt_tokens: 10, completion_tokens: -1_000_000, total_tokens: 0 }
+        : { prompt_tokens: 'abc', completion_tokens: 1.5, total_tokens: 2 }
+    return Response.json({
+      id: 'up',
+      object: 'chat.completion',
+      created: 1,
+      model: 'm',
+      choices: [{ index: 0, message: { role: 'assistant', content: 'hello there' }, finish_reason: 'stop' }],
+      usage,
+    })
+  },
+})
+
+let t: Tropa
+beforeAll(async () => {
+  t = await startTropa({
+    models: (nodes) => [
+      {
+        id: 'test/chat',
+        context_length: 4096,
+        pricing: CHAT_PRICE,
+        routes: [{ name: 'hostile', base_url: `http://127.0.0.1:${hostile.port}/v1` }],
+      },
+      {
+        id: 'test/good',
+        context_length: 4096,
+        pricing: CHAT_PRICE,
+        routes: [{ name: nodes[0]!.name, base_url: nodes[0]!.url }],
+      },
+      {
+        id: 'test/failover',
+        context_length: 4096,
+        pricing: CHAT_PRICE,
+        routes: [
+          { name: 'hostile', base_url: `http://127.0.0.1:${hostile.port}/v1` },
+          { name: nodes[0]!.name, base_url: nodes[0]!.url },
+        ],
+      },
+    ],
+  })
+})
+afterAll(async () => {
+  await t.stop()
+  hostile.stop(true)
+})
+
+const ask = (model: string, extra: Record<string, unknown> = {}) =>
+  t.fetch('/v1/chat/completions', {
+    method: 'POST',
+    body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 50, ...extra }),
+  })
+
+async function usageRows() {
+  await t.svc.ledger.flush()
+  return (await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)).filter((r) => r.kind === 'usage')
+}
+
+describe('a hostile upstream', () => {
+  test('negative or nonsense token counts are not billed as reported: Tropa counts itself', async () => {
+    for (const m of ['negative', 'garbage']) {
+      mode = m
+      const res = await ask('test/chat')
+      expect(res.status).toBe(200)
+      await res.arrayBuffer()
+    }
+    const rows = await usageRows()
+    expect(rows).toHaveLength(2)
+    for (const r of rows) {
+      expect(r.costNano).toBeGreaterThan(0n)
+      expect(r.estimated).toBe(true)
+      expect(r.completionTokens).toBe(2) // " hello there" counted
+    }
+    expect(t.svc.identity.org(t.orgId).reservedNano).toBe(0n)
+  })
+
+  test('cumulative usage on every chunk is billed on the final figure, not the first', async () => {
+    mode = 'stream'
+    const before = (await usageRows()).length
+    const res = await ask('test/chat', {
+      stream: true,
+      stream_options: { include_usage: true, continuous_usage_stats: true },
+    })
+    const text = await res.text()
+    const rows = await usageRows()
+    expect(rows).toHaveLength(before + 1)
+    expect(rows.at(-1)!.completionTokens).toBe(5)
+    expect(text.split('"cost_rub"').length - 1).toBe(1)
+  })
+
+  test('an error as the first stream event fails over to the next node, unbilled', async () => {
+    mode = 'error-first'
+    const before = (await usageRows()).length
+    const res = await ask('test/failover', { stream: true })
+    const text = await res.text()
+    expect(res.status).toBe(200)
+    expect(text.endsWith('data: [DONE]\n\n')).toBe(true)
+    expect(res.headers.get('x-tropa-node')).toBe(t.nodes[0]!.name)
+    const rows = await usageRows()
+    expect(rows).toHaveLength(before + 1)
+    expect(rows.at(-1)!.node).toBe(t.nodes[0]!.name)
+  })
+
+  test('a client that drops an upload mid-way does not take the router down', async () => {
+    const u = new URL(t.url)
+    await new Promise<void>((resolve) => {
+      const s = connect(Number(u.port), u.hostname, () => {
+        s.write(
+          `POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${t.apiKey}\r\nContent-Type: multipart/form-data; boundary=B\r\nContent-Length: 100000\r\n\r\n--B\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n{"a":1}\n`,
+          () =>
+            setTimeout(() => {
+              s.destroy()
+              resolve()
+            }, 50),
+        )
+      })
+    })
+    await Bun.sleep(100)
+    expect((await t.fetch('/health')).status).toBe(200)
+    expect((await ask('test/good')).status).toBe(200)
+  })
+})
