@@ -65,7 +65,7 @@ export class BatchScheduler {
       void this.store.releaseAllLeases().then((n) => {
         if (n > 0) this.log('info', 'batch lines returned to the queue after a restart', { lines: n })
       })
-    this.timer = setInterval(() => this.nudge(), this.settings.tickMs)
+    this.timer = setInterval(() => this.tickSoon(), this.settings.tickMs)
   }
 
   private ensureWorkers() {
@@ -100,10 +100,20 @@ export class BatchScheduler {
   }
 
   private ticking = false
+  /** When the last tick found no batch to move; idle, the store is asked once a second, not every tick. */
+  private idleSinceMs = 0
+  private nudged = false
 
   /** Wakes the scheduler now (a new batch, a cancel) instead of at the next tick. */
   nudge(): void {
+    this.nudged = true
+    this.tickSoon()
+  }
+
+  private tickSoon(): void {
     if (this.ticking) return
+    if (!this.nudged && this.idleSinceMs > 0 && Date.now() - this.idleSinceMs < 1000) return
+    this.nudged = false
     this.ticking = true
     this.tick()
       .catch((err) => this.log('error', 'batch tick failed', { error: String(err) }))
@@ -122,6 +132,8 @@ export class BatchScheduler {
     const now = Math.floor(Date.now() / 1000)
     this.drainQueue() // nodes may have freed up without a batch line ending (interactive traffic left)
     const active = await this.store.batchesInStatus(['validating', 'in_progress', 'cancelling', 'finalizing'])
+    this.idleSinceMs = active.length === 0 ? this.idleSinceMs || Date.now() : 0
+    if (this.idleSinceMs > 0 && Date.now() - this.idleSinceMs >= 1000) this.idleSinceMs = Date.now()
     if (active.length > 0) this.ensureWorkers()
     for (const b of active) {
       // Admission reads this cache; refreshing it here keeps it warm for every running batch.

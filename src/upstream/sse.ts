@@ -113,7 +113,8 @@ export class ChatStreamRelay {
         return `data: ${JSON.stringify(parsed)}\n\n`
       }
       if (!this.includeUsage && final) return ''
-    } else if (payload.startsWith('{"error"') || /^\{\s*"error"/.test(payload)) {
+    } else if (!payload.startsWith('{"id"') && /^\{\s*"error"/.test(payload)) {
+      // (chunks start with "id": the regex runs only on what may be an error event)
       this.upstreamError = safeParse(payload) ?? payload
       return ''
     } else this.contentEvents.push(payload)
