@@ -64,22 +64,9 @@ export class Meter implements MoneyMeter {
     if (r.done) return 0n
     r.done = true
     if (!this.enabled) return 0n
-    const cost = s.costNano < 0n ? 0n : s.costNano
-    const charged = cost > r.amountNano ? r.amountNano : cost
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano
-    r.key.spentNano += charged
-    r.org.balanceNano -= charged
-    r.key.lastUsedAt = Math.floor(s.endedAtMs / 1000)
-    this.ledger.push({
-      ...s,
-      kind: 'usage',
-      orgId: r.org.id,
-      keyId: r.key.id,
-      costNano: charged,
-      outcome: charged < s.costNano ? `${s.outcome}:capped` : s.outcome,
-    })
-    return charged
+    return charge(this.ledger, r, s)
   }
 
   /** Gives the whole reservation back: the request was not billed (it failed upstream, say). */
@@ -89,4 +76,26 @@ export class Meter implements MoneyMeter {
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano
   }
+}
+
+/**
+ * The charge of a settled reservation, shared by both meters: the real cost, never below zero
+ * and never above what was reserved; moved into the live spend and balance, and queued as the
+ * request's ledger row.
+ */
+export function charge(ledger: LedgerWriter, r: Reservation, s: Settlement): NanoRub {
+  const cost = s.costNano < 0n ? 0n : s.costNano
+  const charged = cost > r.amountNano ? r.amountNano : cost
+  r.key.spentNano += charged
+  r.org.balanceNano -= charged
+  r.key.lastUsedAt = Math.floor(s.endedAtMs / 1000)
+  ledger.push({
+    ...s,
+    kind: 'usage',
+    orgId: r.org.id,
+    keyId: r.key.id,
+    costNano: charged,
+    outcome: charged < s.costNano ? `${s.outcome}:capped` : s.outcome,
+  })
+  return charged
 }

@@ -3,7 +3,7 @@ import { insufficientBalance, keyLimitReached, SharedStateUnavailable } from '..
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Store } from '../storage/store.ts'
 import type { LedgerWriter } from './ledger.ts'
-import type { MoneyMeter, Reservation, Settlement } from './meter.ts'
+import { charge, type MoneyMeter, type Reservation, type Settlement } from './meter.ts'
 import type { NanoRub } from './money.ts'
 
 // Check-and-reserve for every node at once, in one atomic Redis script. A "room" is what a key
@@ -89,20 +89,8 @@ export class SharedMeter implements MoneyMeter {
   settle(r: Reservation, s: Settlement): NanoRub {
     if (r.done) return 0n
     r.done = true
-    const cost = s.costNano < 0n ? 0n : s.costNano
-    const charged = cost > r.amountNano ? r.amountNano : cost
+    const charged = charge(this.ledger, r, s)
     this.refund(r, r.amountNano - charged)
-    r.key.spentNano += charged
-    r.org.balanceNano -= charged
-    r.key.lastUsedAt = Math.floor(s.endedAtMs / 1000)
-    this.ledger.push({
-      ...s,
-      kind: 'usage',
-      orgId: r.org.id,
-      keyId: r.key.id,
-      costNano: charged,
-      outcome: charged < s.costNano ? `${s.outcome}:capped` : s.outcome,
-    })
     return charged
   }
 
