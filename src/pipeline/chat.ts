@@ -8,7 +8,7 @@ import { ContextLengthExceeded, InvalidValue, UpstreamFailed, UpstreamTimeout } 
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
-import { ChatStreamRelay, generatedText, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
+import { ChatStreamRelay, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
 import { dispatch, readBody, type UpstreamDeps } from './dispatch.ts'
 import { countChatPrompt, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
 
@@ -136,7 +136,7 @@ export async function chatCompletion(
       cost_rub: nanoToRubNumber(settle(candidate, usage, () => '', 'ok')),
     }))
     const body$ = relayStream(deps, first, relay, candidate, reservation, (usage, outcome) =>
-      settle(candidate, usage, () => generatedText(relay.contentEvents), outcome),
+      settle(candidate, usage, () => relay.generated, outcome),
     )
     return new Response(body$, {
       headers: {

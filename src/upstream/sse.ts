@@ -40,8 +40,11 @@ export class ChatStreamRelay {
   sawDone = false
   /** The final usage event was billed. */
   private settled = false
-  /** Events with generated content, kept to count tokens if the stream ends without usage. */
-  readonly contentEvents: string[] = []
+  /**
+   * The generated text relayed so far (content, tool names and arguments), to count tokens if
+   * the stream ends without usage. Only the text is kept: a few bytes a token, not the events.
+   */
+  generated = ''
   private buffer = ''
   private readonly decoder = new TextDecoder()
   private idFrom: string | undefined
@@ -117,7 +120,7 @@ export class ChatStreamRelay {
       // (chunks start with "id": the regex runs only on what may be an error event)
       this.upstreamError = safeParse(payload) ?? payload
       return ''
-    } else this.contentEvents.push(payload)
+    } else this.generated += deltaText(payload)
     return this.rewrite(text)
   }
 
@@ -135,27 +138,21 @@ export class ChatStreamRelay {
   }
 }
 
-/** Text generated in the events relayed so far (content and tool-call arguments), for counting. */
-export function generatedText(events: readonly string[]): string {
+const DELTA_TEXT = /"(?:content|arguments|name)"\s*:\s*"((?:[^"\\]|\\.)*)"/g
+
+/**
+ * The generated text of one chunk (content, tool-call names and arguments), read with a regex
+ * rather than a parse of the whole chunk. `name` can only be a tool's name inside a chunk's delta.
+ */
+export function deltaText(payload: string): string {
   let text = ''
-  for (const e of events) {
-    const chunk = safeParse(e) as
-      | {
-          choices?: {
-            delta?: {
-              content?: unknown
-              tool_calls?: { function?: { arguments?: unknown; name?: unknown } }[]
-            }
-          }[]
-        }
-      | undefined
-    for (const c of chunk?.choices ?? []) {
-      const d = c.delta
-      if (typeof d?.content === 'string') text += d.content
-      for (const t of d?.tool_calls ?? []) {
-        if (typeof t.function?.name === 'string') text += t.function.name
-        if (typeof t.function?.arguments === 'string') text += t.function.arguments
-      }
+  for (const m of payload.matchAll(DELTA_TEXT)) {
+    const raw = m[1]!
+    if (raw.length === 0) continue
+    try {
+      text += raw.includes('\\') ? (JSON.parse(`"${raw}"`) as string) : raw
+    } catch {
+      text += raw
     }
   }
   return text
