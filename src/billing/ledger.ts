@@ -1,4 +1,10 @@
-import type { LedgerEntry, Store } from '../storage/store.ts'
+import type { LedgerEntry } from '../storage/store.ts'
+
+/** Where flushed rows go: the store itself, or a thread writing to it (ledger-sink.ts). */
+export interface LedgerSink {
+  recordLedger(entries: readonly LedgerEntry[]): Promise<void>
+  close?(): Promise<void>
+}
 
 /**
  * Group commit of ledger rows, off the request path: settlements queue here and are written in
@@ -9,12 +15,27 @@ export class LedgerWriter {
   private queue: LedgerEntry[] = []
   private timer: ReturnType<typeof setInterval> | undefined
   private flushing: Promise<void> = Promise.resolve()
+  /** Rows of the write under way (neither queued nor written yet). */
+  private writing = 0
+  private lastErrorMs = 0
 
   constructor(
-    private readonly store: Store,
+    private readonly store: LedgerSink,
     private readonly flushIntervalMs: number,
     private readonly onError: (err: unknown) => void,
+    /** Rows this writer may hold unwritten; past it `full()` says so and billing refuses new requests. */
+    private readonly maxQueued = Number.POSITIVE_INFINITY,
   ) {}
+
+  /** Rows waiting to be written (the store is slow or unreachable). */
+  get backlog(): number {
+    return this.queue.length + this.writing
+  }
+
+  /** The queue is at its bound: new billed requests must be refused until the store catches up. */
+  full(): boolean {
+    return this.queue.length + this.writing >= this.maxQueued
+  }
 
   start(): void {
     this.timer ??= setInterval(() => void this.flush(), this.flushIntervalMs)
@@ -30,12 +51,20 @@ export class LedgerWriter {
       if (this.queue.length === 0) return
       const batch = this.queue
       this.queue = []
+      this.writing = batch.length
       try {
         await this.store.recordLedger(batch)
       } catch (err) {
         // Keep the rows: the next flush retries them, and recordLedger skips any already written.
         this.queue = batch.concat(this.queue)
-        this.onError(err)
+        // While the store is away every flush fails: say so once every few seconds, not each time.
+        const now = Date.now()
+        if (now - this.lastErrorMs >= 5000) {
+          this.lastErrorMs = now
+          this.onError(err)
+        }
+      } finally {
+        this.writing = 0
       }
     })
     return this.flushing
@@ -45,5 +74,6 @@ export class LedgerWriter {
     if (this.timer) clearInterval(this.timer)
     this.timer = undefined
     await this.flush()
+    await this.store.close?.()
   }
 }

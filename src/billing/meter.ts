@@ -1,4 +1,4 @@
-import { insufficientBalance, keyLimitReached } from '../errors.ts'
+import { insufficientBalance, keyLimitReached, SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { LedgerEntry } from '../storage/store.ts'
 import type { LedgerWriter } from './ledger.ts'
@@ -12,6 +12,8 @@ export interface Reservation {
   done: boolean
   /** Cluster meter: the key's room was debited too (the key had a limit at reservation). */
   keyDebited?: boolean
+  /** Cluster meter: the reservation's field in this node's hash of holds in Redis. */
+  hold?: string
 }
 
 export type Settlement = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'costNano'> & {
@@ -47,6 +49,8 @@ export class Meter implements MoneyMeter {
   /** Holds the worst-case cost, or throws 402 (key limit first, then balance). */
   reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Reservation {
     if (!this.enabled) return { key, org, amountNano: 0n, done: false }
+    // The ledger cannot take more unwritten rows: serving now would spend without a record.
+    if (this.ledger.full()) throw new SharedStateUnavailable()
     if (key.limitNano !== null && key.spentNano + key.reservedNano + amountNano > key.limitNano)
       throw keyLimitReached()
     if (org.balanceNano - org.reservedNano - amountNano < 0n) throw insufficientBalance()

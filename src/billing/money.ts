@@ -40,16 +40,20 @@ export function perMillionToPerTokenNano(text: string): NanoRub | undefined {
   return perMillion / 1_000_000n
 }
 
-/** Nano-roubles as decimal text with exactly `digits` fractional digits, rounding half up. */
+const POW10 = Array.from({ length: 10 }, (_, i) => 10n ** BigInt(i))
+
+/** Nano-roubles as decimal text with exactly `digits` (0-9) fractional digits, rounding half up. */
 export function formatRub(nano: NanoRub, digits = 6): string {
   const negative = nano < 0n
   let abs = negative ? -nano : nano
-  const unit = 10n ** BigInt(9 - digits)
-  abs = (abs + unit / 2n) / unit
-  const scale = 10n ** BigInt(digits)
-  const whole = abs / scale
-  const frac = (abs % scale).toString().padStart(digits, '0')
-  return `${negative ? '-' : ''}${whole}${digits > 0 ? `.${frac}` : ''}`
+  if (digits < 9) {
+    const unit = POW10[9 - digits]!
+    abs = (abs + unit / 2n) / unit
+  }
+  // One bigint-to-text conversion, then the decimal point goes in by string slicing.
+  const text = abs.toString().padStart(digits + 1, '0')
+  const cut = text.length - digits
+  return `${negative ? '-' : ''}${text.slice(0, cut)}${digits > 0 ? `.${text.slice(cut)}` : ''}`
 }
 
 /** The JSON number shown for an amount (`limit_rub`, `spent_rub`, ...): six fractional digits at most. */

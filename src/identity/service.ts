@@ -98,6 +98,7 @@ export class IdentityService {
     if (this.adminHash !== undefined && hash === this.adminHash) return { kind: 'admin' }
     const key = this.byHash.get(hash)
     if (!key) throw invalidApiKey()
+    this.rememberHeader(authorization!, hash)
     return this.principalOf(key)
   }
 
@@ -122,7 +123,13 @@ export class IdentityService {
           throw invalidApiKey()
         }
         key = await this.adopt(rec)
-      } else if (!this.bus.healthy() && now - (this.confirmedAt.get(key.id) ?? 0) > this.boundMs / 2) {
+        this.confirmedAt.set(key.id, now)
+      } else if (
+        this.bus.healthy()
+          ? // Events sent while this node was not listening are lost: confirm once after (re)subscribing.
+            (this.confirmedAt.get(key.id) ?? 0) < this.bus.listeningSinceMs()
+          : now - (this.confirmedAt.get(key.id) ?? 0) > this.boundMs / 2
+      ) {
         const rec = await this.store.getKey(key.id)
         if (rec) this.apply(key, rec)
         this.confirmedAt.set(key.id, now)
@@ -131,10 +138,25 @@ export class IdentityService {
       if (err instanceof TropaError) throw err
       throw new SharedStateUnavailable()
     }
+    this.rememberHeader(authorization!, hash)
     return this.principalOf(key)
   }
 
+  /**
+   * Headers of known keys and their hashes, so a key's every request does not pay for SHA-256.
+   * Only headers that named a real key get in (random tokens cannot churn it); a key's status is
+   * still read on every request, so revocation is unaffected.
+   */
+  private readonly hashMemo = new Map<string, string>()
+
+  private rememberHeader(authorization: string, hash: string): void {
+    if (this.hashMemo.size >= 10_000) this.hashMemo.clear()
+    this.hashMemo.set(authorization, hash)
+  }
+
   private hashOf(authorization: string | null | undefined): string {
+    const memo = authorization ? this.hashMemo.get(authorization) : undefined
+    if (memo !== undefined) return memo
     if (!authorization || authorization.trim().toLowerCase() === 'bearer') throw missingApiKey()
     if (authorization.length < 8 || authorization.slice(0, 7).toLowerCase() !== 'bearer ')
       throw invalidApiKey()

@@ -196,7 +196,14 @@ export interface Store {
    */
   retryLine(batchId: string, line: number, notBeforeMs: number, notAnAttempt?: boolean): Promise<void>
   /** Writes a line's final result once and counts it in its batch; false if it was already final. */
-  finishLine(batchId: string, line: number, ok: boolean, result: string): Promise<boolean>
+  finishLine(
+    batchId: string,
+    line: number,
+    ok: boolean,
+    result: string,
+    /** The line's ledger row, written in the same transaction: a kill cannot leave a finished line unbilled. */
+    bill?: LedgerEntry,
+  ): Promise<boolean>
   /** Fails the unfinished lines of a batch (only the pending ones if asked) with this result. */
   failOpenLines(batchId: string, result: (l: BatchLine) => string, onlyPending?: boolean): Promise<number>
   /** Lines still pending or running. */

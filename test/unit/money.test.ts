@@ -1,4 +1,5 @@
 import { describe, expect, test } from 'bun:test'
+import { packRows, unpackRows } from '../../src/billing/ledger-sink.ts'
 import {
   batchCostNano,
   costNano,
@@ -8,6 +9,7 @@ import {
   perMillionToPerTokenNano,
   rubNumberToNano,
 } from '../../src/billing/money.ts'
+import type { LedgerEntry } from '../../src/storage/store.ts'
 
 describe('money', () => {
   test('parseRub is exact and refuses rounding', () => {
@@ -60,5 +62,45 @@ describe('money', () => {
     expect(batchCostNano(one)).toBe(500n)
     expect(batchCostNano(one) * 2n).toBe(one)
     expect(batchCostNano(42_000_000n)).toBe(21_000_000n)
+  })
+})
+
+describe('ledger rows posted to the ledger thread', () => {
+  test('pack and unpack keep every field, amounts exact', () => {
+    const rows: LedgerEntry[] = [
+      {
+        requestId: 'r1',
+        kind: 'usage',
+        orgId: 'o',
+        keyId: 'k',
+        model: 'm/x',
+        node: 'n1',
+        promptTokens: 12,
+        completionTokens: 7,
+        costNano: 123_456_789_012_345_678_901n,
+        batchId: null,
+        startedAtMs: 1,
+        endedAtMs: 2,
+        outcome: 'ok:capped',
+        estimated: true,
+      },
+      {
+        requestId: 'c1',
+        kind: 'credit',
+        orgId: 'o',
+        keyId: null,
+        model: null,
+        node: null,
+        promptTokens: 0,
+        completionTokens: 0,
+        costNano: 1n,
+        batchId: 'b',
+        startedAtMs: 3,
+        endedAtMs: 4,
+        outcome: 'ok',
+        estimated: false,
+      },
+    ]
+    expect(unpackRows(packRows(rows))).toEqual(rows)
   })
 })

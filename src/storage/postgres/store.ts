@@ -26,6 +26,9 @@ export interface PgOptions {
   readonly statementTimeoutMs?: number
 }
 
+/** Advisory lock key held while migrating ("tropa" in ASCII). */
+const MIGRATION_LOCK = 0x74726f7061
+
 /** Connects (failing clearly when the server is unreachable) and applies the embedded migrations. */
 export async function openPostgresStore(o: PgOptions): Promise<PostgresStore> {
   const client = new SQL({
@@ -46,15 +49,27 @@ export async function openPostgresStore(o: PgOptions): Promise<PostgresStore> {
     dialect: { migrate(m: unknown, s: unknown, c: unknown): Promise<void> }
     session: unknown
   }
-  await internals.dialect.migrate(embeddedPgMigrations(), internals.session, {
-    migrationsFolder: '(embedded)',
-  })
+  // Nodes starting together on a fresh database would race to create the same tables: one
+  // migrates while the others wait on a session lock, then find nothing left to do.
+  const lock = await client.reserve()
+  try {
+    await lock`SELECT pg_advisory_lock(${MIGRATION_LOCK})`
+    await internals.dialect.migrate(embeddedPgMigrations(), internals.session, {
+      migrationsFolder: '(embedded)',
+    })
+  } finally {
+    await lock`SELECT pg_advisory_unlock(${MIGRATION_LOCK})`.catch(() => {})
+    lock.release()
+  }
   return new PostgresStore(client, db)
 }
 
 function redact(url: string): string {
   return url.replace(/\/\/([^:/@]+):([^@]+)@/, '//$1:***@')
 }
+
+/** Rows per INSERT statement of a ledger flush (14 parameters each; PostgreSQL allows 65,535). */
+const LEDGER_ROWS_PER_INSERT = 1000
 
 export class PostgresStore implements Store {
   constructor(
@@ -131,34 +146,101 @@ export class PostgresStore implements Store {
     return this.db.select().from(schema.orgs)
   }
 
+  /**
+   * A flush of ledger rows in one transaction: one multi-row INSERT (rows already present, a
+   * replay, are skipped and reported back), then one UPDATE per organization and per key with
+   * the summed effect of the rows that went in. Plain SQL: building a Drizzle query per row cost
+   * more CPU than the round trips.
+   */
   async recordLedger(entries: readonly LedgerEntry[]) {
     if (entries.length === 0) return
-    const { keys, orgs, ledger } = schema
-    await this.db.transaction(async (tx) => {
-      for (const e of entries) {
-        const [inserted] = await tx
-          .insert(ledger)
-          .values({ ...e, estimated: e.estimated ? 1 : 0 })
-          .onConflictDoNothing()
-          .returning({ id: ledger.requestId })
-        if (!inserted) continue // already billed: a replay
-        const sign = e.kind === 'credit' ? sql`+` : sql`-`
-        await tx
-          .update(orgs)
-          .set({ balanceNano: sql`${orgs.balanceNano} ${sign} ${e.costNano}` })
-          .where(eq(orgs.id, e.orgId))
+    await this.client.begin(async (tx) => {
+      const byId = new Map<string, LedgerEntry>()
+      for (const e of entries) byId.set(e.requestId, e)
+      const rows = [...byId.values()]
+      const inserted: LedgerEntry[] = []
+      for (let start = 0; start < rows.length; start += LEDGER_ROWS_PER_INSERT) {
+        const chunk = rows.slice(start, start + LEDGER_ROWS_PER_INSERT)
+        const params: unknown[] = []
+        const tuples = chunk.map((e) => {
+          const n = params.length
+          params.push(
+            e.requestId,
+            e.kind,
+            e.orgId,
+            e.keyId,
+            e.model,
+            e.node,
+            e.promptTokens,
+            e.completionTokens,
+            e.costNano.toString(),
+            e.batchId,
+            e.startedAtMs,
+            e.endedAtMs,
+            e.outcome,
+            e.estimated ? 1 : 0,
+          )
+          return `(${Array.from({ length: 14 }, (_, i) => `$${n + i + 1}`).join(',')})`
+        })
+        const done = (await tx.unsafe(
+          `INSERT INTO ledger (request_id, kind, org_id, key_id, model, node, prompt_tokens, completion_tokens,
+             cost_nano, batch_id, started_at_ms, ended_at_ms, outcome, estimated)
+           VALUES ${tuples.join(',')} ON CONFLICT (request_id) DO NOTHING RETURNING request_id`,
+          params,
+        )) as { request_id: string }[]
+        for (const r of done) inserted.push(byId.get(r.request_id)!)
+      }
+      const orgDelta = new Map<string, bigint>()
+      const keyDelta = new Map<string, { spent: bigint; usedAt: number }>()
+      for (const e of inserted) {
+        orgDelta.set(
+          e.orgId,
+          (orgDelta.get(e.orgId) ?? 0n) + (e.kind === 'credit' ? e.costNano : -e.costNano),
+        )
         if (e.kind === 'usage' && e.keyId) {
-          const usedAt = Math.floor(e.endedAtMs / 1000)
-          await tx
-            .update(keys)
-            .set({
-              spentNano: sql`${keys.spentNano} + ${e.costNano}`,
-              lastUsedAt: sql`greatest(coalesce(${keys.lastUsedAt}, 0), ${usedAt})`,
-            })
-            .where(eq(keys.id, e.keyId))
+          const k = keyDelta.get(e.keyId) ?? { spent: 0n, usedAt: 0 }
+          k.spent += e.costNano
+          k.usedAt = Math.max(k.usedAt, Math.floor(e.endedAtMs / 1000))
+          keyDelta.set(e.keyId, k)
         }
       }
+      for (const [id, delta] of orgDelta)
+        await tx.unsafe('UPDATE orgs SET balance_nano = balance_nano + $1::bigint WHERE id = $2', [
+          delta.toString(),
+          id,
+        ])
+      for (const [id, k] of keyDelta)
+        await tx.unsafe(
+          'UPDATE keys SET spent_nano = spent_nano + $1::bigint, last_used_at = greatest(coalesce(last_used_at, 0), $2) WHERE id = $3',
+          [k.spent.toString(), k.usedAt, id],
+        )
     })
+  }
+
+  /** One ledger row and its effect on the balance and the key's spend, unless already written. */
+  private async writeLedgerRow(tx: Parameters<Parameters<Db['transaction']>[0]>[0], e: LedgerEntry) {
+    const { keys, orgs, ledger } = schema
+    const [inserted] = await tx
+      .insert(ledger)
+      .values({ ...e, estimated: e.estimated ? 1 : 0 })
+      .onConflictDoNothing()
+      .returning({ id: ledger.requestId })
+    if (!inserted) return // already billed: a replay
+    const sign = e.kind === 'credit' ? sql`+` : sql`-`
+    await tx
+      .update(orgs)
+      .set({ balanceNano: sql`${orgs.balanceNano} ${sign} ${e.costNano}` })
+      .where(eq(orgs.id, e.orgId))
+    if (e.kind === 'usage' && e.keyId) {
+      const usedAt = Math.floor(e.endedAtMs / 1000)
+      await tx
+        .update(keys)
+        .set({
+          spentNano: sql`${keys.spentNano} + ${e.costNano}`,
+          lastUsedAt: sql`greatest(coalesce(${keys.lastUsedAt}, 0), ${usedAt})`,
+        })
+        .where(eq(keys.id, e.keyId))
+    }
   }
 
   async ledgerForOrg(orgId: string, fromMs: number, toMs: number) {
@@ -317,7 +399,7 @@ export class PostgresStore implements Store {
       .where(and(eq(l.batchId, batchId), eq(l.line, line), eq(l.status, 'running')))
   }
 
-  async finishLine(batchId: string, line: number, ok: boolean, result: string) {
+  async finishLine(batchId: string, line: number, ok: boolean, result: string, bill?: LedgerEntry) {
     const l = schema.batchLines
     const b = schema.batches
     return this.db.transaction(async (tx) => {
@@ -327,6 +409,7 @@ export class PostgresStore implements Store {
         .where(and(eq(l.batchId, batchId), eq(l.line, line), inArray(l.status, ['pending', 'running'])))
         .returning({ line: l.line })
       if (!row) return false
+      if (bill) await this.writeLedgerRow(tx, bill)
       await tx
         .update(b)
         .set(ok ? { completed: sql`${b.completed} + 1` } : { failed: sql`${b.failed} + 1` })

@@ -117,6 +117,10 @@ export class SqliteStore implements Store {
   }
 
   async recordLedger(entries: readonly LedgerEntry[]) {
+    this.writeLedger(entries)
+  }
+
+  private writeLedger(entries: readonly LedgerEntry[]) {
     if (entries.length === 0) return
     this.ledgerStatements ??= {
       insert: this.client.prepare(
@@ -328,7 +332,7 @@ export class SqliteStore implements Store {
       .run()
   }
 
-  async finishLine(batchId: string, line: number, ok: boolean, result: string) {
+  async finishLine(batchId: string, line: number, ok: boolean, result: string, bill?: LedgerEntry) {
     const l = schema.batchLines
     const b = schema.batches
     return this.db.transaction((tx) => {
@@ -339,6 +343,7 @@ export class SqliteStore implements Store {
         .returning({ line: l.line })
         .get()
       if (!row) return false
+      if (bill) this.writeLedger([bill])
       tx.update(b)
         .set(ok ? { completed: sql`${b.completed} + 1` } : { failed: sql`${b.failed} + 1` })
         .where(eq(b.id, batchId))

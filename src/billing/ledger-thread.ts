@@ -1,0 +1,32 @@
+/// <reference lib="webworker" />
+// Entry point of the ledger thread (an entry of the compiled executable): writes flushed ledger
+// rows into the SQLite file with a connection of its own. See ThreadLedgerSink.
+import { openSqliteStore, type SqliteStore } from '../storage/sqlite/store.ts'
+import { type FromLedgerThread, type ToLedgerThread, unpackRows } from './ledger-sink.ts'
+
+declare const self: Worker
+let store: SqliteStore | undefined
+
+self.onmessage = async (ev: MessageEvent<ToLedgerThread>) => {
+  const m = ev.data
+  if (m.t === 'init') {
+    store = openSqliteStore(m.path)
+    return
+  }
+  const reply = (error?: string) =>
+    self.postMessage(
+      (error === undefined
+        ? { t: 'done', id: m.id }
+        : { t: 'done', id: m.id, error }) satisfies FromLedgerThread,
+    )
+  try {
+    if (m.t === 'write') await store!.recordLedger(unpackRows(m.rows))
+    else {
+      await store?.close()
+      store = undefined
+    }
+    reply()
+  } catch (err) {
+    reply(String(err))
+  }
+}
