@@ -1,5 +1,5 @@
 import { RedisClient } from 'bun'
-import { insufficientBalance, keyLimitReached, SharedStateUnavailable } from '../errors.ts'
+import { insufficientBalance, keyLimitReached, SharedStateUnavailable, TropaError } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Store } from '../storage/store.ts'
 import type { LedgerWriter } from './ledger.ts'
@@ -8,9 +8,15 @@ import type { NanoRub } from './money.ts'
 
 // Check-and-reserve for every node at once, in one atomic Redis script. A "room" is what a key
 // (limit - spent - reserved) or an organization (balance - reserved) may still commit, in
-// nano-roubles. Redis integers are 64-bit and exact, but Lua numbers are doubles, so the script
-// compares decimal strings instead of converting them.
-const RESERVE = `
+// nano-roubles. Redis integers are 64-bit and exact, but Lua numbers are doubles, so the scripts
+// compare decimal strings and leave every sum to INCRBY/DECRBY.
+//
+// Each node also keeps its holds (reservations in flight) in a hash of its own, written by the
+// same script, and a heartbeat key that lives `leaseMs`. Invariant: a room equals its base
+// (limit - spent, or balance) minus exactly the holds listed in the nodes' hashes that name it.
+// A hold is "amount room [room]", so any node can give it back: when a node's heartbeat has
+// expired, the next sweep by any node refunds its holds and deletes its hash in one script.
+const LESS = `
 local function less(a, b)
   local na, nb = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
   if na ~= nb then return na end
@@ -20,6 +26,11 @@ local function less(a, b)
   if na then return (not r) and a ~= b end
   return r
 end
+`
+
+// KEYS: key room, org room, this node's holds, this node's heartbeat. ARGV: amount, limited, hold id.
+const RESERVE = `${LESS}
+if redis.call('EXISTS', KEYS[4]) == 0 then return 'ALIVE' end
 local amount = ARGV[1]
 if ARGV[2] == '1' then
   local k = redis.call('GET', KEYS[1])
@@ -29,47 +40,199 @@ end
 local o = redis.call('GET', KEYS[2])
 if not o then return 'MISS_ORG' end
 if less(o, amount) then return 'ORG' end
-if ARGV[2] == '1' then redis.call('DECRBY', KEYS[1], amount) end
+if ARGV[2] == '1' then
+  redis.call('DECRBY', KEYS[1], amount)
+  redis.call('HSET', KEYS[3], ARGV[3], amount .. ' ' .. KEYS[1] .. ' ' .. KEYS[2])
+else
+  redis.call('HSET', KEYS[3], ARGV[3], amount .. ' ' .. KEYS[2])
+end
 redis.call('DECRBY', KEYS[2], amount)
 return 'OK'
 `
+
+// Settlement or release. KEYS: this node's holds, then the rooms. ARGV: hold id, what goes back
+// if the hold is still listed (amount - charged), what to take if it is not (-charged: a sweep
+// already gave the whole hold back, or Redis lost it and the rooms were rebuilt without it).
+const SETTLE = `
+local d = ARGV[3]
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then d = ARGV[2] end
+if d ~= '0' then
+  for i = 2, #KEYS do
+    if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], d) end
+  end
+end
+return 0
+`
+
+// This node's heartbeat. KEYS: heartbeat, set of nodes, epoch. ARGV: lease ms, node id, fresh.
+// Returns 1 if the heartbeat was still there (0: this node was swept, or Redis lost its data).
+// The epoch marks when Redis (re)started empty: rooms are rebuilt only once every live node has
+// had a heartbeat to list its holds again. '0' for a cluster's very first start (nothing in flight).
+const HEARTBEAT = `
+local had = redis.call('EXISTS', KEYS[1])
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[2])
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  if ARGV[3] == '1' then redis.call('SET', KEYS[3], '0') else
+    local t = redis.call('TIME')
+    redis.call('SET', KEYS[3], string.format('%.0f', t[1] * 1000 + math.floor(t[2] / 1000)))
+  end
+end
+return had
+`
+
+// Lists this node's holds again after its hash was lost (swept while it stalled, or Redis lost
+// its data): each missing hold is written and taken from the rooms that exist (a missing room
+// counts it when rebuilt). KEYS: this node's holds. ARGV: pairs of hold id and hold.
+const RELIST = `
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    n = n + 1
+    local amount
+    for w in string.gmatch(ARGV[i + 1], '%S+') do
+      if not amount then amount = w elseif redis.call('EXISTS', w) == 1 then redis.call('DECRBY', w, amount) end
+    end
+  end
+end
+return n
+`
+
+// Gives back the holds of every node whose heartbeat expired, and forgets the node; atomic, so
+// each hold is refunded once whichever nodes sweep. KEYS: set of nodes. ARGV: prefix.
+const SWEEP = `
+local n = 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('EXISTS', ARGV[1] .. 'alive:' .. id) == 0 then
+    local h = ARGV[1] .. 'held:' .. id
+    local all = redis.call('HGETALL', h)
+    for i = 2, #all, 2 do
+      n = n + 1
+      local amount
+      for w in string.gmatch(all[i], '%S+') do
+        if not amount then amount = w elseif redis.call('EXISTS', w) == 1 then redis.call('INCRBY', w, amount) end
+      end
+    end
+    redis.call('DEL', h)
+    redis.call('SREM', KEYS[1], id)
+  end
+end
+return n
+`
+
+// A room missing from Redis, from PostgreSQL's figure minus every hold listed for it.
+// KEYS: room, set of nodes, epoch. ARGV: base, prefix, settling window ms.
+// Returns 'OK', 'EPOCH' (no epoch: heartbeat first) or the milliseconds left to wait.
+const REBUILD = `
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'OK' end
+local e = redis.call('GET', KEYS[3])
+if not e then return 'EPOCH' end
+if e ~= '0' then
+  local t = redis.call('TIME')
+  local age = t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(e)
+  if age < tonumber(ARGV[3]) then return string.format('%.0f', tonumber(ARGV[3]) - age + 1) end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local all = redis.call('HGETALL', ARGV[2] .. 'held:' .. id)
+  for i = 2, #all, 2 do
+    local amount
+    for w in string.gmatch(all[i], '%S+') do
+      if not amount then amount = w elseif w == KEYS[1] then redis.call('DECRBY', KEYS[1], amount) end
+    end
+  end
+end
+return 'OK'
+`
+
+const SCRIPTS = { RESERVE, SETTLE, HEARTBEAT, RELIST, SWEEP, REBUILD }
+type ScriptName = keyof typeof SCRIPTS
+
+export interface SharedMeterOptions {
+  /** A node whose heartbeat is older than this is dead: its holds are given back. */
+  readonly leaseMs?: number
+  /** The ledger's flush interval (a rebuild after a data loss waits for every node's flush). */
+  readonly flushIntervalMs?: number
+  readonly nodeId?: string
+  readonly log?: (level: 'info' | 'warn' | 'error', msg: string, fields?: Record<string, unknown>) => void
+}
 
 /**
  * The meter of a cluster: reservations and refunds live in Redis so the hard limits hold
  * whichever nodes a key's requests hit; the ledger still lands in PostgreSQL through the
  * node's group commit. A room missing from Redis (first use, or Redis lost its data) is
- * rebuilt from PostgreSQL. If Redis cannot be reached, requests are refused with 503 rather
- * than admitted unchecked.
+ * rebuilt from PostgreSQL and the holds every node lists. If Redis cannot be reached, requests
+ * are refused with 503 rather than admitted unchecked. The holds of a node that died are given
+ * back within `leaseMs` plus one sweep (a quarter of it) by whichever node sweeps first.
  */
 export class SharedMeter implements MoneyMeter {
   private readonly redis: RedisClient
-  private sha: string | undefined
+  private readonly sha = new Map<ScriptName, string>()
+  readonly nodeId: string
+  private readonly leaseMs: number
+  private readonly tickMs: number
+  /** After Redis (re)starts empty, rooms wait this long so every live node can list its holds again. */
+  private readonly settleWindowMs: number
+  private readonly held: string
+  private readonly alive: string
+  private readonly nodes: string
+  private readonly epoch: string
+  private readonly log: NonNullable<SharedMeterOptions['log']>
+  /** This node's reservations in flight, by hold id (listed again if Redis loses them). */
+  private readonly inFlight = new Map<string, Reservation>()
+  /** Settlements Redis did not take (it was unreachable): sent again, in order, when it is back. */
+  private readonly unsent: { keys: string[]; args: string[] }[] = []
+  private seq = 0
+  private timer: ReturnType<typeof setInterval> | undefined
+  private beating: Promise<void> | undefined
+  /** Whether this node has seen the epoch (a missing one after that means Redis lost its data). */
+  private sawEpoch = false
+  private fresh: Promise<boolean> | undefined
+  private connectedOnce = false
 
   constructor(
     url: string,
     private readonly prefix: string,
     private readonly store: Store,
     private readonly ledger: LedgerWriter,
+    o: SharedMeterOptions = {},
   ) {
+    if (/\s/.test(prefix)) throw new Error('redis.prefix must not contain whitespace')
     this.redis = new RedisClient(url, {
       autoReconnect: true,
       maxRetries: 1_000_000,
       enableOfflineQueue: false,
       connectionTimeout: 2000,
     })
+    this.nodeId = o.nodeId ?? `m-${crypto.randomUUID().slice(0, 13)}`
+    this.leaseMs = o.leaseMs ?? 5000
+    this.tickMs = Math.max(50, Math.floor(this.leaseMs / 4))
+    this.settleWindowMs = this.tickMs * 2 + (o.flushIntervalMs ?? 50) * 2 + 100
+    this.log = o.log ?? (() => {})
+    this.held = `${prefix}held:${this.nodeId}`
+    this.alive = `${prefix}alive:${this.nodeId}`
+    this.nodes = `${prefix}nodes`
+    this.epoch = `${prefix}epoch`
+    this.timer = setInterval(() => void this.tick(), this.tickMs)
+    this.timer.unref?.()
   }
 
   private keyRoom = (id: string) => `${this.prefix}room:key:${id}`
   private orgRoom = (id: string) => `${this.prefix}room:org:${id}`
 
   async reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Promise<Reservation> {
+    // The ledger cannot take more unwritten rows (PostgreSQL is away): refuse before spending.
+    if (this.ledger.full()) throw new SharedStateUnavailable()
     const limited = key.limitNano !== null
-    for (let attempt = 0; attempt < 3; attempt++) {
+    const hold = (++this.seq).toString(36)
+    const rooms = [this.keyRoom(key.id), this.orgRoom(org.id)]
+    for (let attempt = 0; attempt < 6; attempt++) {
       let verdict: string
       try {
         verdict = await this.run(
-          [this.keyRoom(key.id), this.orgRoom(org.id)],
-          [amountNano.toString(), limited ? '1' : '0'],
+          'RESERVE',
+          [...rooms, this.held, this.alive],
+          [amountNano.toString(), limited ? '1' : '0', hold],
         )
       } catch {
         throw new SharedStateUnavailable()
@@ -77,11 +240,19 @@ export class SharedMeter implements MoneyMeter {
       if (verdict === 'OK') {
         key.reservedNano += amountNano
         org.reservedNano += amountNano
-        return { key, org, amountNano, done: false, keyDebited: limited }
+        const r: Reservation = { key, org, amountNano, done: false, keyDebited: limited, hold }
+        this.inFlight.set(hold, r)
+        return r
       }
       if (verdict === 'KEY') throw keyLimitReached()
       if (verdict === 'ORG') throw insufficientBalance()
-      await this.rebuild(verdict === 'MISS_KEY' ? 'key' : 'org', key, org)
+      try {
+        if (verdict === 'ALIVE') await this.heartbeat()
+        else await this.rebuild(verdict === 'MISS_KEY' ? 'key' : 'org', key, org)
+      } catch (err) {
+        if (err instanceof TropaError) throw err
+        throw new SharedStateUnavailable()
+      }
     }
     throw new SharedStateUnavailable()
   }
@@ -90,14 +261,14 @@ export class SharedMeter implements MoneyMeter {
     if (r.done) return 0n
     r.done = true
     const charged = charge(this.ledger, r, s)
-    this.refund(r, r.amountNano - charged)
+    this.giveBack(r, charged)
     return charged
   }
 
   release(r: Reservation): void {
     if (r.done) return
     r.done = true
-    this.refund(r, r.amountNano)
+    this.giveBack(r, 0n)
   }
 
   limitChanged(key: LiveKey, before: NanoRub | null, after: NanoRub | null): void {
@@ -110,12 +281,18 @@ export class SharedMeter implements MoneyMeter {
     void this.incr(this.orgRoom(org.id), amountNano)
   }
 
-  private refund(r: Reservation, amount: NanoRub) {
+  /** One script per settlement: the hold leaves this node's hash and the unused part goes back. */
+  private giveBack(r: Reservation, charged: NanoRub) {
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano
-    if (amount === 0n) return
-    if (r.keyDebited) void this.incr(this.keyRoom(r.key.id), amount)
-    void this.incr(this.orgRoom(r.org.id), amount)
+    if (r.hold === undefined) return
+    this.inFlight.delete(r.hold)
+    const keys = r.keyDebited
+      ? [this.held, this.keyRoom(r.key.id), this.orgRoom(r.org.id)]
+      : [this.held, this.orgRoom(r.org.id)]
+    const args = [r.hold, (r.amountNano - charged).toString(), (-charged).toString()]
+    if (this.unsent.length > 0) this.unsent.push({ keys, args })
+    else void this.run('SETTLE', keys, args).catch(() => this.unsent.push({ keys, args }))
   }
 
   /** Adds to a room only if it exists (a missing room is rebuilt from the record anyway). */
@@ -130,39 +307,133 @@ export class SharedMeter implements MoneyMeter {
       .catch(() => {})
   }
 
-  /**
-   * First use of a room, or Redis lost it: start from PostgreSQL's record (spend written so far)
-   * minus what this node holds in flight. SET NX: if another node rebuilt it first, that wins.
-   */
-  private async rebuild(which: 'key' | 'org', key: LiveKey, org: LiveOrg) {
-    await this.ledger.flush()
-    if (which === 'key') {
-      const rec = await this.store.getKey(key.id)
-      if (!rec || rec.limitNano === null) return
-      const room = rec.limitNano - rec.spentNano - key.reservedNano
-      await this.redis.send('SET', [this.keyRoom(key.id), room.toString(), 'NX'])
-    } else {
-      const rec = await this.store.getOrg(org.id)
-      if (!rec) return
-      const room = rec.balanceNano - org.reservedNano
-      await this.redis.send('SET', [this.orgRoom(org.id), room.toString(), 'NX'])
+  /** Heartbeat, then a sweep of dead nodes, then settlements Redis missed. */
+  private async tick() {
+    if (this.connectedOnce && !this.redis.connected) void this.redis.connect().catch(() => {})
+    try {
+      await this.heartbeat()
+      const swept = Number(await this.run('SWEEP', [this.nodes], [this.prefix]))
+      if (swept > 0) this.log('info', 'gave back the holds of a node that stopped', { holds: swept })
+      while (this.unsent.length > 0) {
+        const u = this.unsent[0]!
+        await this.run('SETTLE', u.keys, u.args)
+        this.unsent.shift()
+      }
+    } catch {
+      // Redis is unreachable: reservations are refused meanwhile; the next tick tries again.
     }
   }
 
-  private async run(keys: string[], args: string[]): Promise<string> {
-    if (!this.redis.connected) await this.redis.connect()
-    this.sha ??= String(await this.redis.send('SCRIPT', ['LOAD', RESERVE]))
+  /** Renews this node's heartbeat; if it had lapsed (swept, or Redis lost its data), lists the holds again. */
+  private heartbeat(): Promise<void> {
+    this.beating ??= (async () => {
+      try {
+        const fresh = !this.sawEpoch && (await this.freshCluster())
+        const had = Number(
+          await this.run(
+            'HEARTBEAT',
+            [this.alive, this.nodes, this.epoch],
+            [String(this.leaseMs), this.nodeId, fresh ? '1' : '0'],
+          ),
+        )
+        // Recorded once the epoch is in Redis: a node that sees the record finds the epoch there.
+        if (fresh && !this.sawEpoch) await this.store.initMeta('shared_meter', '1').catch(() => {})
+        this.sawEpoch = true
+        if (had === 0 && this.inFlight.size > 0) {
+          const args: string[] = []
+          for (const [id, r] of this.inFlight) {
+            const rooms = r.keyDebited
+              ? `${this.keyRoom(r.key.id)} ${this.orgRoom(r.org.id)}`
+              : this.orgRoom(r.org.id)
+            args.push(id, `${r.amountNano} ${rooms}`)
+          }
+          const n = await this.run('RELIST', [this.held], args)
+          this.log('warn', 'listed in-flight holds again after losing them in Redis', { holds: Number(n) })
+        }
+      } finally {
+        this.beating = undefined
+      }
+    })()
+    return this.beating
+  }
+
+  /** Whether this is the first node of a new cluster (no epoch yet means nothing was ever held). */
+  private freshCluster(): Promise<boolean> {
+    this.fresh ??= (async () => {
+      try {
+        return (await this.store.getMeta('shared_meter')) === undefined
+      } catch {
+        return false
+      }
+    })()
+    return this.fresh
+  }
+
+  /**
+   * First use of a room, or Redis lost it: start from PostgreSQL's record (spend written so far,
+   * this node's queue flushed first) minus every hold listed for the room. After a data loss the
+   * rebuild waits out the settling window, so every live node has listed its holds again and
+   * flushed the spend it had settled.
+   */
+  private async rebuild(which: 'key' | 'org', key: LiveKey, org: LiveOrg) {
+    for (let attempt = 0; attempt < 5; attempt++) {
+      await this.ledger.flush()
+      let room: string
+      let base: NanoRub
+      if (which === 'key') {
+        const rec = await this.store.getKey(key.id)
+        if (!rec || rec.limitNano === null) return
+        room = this.keyRoom(key.id)
+        base = rec.limitNano - rec.spentNano
+      } else {
+        const rec = await this.store.getOrg(org.id)
+        if (!rec) return
+        room = this.orgRoom(org.id)
+        base = rec.balanceNano
+      }
+      const v = await this.run(
+        'REBUILD',
+        [room, this.nodes, this.epoch],
+        [base.toString(), this.prefix, String(this.settleWindowMs)],
+      )
+      if (v === 'OK') return
+      if (v === 'EPOCH') await this.heartbeat()
+      else await Bun.sleep(Math.min(Number(v), this.settleWindowMs))
+    }
+  }
+
+  private async run(name: ScriptName, keys: string[], args: string[]): Promise<string> {
+    if (!this.redis.connected) {
+      // Once connected, a lost connection fails at once (the client reconnects in the background):
+      // a request is refused with 503 rather than waiting on a connection attempt.
+      if (this.connectedOnce) throw new Error('Redis is not connected')
+      await this.redis.connect()
+      this.connectedOnce = true
+    }
+    let sha = this.sha.get(name)
+    if (sha === undefined) {
+      sha = String(await this.redis.send('SCRIPT', ['LOAD', SCRIPTS[name]]))
+      this.sha.set(name, sha)
+    }
     try {
-      return String(await this.redis.send('EVALSHA', [this.sha, String(keys.length), ...keys, ...args]))
+      return String(await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args]))
     } catch (err) {
       // Redis restarted and forgot the script: load it again.
       if (!String((err as Error).message).includes('NOSCRIPT')) throw err
-      this.sha = String(await this.redis.send('SCRIPT', ['LOAD', RESERVE]))
-      return String(await this.redis.send('EVALSHA', [this.sha, String(keys.length), ...keys, ...args]))
+      sha = String(await this.redis.send('SCRIPT', ['LOAD', SCRIPTS[name]]))
+      this.sha.set(name, sha)
+      return String(await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args]))
     }
   }
 
+  /** Stops the heartbeat; holds still listed are given back by the next sweep of another node. */
   close(): void {
-    this.redis.close()
+    if (this.timer) clearInterval(this.timer)
+    this.timer = undefined
+    const redis = this.redis
+    void redis
+      .send('DEL', [this.alive])
+      .catch(() => {})
+      .finally(() => redis.close())
   }
 }

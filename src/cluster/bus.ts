@@ -11,6 +11,7 @@ export type ClusterEvent = {
 type Wire =
   | (ClusterEvent & { readonly msg: string })
   | { readonly t: 'ack'; readonly msg: string; readonly to: string }
+  | { readonly t: 'ping'; readonly from: string }
 
 /**
  * Broadcast between router nodes sharing PostgreSQL. `healthy()` says whether this node can
@@ -28,19 +29,35 @@ export interface ClusterBus {
   /** The handler runs synchronously on arrival; the node acknowledges once it returns. */
   subscribe(handler: (e: ClusterEvent) => void): Promise<void>
   healthy(): boolean
+  /**
+   * When this node last (re)subscribed: events published before it may never have arrived, so a
+   * key not confirmed against the store since then is confirmed once before it is served.
+   */
+  listeningSinceMs(): number
   close(): Promise<void>
 }
 
-/** Redis pub/sub; a subscribed connection takes no other commands, so it has its own. */
+/**
+ * Redis pub/sub; a subscribed connection takes no other commands, so it has its own.
+ *
+ * Health is proven end to end: every quarter bound the node publishes a ping to itself on the
+ * channel, and it is healthy only while it has heard its own ping within the bound. (A client
+ * that reconnects after Redis restarted does not subscribe again by itself and reports no close,
+ * so "connected" alone would leave a node deaf while it believed itself healthy.) When the ping
+ * has not come back within the bound, the node subscribes again.
+ */
 export class RedisBus implements ClusterBus {
   private readonly pub: RedisClient
   private readonly sub: RedisClient
-  private subscribed = false
-  private lastPongMs = 0
+  private listeningSince = Number.POSITIVE_INFINITY
+  private lastHeardMs = 0
   private timer: ReturnType<typeof setInterval> | undefined
   private readonly channel: string
   private seq = 0
   private readonly waiting = new Map<string, () => void>()
+  private handler: ((e: ClusterEvent) => void) | undefined
+  private resubscribing = false
+  private resubscribedAtMs = 0
 
   constructor(
     url: string,
@@ -59,50 +76,67 @@ export class RedisBus implements ClusterBus {
     this.channel = `${prefix}events`
   }
 
-  async subscribe(handler: (e: ClusterEvent) => void): Promise<void> {
-    const listen = async () => {
-      await this.sub.subscribe(this.channel, (message) => {
-        let w: Wire
-        try {
-          w = JSON.parse(message) as Wire
-        } catch {
-          return // a malformed message is not ours to act on
-        }
-        if (w.t === 'ack') {
-          if (w.to === this.nodeId) this.waiting.get(w.msg)?.()
-          return
-        }
-        if (w.from === this.nodeId) return
-        handler(w)
-        void this.pub
-          .publish(this.channel, JSON.stringify({ t: 'ack', msg: w.msg, to: w.from }))
-          .catch(() => {})
+  private onMessage = (message: string) => {
+    let w: Wire
+    try {
+      w = JSON.parse(message) as Wire
+    } catch {
+      return // a malformed message is not ours to act on
+    }
+    if (w.t === 'ping') {
+      if (w.from !== this.nodeId) return
+      const now = Date.now()
+      // Heard again after a gap: events sent meanwhile may be lost (see listeningSinceMs).
+      if (now - this.lastHeardMs >= this.boundMs) this.listeningSince = now
+      this.lastHeardMs = now
+      return
+    }
+    if (w.t === 'ack') {
+      if (w.to === this.nodeId) this.waiting.get(w.msg)?.()
+      return
+    }
+    if (w.from === this.nodeId) return
+    this.handler?.(w)
+    void this.pub.publish(this.channel, JSON.stringify({ t: 'ack', msg: w.msg, to: w.from })).catch(() => {})
+  }
+
+  private async listen(): Promise<void> {
+    // The client may still believe it is subscribed from before a reconnect: start over.
+    await this.sub.unsubscribe(this.channel).catch(() => {})
+    await this.sub.subscribe(this.channel, this.onMessage)
+  }
+
+  private resubscribe(): void {
+    if (this.resubscribing || !this.sub.connected) return
+    this.resubscribing = true
+    this.resubscribedAtMs = Date.now()
+    void this.listen()
+      .catch(() => {})
+      .finally(() => {
+        this.resubscribing = false
       })
-      this.subscribed = true
-    }
-    this.sub.onclose = () => {
-      this.subscribed = false
-    }
-    this.sub.onconnect = () => {
-      // After a reconnect the subscription must be made again; until then events may be missed.
-      if (!this.subscribed) void listen().catch(() => {})
-    }
+  }
+
+  async subscribe(handler: (e: ClusterEvent) => void): Promise<void> {
+    this.handler = handler
     try {
       await Promise.all([this.pub.connect(), this.sub.connect()])
     } catch (err) {
       throw new Error(`cannot reach Redis for the cluster bus: ${(err as Error).message}`)
     }
-    await listen()
-    this.lastPongMs = Date.now()
-    // A heartbeat on the command connection: a silent Redis is noticed within the bound.
+    await this.sub.subscribe(this.channel, this.onMessage)
+    // After a reconnect the subscription must be made again; until then events may be missed.
+    this.sub.onconnect = () => this.resubscribe()
+    const now = Date.now()
+    this.listeningSince = now
+    this.lastHeardMs = now
     this.timer = setInterval(
       () => {
-        void this.pub
-          .send('PING', [])
-          .then(() => {
-            this.lastPongMs = Date.now()
-          })
-          .catch(() => {})
+        // Not heard for the bound, and a bound since the last attempt (its own ping needs time to come back).
+        const now = Date.now()
+        if (now - this.lastHeardMs >= this.boundMs && now - this.resubscribedAtMs >= this.boundMs)
+          this.resubscribe()
+        void this.pub.publish(this.channel, JSON.stringify({ t: 'ping', from: this.nodeId })).catch(() => {})
       },
       Math.max(50, Math.floor(this.boundMs / 4)),
     )
@@ -110,7 +144,11 @@ export class RedisBus implements ClusterBus {
   }
 
   healthy(): boolean {
-    return this.subscribed && this.sub.connected && Date.now() - this.lastPongMs < this.boundMs
+    return this.sub.connected && Date.now() - this.lastHeardMs < this.boundMs
+  }
+
+  listeningSinceMs(): number {
+    return this.listeningSince
   }
 
   async publish(e: ClusterEvent): Promise<void> {
@@ -135,8 +173,9 @@ export class RedisBus implements ClusterBus {
       if (acks >= expected) finish(true)
       return await done
     } catch {
-      finish(false)
-      return false
+      // Redis is away: answer once the bound has passed, when every node that cannot hear it
+      // has noticed and confirms keys against the store.
+      return await done
     } finally {
       clearTimeout(timer)
       this.waiting.delete(msg)

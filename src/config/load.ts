@@ -12,6 +12,12 @@ export interface RouteConfig {
   readonly apiKey: string | undefined
   readonly maxConcurrency: number
   readonly weight: number
+  /** Overrides upstream.firstByteTimeoutMs for this route. */
+  readonly firstByteTimeoutMs: number | undefined
+  /** Whether a late first token may be hedged to another node. */
+  readonly hedge: boolean
+  /** The node's Prometheus metrics, if it has them. */
+  readonly metricsUrl: string
 }
 export interface Price {
   readonly promptNano: NanoRub
@@ -45,6 +51,15 @@ export interface Config {
     readonly idleTimeoutMs: number
     readonly maxAttempts: number
   }
+  readonly routing: {
+    readonly policy: 'predicted-ttft' | 'least-in-flight'
+    readonly hedgeShare: number
+    readonly retryShare: number
+    readonly metricsPollMs: number
+    readonly healthCheckMs: number
+    readonly prefixIndexBlocks: number
+    readonly sessionHeader: string
+  }
   readonly storage: {
     readonly kind: 'sqlite' | 'postgres'
     readonly sqlitePath: string
@@ -52,6 +67,7 @@ export interface Config {
     readonly postgresMaxConnections: number
     readonly statementTimeoutMs: number
     readonly flushIntervalMs: number
+    readonly ledgerQueueMax: number
   }
   readonly demo: { readonly enabled: boolean; readonly nodes: number; readonly balanceNano: NanoRub }
   readonly files: { readonly dir: string; readonly maxBytes: number; readonly maxLines: number }
@@ -59,6 +75,7 @@ export interface Config {
     readonly url: string | undefined
     readonly prefix: string
     readonly revocationBoundMs: number
+    readonly reservationLeaseMs: number
   }
   readonly batches: {
     readonly workers: number
@@ -69,6 +86,7 @@ export interface Config {
     readonly tickMs: number
     readonly linkTtlSec: number
     readonly maxAttempts: number
+    readonly leaseMs: number | undefined
   }
   readonly models: readonly ModelConfig[]
 }
@@ -106,6 +124,7 @@ const ENV_KEYS: Record<
   TROPA_STORAGE: ['storage', 'kind', 'str'],
   TROPA_POSTGRES_URL: ['storage', 'postgres_url', 'str'],
   TROPA_REDIS_URL: ['redis', 'url', 'str'],
+  TROPA_REDIS_PREFIX: ['redis', 'prefix', 'str'],
   TROPA_DEMO: ['demo', 'enabled', 'bool'],
 }
 /** Benchmarks compare the money path on and off in one run; this turns it off. */
@@ -208,6 +227,15 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       idleTimeoutMs: cfg.upstream?.idle_timeout_ms ?? 60_000,
       maxAttempts: cfg.upstream?.max_attempts ?? 3,
     },
+    routing: {
+      policy: cfg.routing?.policy ?? 'predicted-ttft',
+      hedgeShare: cfg.routing?.hedge_share ?? 0.05,
+      retryShare: cfg.routing?.retry_share ?? 0.2,
+      metricsPollMs: cfg.routing?.metrics_poll_ms ?? 1000,
+      healthCheckMs: cfg.routing?.health_check_ms ?? 2000,
+      prefixIndexBlocks: cfg.routing?.prefix_index_blocks ?? 32_768,
+      sessionHeader: (cfg.routing?.session_header ?? 'x-session-id').toLowerCase(),
+    },
     storage: {
       kind: cfg.storage?.kind ?? 'sqlite',
       sqlitePath: sqlitePath === ':memory:' ? sqlitePath : resolve(dataDir, sqlitePath),
@@ -215,12 +243,14 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       postgresMaxConnections: cfg.storage?.postgres_max_connections ?? 10,
       statementTimeoutMs: cfg.storage?.statement_timeout_ms ?? 10_000,
       flushIntervalMs: cfg.storage?.flush_interval_ms ?? 50,
+      ledgerQueueMax: cfg.storage?.ledger_queue_max ?? 100_000,
     },
     demo: { enabled: demoEnabled, nodes: cfg.demo?.nodes ?? 3, balanceNano: balance! },
     redis: {
       url: cfg.redis?.url,
       prefix: cfg.redis?.prefix ?? 'tropa:',
       revocationBoundMs: cfg.redis?.revocation_bound_ms ?? 1000,
+      reservationLeaseMs: cfg.redis?.reservation_lease_ms ?? 5000,
     },
     files: {
       dir: resolve(dataDir, 'files'),
@@ -236,6 +266,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       tickMs: cfg.batches?.tick_ms ?? 200,
       linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
       maxAttempts: cfg.batches?.max_attempts ?? 5,
+      leaseMs: cfg.batches?.lease_ms,
     },
     models,
   } satisfies Config)
@@ -308,6 +339,9 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
       apiKey,
       maxConcurrency: r.max_concurrency ?? 256,
       weight: r.weight ?? 1,
+      firstByteTimeoutMs: r.first_byte_timeout_ms,
+      hedge: r.hedge ?? !(r.billed_per_request ?? false),
+      metricsUrl: r.metrics_url ?? (url ? `${url.origin}/metrics` : ''),
     }
   })
   return {

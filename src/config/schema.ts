@@ -19,6 +19,14 @@ export const RouteSchema = T.Object(
     max_concurrency: T.Optional(T.Integer({ minimum: 1, maximum: 100_000 })),
     weight: T.Optional(T.Number({ exclusiveMinimum: 0 })),
     name: T.Optional(T.String({ minLength: 1 })),
+    /** Overrides upstream.first_byte_timeout_ms for this route. */
+    first_byte_timeout_ms: T.Optional(T.Integer({ minimum: 1 })),
+    /** A hosted API that bills per request: no hedged copies unless `hedge = true`. */
+    billed_per_request: T.Optional(T.Boolean()),
+    /** Whether a late first token may be hedged to another node (default: not billed_per_request). */
+    hedge: T.Optional(T.Boolean()),
+    /** The node's Prometheus metrics (vLLM, llama.cpp); default: <origin of base_url>/metrics. */
+    metrics_url: T.Optional(T.String()),
   },
   { additionalProperties: false },
 )
@@ -69,6 +77,26 @@ export const UpstreamSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const RoutingSchema = T.Object(
+  {
+    /** predicted-ttft (default): the node whose first token is predicted soonest; least-in-flight. */
+    policy: T.Optional(T.Union([T.Literal('predicted-ttft'), T.Literal('least-in-flight')])),
+    /** Share of requests that may be hedged (a copy to a second node when the first token is late); 0: off. */
+    hedge_share: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
+    /** Share of requests that may fail over to another node, beyond a burst of 10. */
+    retry_share: T.Optional(T.Number({ minimum: 0, maximum: 10 })),
+    /** Poll each node's /metrics this often; 0: off. */
+    metrics_poll_ms: T.Optional(T.Integer({ minimum: 0, maximum: 600_000 })),
+    /** Probe ejected and idle nodes this often; 0: off. */
+    health_check_ms: T.Optional(T.Integer({ minimum: 0, maximum: 600_000 })),
+    /** Prefix index size per node, in blocks of 256 characters. */
+    prefix_index_blocks: T.Optional(T.Integer({ minimum: 0, maximum: 10_000_000 })),
+    /** Header carrying a session id (ties go to the session's node); the `user` field works too. */
+    session_header: T.Optional(T.String({ minLength: 1 })),
+  },
+  { additionalProperties: false },
+)
+
 export const StorageSchema = T.Object(
   {
     kind: T.Optional(T.Union([T.Literal('sqlite'), T.Literal('postgres')])),
@@ -80,6 +108,8 @@ export const StorageSchema = T.Object(
     sqlite_path: T.Optional(T.String({ minLength: 1 })),
     /** Ledger group commit: rows are written at most this long after a request ends. */
     flush_interval_ms: T.Optional(T.Integer({ minimum: 1, maximum: 1000 })),
+    /** Ledger rows held in memory while the store is unreachable; beyond it billed requests get 503. */
+    ledger_queue_max: T.Optional(T.Integer({ minimum: 1 })),
   },
   { additionalProperties: false },
 )
@@ -118,6 +148,8 @@ export const BatchesSchema = T.Object(
     tick_ms: T.Optional(T.Integer({ minimum: 10, maximum: 10_000 })),
     link_ttl_sec: T.Optional(T.Integer({ minimum: 1 })),
     max_attempts: T.Optional(T.Integer({ minimum: 1, maximum: 20 })),
+    /** How long a leased line stays with its node before others may take it; default max(60 s, 2 x first_byte_timeout). */
+    lease_ms: T.Optional(T.Integer({ minimum: 100 })),
   },
   { additionalProperties: false },
 )
@@ -130,6 +162,8 @@ export const RedisSchema = T.Object(
     prefix: T.Optional(T.String({ minLength: 1 })),
     /** How long a node may go without hearing the bus before it checks keys against the store. */
     revocation_bound_ms: T.Optional(T.Integer({ minimum: 50, maximum: 60_000 })),
+    /** A node silent this long is dead: other nodes give back the money its requests held. */
+    reservation_lease_ms: T.Optional(T.Integer({ minimum: 200, maximum: 600_000 })),
   },
   { additionalProperties: false },
 )
@@ -139,6 +173,7 @@ export const ConfigFileSchema = T.Object(
   {
     server: T.Optional(ServerSchema),
     upstream: T.Optional(UpstreamSchema),
+    routing: T.Optional(RoutingSchema),
     storage: T.Optional(StorageSchema),
     demo: T.Optional(DemoSchema),
     files: T.Optional(FilesSchema),
