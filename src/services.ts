@@ -1,6 +1,7 @@
 import { BatchScheduler } from './batches/scheduler.ts'
 import { BatchService, LinkSigner } from './batches/service.ts'
 import { LedgerWriter } from './billing/ledger.ts'
+import { ThreadLedgerSink } from './billing/ledger-sink.ts'
 import { Meter, type MoneyMeter } from './billing/meter.ts'
 import { RateLimiter } from './billing/rate-limiter.ts'
 import { SharedMeter } from './billing/shared-meter.ts'
@@ -12,8 +13,11 @@ import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
 import { randomBase62 } from './ids.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
+import { ShareBudget } from './routing/budget.ts'
 import { NodePool } from './routing/nodes.ts'
-import { LeastInFlight } from './routing/policy.ts'
+import { LeastInFlight, type RoutingPolicy } from './routing/policy.ts'
+import { PredictedTtft } from './routing/predicted.ts'
+import { NodeProbes } from './routing/probes.ts'
 import type { Store } from './storage/store.ts'
 import { OpenAICompatibleAdapter } from './upstream/openai-compatible.ts'
 import { Watchdog } from './upstream/watchdog.ts'
@@ -35,13 +39,19 @@ export interface Services {
   stop(): Promise<void>
 }
 
-/** `workerUrl`: the batch worker's entry, as main.ts sees it (needed inside the executable). */
+/** Entry points of the worker threads, as main.ts sees them (needed inside the executable). */
+export interface ThreadEntries {
+  readonly batchWorker?: string | URL
+  readonly ledgerThread?: string | URL
+}
+
 export async function buildServices(
   config: Config,
   store: Store,
   log: Log,
-  workerUrl?: string | URL,
+  threads: ThreadEntries = {},
 ): Promise<Services> {
+  const workerUrl = threads.batchWorker
   const bus = config.redis.url
     ? new RedisBus(
         config.redis.url,
@@ -56,28 +66,57 @@ export async function buildServices(
     bus,
     config.redis.revocationBoundMs,
   )
-  const ledger = new LedgerWriter(store, config.storage.flushIntervalMs, (err) =>
-    log('error', 'ledger flush failed; will retry', { error: String(err) }),
+  // The embedded file is written from a thread of its own, so SQLite's checkpoints never stall
+  // the event loop; PostgreSQL is written over the network from here.
+  const sqliteFile = config.storage.kind === 'sqlite' && config.storage.sqlitePath !== ':memory:'
+  const sink = sqliteFile
+    ? new ThreadLedgerSink(
+        config.storage.sqlitePath,
+        threads.ledgerThread ?? new URL('./billing/ledger-thread.ts', import.meta.url),
+      )
+    : store
+  const ledger = new LedgerWriter(
+    sink,
+    config.storage.flushIntervalMs,
+    (err) => log('error', 'ledger flush failed; will retry', { error: String(err) }),
+    config.storage.ledgerQueueMax,
   )
   ledger.start()
   const watchdog = new Watchdog()
   // Several nodes: money is admitted in Redis so the limits hold across nodes.
   const shared =
     config.redis.url && config.server.billing
-      ? new SharedMeter(config.redis.url, config.redis.prefix, store, ledger)
+      ? new SharedMeter(config.redis.url, config.redis.prefix, store, ledger, {
+          leaseMs: config.redis.reservationLeaseMs,
+          flushIntervalMs: config.storage.flushIntervalMs,
+          log,
+        })
       : undefined
   const meter: MoneyMeter = shared ?? new Meter(ledger, config.server.billing)
   identity.useMeter(meter)
   const pool = new NodePool(config.models)
+  const policy: RoutingPolicy =
+    config.routing.policy === 'least-in-flight'
+      ? new LeastInFlight()
+      : new PredictedTtft({ rng: Math.random, indexBlocks: config.routing.prefixIndexBlocks })
+  const probes = new NodeProbes(pool, policy, config.models, {
+    healthCheckMs: config.routing.healthCheckMs,
+    metricsPollMs: config.routing.metricsPollMs,
+    timeoutMs: config.upstream.connectTimeoutMs,
+    log,
+  })
+  probes.start()
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,
     limiter: new RateLimiter(),
     pool,
-    policy: new LeastInFlight(),
+    policy,
     adapter: new OpenAICompatibleAdapter(watchdog),
     watchdog,
     timeouts: config.upstream,
+    hedges: config.routing.hedgeShare > 0 ? new ShareBudget(config.routing.hedgeShare, 10) : undefined,
+    retries: new ShareBudget(config.routing.retryShare, 10),
     log,
   }
   const files = new FilesService(store, new LocalFileStore(config.files.dir), config.files)
@@ -101,7 +140,11 @@ export async function buildServices(
     filesDir: config.files.dir,
     models: config.models,
     firstByteTimeoutMs: config.upstream.firstByteTimeoutMs,
-    leaseMs: Math.max(60_000, config.upstream.firstByteTimeoutMs * 2),
+    idleTimeoutMs: config.upstream.idleTimeoutMs,
+    // A lease outlives the longest a line may take (headers, then the body), with room to spare.
+    leaseMs:
+      config.batches.leaseMs ??
+      Math.max(60_000, config.upstream.firstByteTimeoutMs + config.upstream.idleTimeoutMs + 10_000),
     concurrency: config.batches.concurrency,
     maxAttempts: config.batches.maxAttempts,
   })
@@ -124,6 +167,7 @@ export async function buildServices(
     log,
     async stop() {
       await scheduler?.stop()
+      probes.stop()
       watchdog.stop()
       await ledger.stop()
       await bus?.close()

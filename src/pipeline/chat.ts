@@ -7,9 +7,11 @@ import type { ModelConfig } from '../config/load.ts'
 import { ContextLengthExceeded, InvalidValue, UpstreamFailed, UpstreamTimeout } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Candidate } from '../routing/nodes.ts'
+import type { Attempt } from '../routing/policy.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
 import { ChatStreamRelay, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
-import { dispatch, readBody, type UpstreamDeps } from './dispatch.ts'
+import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
+import { chatPrefix, NO_PREFIX } from './prefix.ts'
 import { countChatPrompt, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
 
 export interface ChatDeps extends UpstreamDeps {
@@ -42,6 +44,7 @@ export async function chatCompletion(
   body: ChatRequest,
   signal: AbortSignal,
   requestId: string,
+  sessionHint?: string,
 ): Promise<Response> {
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'chat')
@@ -61,6 +64,15 @@ export async function chatCompletion(
   }
 
   const stream = body.stream === true
+  // What routing needs: the prompt's prefix blocks (where there is a choice of nodes) and a session.
+  const prefix =
+    model.routes.length > 1 ? chatPrefix(model.id, body.messages, body.tools, promptTokens) : NO_PREFIX
+  const route = {
+    promptTokens,
+    prefix: prefix.blocks,
+    blockTokens: prefix.blockTokens,
+    session: sessionHint ?? body.user,
+  }
   const includeUsage = body.stream_options?.include_usage === true
   const completionId = `chatcmpl-${requestId}`
   // Only include_usage is forwarded in stream_options (billing reads the usage, and an option
@@ -96,22 +108,22 @@ export async function chatCompletion(
 
   try {
     if (!stream) {
-      const { value, candidate } = await dispatch(
+      const { value, candidate, attempt } = await dispatch(
         deps,
         {
           model,
           path: '/chat/completions',
           stream,
-          promptTokens,
+          ...route,
           body: (r) => upstreamBody(r.upstreamModel),
           accept: async (reply, c) => parseCompletion(await readBody(reply, deps, c.node.name), c.node.name),
         },
         signal,
       )
-      deps.pool.end(candidate.node, true)
       value.id = completionId
       value.model = model.id
       const usage = sanitizeUsage(value.usage)
+      finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage?.completion_tokens)
       const charged = settle(candidate, usage, () => completionTextOf(value), 'ok')
       if (usage) usage.cost_rub = nanoToRubNumber(charged)
       return Response.json(value, {
@@ -119,15 +131,23 @@ export async function chatCompletion(
       })
     }
 
-    const { value: first, candidate } = await dispatch(
+    const {
+      value: first,
+      candidate,
+      attempt,
+    } = await dispatch(
       deps,
       {
         model,
         path: '/chat/completions',
         stream,
-        promptTokens,
+        ...route,
         body: (r) => upstreamBody(r.upstreamModel),
         accept: (reply, c) => firstChunk(reply, deps, c),
+        discard: (lost) => {
+          lost.reply.abort(new Error('another node answered first'))
+          lost.reader.cancel().catch(() => {})
+        },
       },
       signal,
     )
@@ -135,7 +155,7 @@ export async function chatCompletion(
     const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => ({
       cost_rub: nanoToRubNumber(settle(candidate, usage, () => '', 'ok')),
     }))
-    const body$ = relayStream(deps, first, relay, candidate, reservation, (usage, outcome) =>
+    const body$ = relayStream(deps, first, relay, attempt, reservation, (usage, outcome) =>
       settle(candidate, usage, () => relay.generated, outcome),
     )
     return new Response(body$, {
@@ -196,6 +216,11 @@ export function checkMessages(messages: readonly ChatMessage[]): void {
         `${at}.content`,
       )
   })
+}
+
+function cachedOf(usage: Usage | undefined): number | undefined {
+  const n = usage?.prompt_tokens_details?.cached_tokens
+  return typeof n === 'number' ? n : undefined
 }
 
 function parseCompletion(text: string, node: string): ChatCompletion {
@@ -261,11 +286,12 @@ function relayStream(
   deps: UpstreamDeps,
   first: FirstChunk,
   relay: ChatStreamRelay,
-  c: Candidate,
+  attempt: Attempt,
   reservation: Reservation,
   settle: (usage: Usage | undefined, outcome: string) => NanoRub,
 ): ReadableStream<Uint8Array> {
   const { reader, reply } = first
+  const c = attempt.candidate
   let finished = false
   const idle = deps.timeouts.idleTimeoutMs
   const deadline = deps.watchdog.watch(Date.now() + idle, () =>
@@ -275,50 +301,64 @@ function relayStream(
     if (finished) return
     finished = true
     deps.watchdog.clear(deadline)
-    deps.pool.end(c.node, nodeOk)
+    const usage = relay.usage
+    finishAttempt(deps, attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
     if (!reservation.done) settle(relay.usage, outcome)
   }
-  const fail = (controller: ReadableStreamDefaultController<Uint8Array>, message: string, code: string) => {
-    controller.enqueue(sseEvent({ error: { message, type: 'upstream_error', param: null, code } }))
-    controller.close()
-  }
-  return new ReadableStream<Uint8Array>({
-    start(controller) {
-      const out = relay.push(first.chunk)
-      if (out) controller.enqueue(out)
-    },
+  const errorEvent = (message: string, code: string) =>
+    sseEvent({ error: { message, type: 'upstream_error', param: null, code } })
+  // A direct stream (Bun): one pull() for the whole body writes each relayed chunk straight to
+  // the socket, with no queue and no promise round per chunk as a pull-per-chunk stream has.
+  const source: Bun.DirectUnderlyingSource<Uint8Array> = {
+    type: 'direct',
     async pull(controller) {
+      let closed = false
+      const send = (bytes: Uint8Array | undefined) => {
+        if (!bytes || closed) return
+        controller.write(bytes)
+        controller.flush()
+      }
+      const close = () => {
+        if (closed) return
+        closed = true
+        controller.close()
+      }
       try {
-        const { done, value } = await reader.read()
-        if (done) {
-          const rest = relay.end()
-          if (rest) controller.enqueue(rest)
-          if (!relay.sawDone && !relay.usage) {
-            finish('upstream_broken', false)
-            fail(controller, `${c.node.name} ended the stream early`, 'upstream_error')
-            return
+        send(relay.push(first.chunk))
+        for (;;) {
+          const { done, value } = await reader.read()
+          if (done) {
+            send(relay.end())
+            if (!relay.sawDone && !relay.usage) {
+              finish('upstream_broken', false)
+              send(errorEvent(`${c.node.name} ended the stream early`, 'upstream_error'))
+            } else finish('ok', true)
+            return close()
           }
-          finish('ok', true)
-          controller.close()
-          return
-        }
-        deadline.atMs = Date.now() + idle
-        const out = relay.push(value)
-        if (out) controller.enqueue(out)
-        if (relay.upstreamError !== undefined) {
-          finish('upstream_error', false)
-          reply.abort(new UpstreamFailed('upstream sent an error event'))
-          fail(controller, `${c.node.name} failed mid-stream`, 'upstream_error')
+          deadline.atMs = Date.now() + idle
+          send(relay.push(value))
+          if (relay.upstreamError !== undefined) {
+            finish('upstream_error', false)
+            reply.abort(new UpstreamFailed('upstream sent an error event'))
+            send(errorEvent(`${c.node.name} failed mid-stream`, 'upstream_error'))
+            return close()
+          }
         }
       } catch (err) {
-        if (finished) return
+        if (finished) return close()
         const timeout = err instanceof UpstreamTimeout
         finish(timeout ? 'upstream_timeout' : 'upstream_broken', false)
-        fail(
-          controller,
-          timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
-          timeout ? 'upstream_timeout' : 'upstream_error',
-        )
+        try {
+          send(
+            errorEvent(
+              timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
+              timeout ? 'upstream_timeout' : 'upstream_error',
+            ),
+          )
+          close()
+        } catch {
+          // the client is gone too
+        }
       }
     },
     cancel() {
@@ -327,5 +367,7 @@ function relayStream(
       reply.abort(new Error('client disconnected'))
       reader.cancel().catch(() => {})
     },
-  })
+  }
+  // The web worker typings (batch worker) hide Bun's direct-stream overload of the constructor.
+  return new ReadableStream<Uint8Array>(source as unknown as UnderlyingDefaultSource<Uint8Array>)
 }

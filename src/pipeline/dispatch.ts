@@ -1,7 +1,8 @@
 import type { Config, ModelConfig, RouteConfig } from '../config/load.ts'
 import { NoUpstreamAvailable, UpstreamFailed, UpstreamRejected } from '../errors.ts'
+import type { ShareBudget } from '../routing/budget.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
-import type { RoutingPolicy } from '../routing/policy.ts'
+import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '../routing/policy.ts'
 import type { UpstreamAdapter, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
@@ -13,6 +14,10 @@ export interface UpstreamDeps {
   readonly adapter: UpstreamAdapter
   readonly watchdog: Watchdog
   readonly timeouts: Config['upstream']
+  /** Hedges of the first token allowed (a share of requests); undefined: hedging off. */
+  readonly hedges: ShareBudget | undefined
+  /** Failover attempts allowed after the first (a share of requests). */
+  readonly retries: ShareBudget
   readonly log: (
     level: 'debug' | 'info' | 'warn' | 'error',
     msg: string,
@@ -25,6 +30,10 @@ export interface Dispatch<T> {
   readonly path: '/chat/completions' | '/embeddings'
   readonly stream: boolean
   readonly promptTokens: number
+  /** The prompt's prefix block hashes (routing/prefix.ts); empty when not indexed. */
+  readonly prefix: readonly number[]
+  readonly blockTokens: number
+  readonly session: string | undefined
   readonly body: (route: RouteConfig) => string
   /**
    * Takes the upstream's 2xx reply up to the point where Tropa commits to it (the first chunk of
@@ -32,65 +41,187 @@ export interface Dispatch<T> {
    * the client has been sent nothing yet.
    */
   readonly accept: (reply: UpstreamReply, candidate: Candidate) => Promise<T>
+  /** Frees a value accepted after another node already won (a lost hedge). */
+  readonly discard?: (value: T) => void
+}
+
+export interface Dispatched<T> {
+  readonly value: T
+  readonly candidate: Candidate
+  readonly attempt: Attempt
+}
+
+type Settled<T> = { ok: true; a: Attempt; value: T } | { ok: false; a: Attempt; error: unknown }
+
+interface Running<T> {
+  readonly controller: AbortController
+  readonly done: Promise<Settled<T>>
+}
+
+/** Ends an attempt on its node: the pool's health and in-flight count, and the policy's model. */
+export function finishAttempt(
+  deps: UpstreamDeps,
+  a: Attempt,
+  outcome: Outcome,
+  cachedTokens?: number,
+  completionTokens?: number,
+): void {
+  const nowMs = Date.now()
+  if (outcome === 'cancelled') deps.pool.cancel(a.candidate.node)
+  else deps.pool.end(a.candidate.node, outcome === 'ok', nowMs)
+  deps.policy.ended(a, nowMs, outcome, cachedTokens, completionTokens)
+}
+
+/** A node that lost a hedge race is cancelled with this. */
+class HedgeLost extends Error {
+  constructor() {
+    super('another node answered first')
+  }
 }
 
 /**
- * Sends a request to the chosen node and fails over to the next best on a node failure, until
- * one node's reply is accepted or `max_attempts` nodes have been tried. The node's in-flight
- * count stays raised on success: the caller ends it when the response is done.
+ * Sends a request to the node the policy chooses and fails over to the next best on a node
+ * failure, until one node's reply is accepted, `max_attempts` nodes were tried or the retry
+ * budget is spent. A streamed request with no first chunk by the policy's hedge time is also
+ * sent to the next best node (within the hedge budget); the first to answer wins and the other
+ * is cancelled. The winner's attempt stays open: the caller finishes it when the response ends.
  */
 export async function dispatch<T>(
   deps: UpstreamDeps,
   d: Dispatch<T>,
   signal: AbortSignal,
-): Promise<{ value: T; candidate: Candidate }> {
-  const exclude = new Set<Candidate>()
-  let lastError: Error | undefined
+): Promise<Dispatched<T>> {
   const candidates = deps.pool.candidates(d.model.id)
-  for (let attempt = 0; attempt < deps.timeouts.maxAttempts; attempt++) {
-    const nowMs = Date.now()
-    const c = deps.policy.choose(candidates, {
-      modelId: d.model.id,
-      promptTokens: d.promptTokens,
-      exclude,
-      nowMs,
-    })
-    if (!c) break
-    exclude.add(c)
-    deps.pool.begin(c.node)
+  const exclude = new Set<Candidate>()
+  const running = new Map<Attempt, Running<T>>()
+  let tried = 0
+  let lastError: Error | undefined
+  deps.retries.earn()
+  deps.hedges?.earn()
+
+  const run = async (a: Attempt, controller: AbortController): Promise<Settled<T>> => {
+    const { route, node } = a.candidate
     try {
-      if (!c.node.answering) await probeConnect(c.route.baseUrl, c.node.name, deps.timeouts.connectTimeoutMs)
+      if (!node.answering) await probeConnect(route.baseUrl, node.name, deps.timeouts.connectTimeoutMs)
       const reply = await deps.adapter.send(
-        { route: c.route, path: d.path, body: d.body(c.route), stream: d.stream },
-        signal,
-        nowMs + deps.timeouts.firstByteTimeoutMs,
+        { route, path: d.path, body: d.body(route), stream: d.stream },
+        controller,
+        a.startedAtMs + (route.firstByteTimeoutMs ?? deps.timeouts.firstByteTimeoutMs),
       )
-      const value = await d.accept(reply, c)
-      return { value, candidate: c }
-    } catch (err) {
-      if (signal.aborted) {
-        deps.pool.end(c.node, true)
-        throw signal.reason ?? err
-      }
-      if (err instanceof UpstreamRejected) {
-        deps.pool.end(c.node, true)
-        throw err
-      }
-      if (!(err instanceof UpstreamFailed)) {
-        deps.pool.end(c.node, false)
-        throw err
-      }
-      deps.pool.end(c.node, false)
-      deps.log('warn', 'upstream attempt failed', {
-        node: c.node.name,
-        model: d.model.id,
-        error: err.message,
-        detail: err.detail,
-      })
-      lastError = err
+      return { ok: true, a, value: await d.accept(reply, a.candidate) }
+    } catch (error) {
+      return { ok: false, a, error }
     }
   }
-  throw lastError ?? new NoUpstreamAvailable(d.model.id)
+
+  const launch = (): boolean => {
+    if (tried >= deps.timeouts.maxAttempts || signal.aborted) return false
+    if (tried > 0 && !deps.retries.take()) return false
+    const nowMs = Date.now()
+    const req: RouteRequest = {
+      modelId: d.model.id,
+      promptTokens: d.promptTokens,
+      prefix: d.prefix,
+      blockTokens: d.blockTokens,
+      session: d.session,
+      stream: d.stream,
+      exclude,
+      nowMs,
+    }
+    const c = deps.policy.choose(candidates, req)
+    if (!c) return false
+    tried++
+    exclude.add(c)
+    deps.pool.begin(c.node, nowMs)
+    const a = new Attempt(c, req, nowMs)
+    deps.policy.started(a)
+    const controller = new AbortController()
+    const onAbort = () => controller.abort(signal.reason)
+    signal.addEventListener('abort', onAbort, { once: true })
+    // Until the node's reply is accepted the client leaving aborts the attempt; after that the
+    // response body (the relay) watches the client.
+    const done = run(a, controller).finally(() => signal.removeEventListener('abort', onAbort))
+    running.set(a, { controller, done })
+    return true
+  }
+
+  /** Cancels every attempt still running (they lost, or the request is over). */
+  const cancelRest = () => {
+    for (const [a, r] of running) {
+      r.controller.abort(new HedgeLost())
+      void r.done.then((s) => {
+        if (s.ok) d.discard?.(s.value)
+      })
+      finishAttempt(deps, a, 'cancelled')
+    }
+    running.clear()
+  }
+
+  if (!launch()) throw new NoUpstreamAvailable(d.model.id)
+  const first = [...running.keys()][0]!
+  let hedgeAtMs =
+    d.stream && deps.hedges && first.candidate.route.hedge ? deps.policy.hedgeAtMs?.(first) : undefined
+  for (;;) {
+    if (running.size === 0 && !launch()) throw lastError ?? new NoUpstreamAvailable(d.model.id)
+    const settled = await next(running, hedgeAtMs)
+    if (settled === 'hedge') {
+      hedgeAtMs = undefined
+      if (deps.hedges?.take() && launch()) {
+        deps.log('debug', 'hedged the first token', { model: d.model.id, node: first.candidate.node.name })
+      }
+      continue
+    }
+    const { a } = settled
+    running.delete(a)
+    if (settled.ok) {
+      hedgeAtMs = undefined
+      if (d.stream) deps.policy.firstChunk(a, Date.now())
+      cancelRest()
+      return { value: settled.value, candidate: a.candidate, attempt: a }
+    }
+    const err = settled.error
+    if (signal.aborted) {
+      finishAttempt(deps, a, 'cancelled')
+      cancelRest()
+      throw signal.reason ?? err
+    }
+    if (err instanceof UpstreamRejected) {
+      // The node answered; it refused this request, as any node would.
+      finishAttempt(deps, a, 'ok')
+      cancelRest()
+      throw err
+    }
+    if (!(err instanceof UpstreamFailed)) {
+      finishAttempt(deps, a, 'failed')
+      cancelRest()
+      throw err
+    }
+    const status = err.upstreamStatus
+    finishAttempt(deps, a, status === 429 || status === 503 ? 'overloaded' : 'failed')
+    deps.log('warn', 'upstream attempt failed', {
+      node: a.candidate.node.name,
+      model: d.model.id,
+      error: err.message,
+      detail: err.detail,
+    })
+    lastError = err
+    // A failure ends hedging: the failover below is the second copy.
+    hedgeAtMs = undefined
+  }
+}
+
+/** The next attempt to settle, or 'hedge' when the hedge time comes first. */
+function next<T>(
+  running: Map<Attempt, Running<T>>,
+  hedgeAtMs: number | undefined,
+): Promise<Settled<T> | 'hedge'> {
+  const dones = [...running.values()].map((r) => r.done)
+  if (hedgeAtMs === undefined) return dones.length === 1 ? dones[0]! : Promise.race(dones)
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const hedge = new Promise<'hedge'>((resolve) => {
+    timer = setTimeout(() => resolve('hedge'), Math.max(0, hedgeAtMs - Date.now()))
+  })
+  return Promise.race([...dones, hedge]).finally(() => clearTimeout(timer))
 }
 
 /** Reads a whole body under the deadline; a broken or late body is a node failure. */

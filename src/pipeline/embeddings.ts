@@ -2,7 +2,7 @@ import { type EmbeddingRequest, MAX_EMBEDDING_INPUTS } from '../api/embeddings.t
 import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import { ContextLengthExceeded, InvalidValue, TooManyInputs, UpstreamFailed } from '../errors.ts'
 import type { ChatDeps, Payer } from './chat.ts'
-import { dispatch, readBody } from './dispatch.ts'
+import { dispatch, finishAttempt, readBody } from './dispatch.ts'
 import { countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
 
 const USAGE = /"usage"\s*:\s*(\{[^{}]*\})/
@@ -42,13 +42,16 @@ export async function createEmbeddings(
   try {
     // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
     deps.limiter.admit(payer.key, promptTokens)
-    const { value, candidate } = await dispatch(
+    const { value, candidate, attempt } = await dispatch(
       deps,
       {
         model,
         path: '/embeddings',
         stream: false,
         promptTokens,
+        prefix: [],
+        blockTokens: 0,
+        session: undefined,
         body: (r) => JSON.stringify({ ...body, model: r.upstreamModel }),
         accept: async (reply, c) => {
           const text = await readBody(reply, deps, c.node.name)
@@ -72,7 +75,7 @@ export async function createEmbeddings(
       },
       signal,
     )
-    deps.pool.end(candidate.node, true)
+    finishAttempt(deps, attempt, 'ok')
     const tokens = value.tokens ?? promptTokens
     const charged = deps.meter.settle(reservation, {
       requestId,

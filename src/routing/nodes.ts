@@ -14,18 +14,43 @@ export class NodeState {
   /** The node answered its last request; until then (and after a failure) it is probed first. */
   answering = false
   ejectedUntilMs = 0
+  /** Ejections so far (for /metrics). */
+  ejections = 0
   requests = 0
   failures = 0
+  /** Outcomes in the current error-rate window. */
+  windowStartMs = 0
+  windowRequests = 0
+  windowFailures = 0
 
   constructor(
     readonly name: string,
     readonly baseUrl: string,
   ) {}
 
+  /**
+   * Whether the node may take a request now: not ejected (the breaker open), and while it comes
+   * back (half-open, then ramping over RAMP_MS) only a few requests at a time.
+   */
   available(nowMs: number): boolean {
-    return nowMs >= this.ejectedUntilMs
+    if (nowMs < this.ejectedUntilMs) return false
+    if (this.ejections === 0) return true
+    const since = nowMs - this.ejectedUntilMs
+    if (since >= RAMP_MS) return true
+    return this.inFlight < 1 + Math.floor((since / RAMP_MS) * RAMP_MAX_IN_FLIGHT)
+  }
+
+  /** Opens the breaker: no traffic until `untilMs`, then a gradual return. */
+  eject(nowMs: number, forMs: number): void {
+    this.ejectedUntilMs = Math.max(this.ejectedUntilMs, nowMs + forMs)
+    this.ejections++
+    this.answering = false
   }
 }
+
+/** After an ejection, a node's in-flight cap ramps from 1 to this over RAMP_MS. */
+const RAMP_MS = 10_000
+const RAMP_MAX_IN_FLIGHT = 32
 
 /** A model's route bound to its node's shared state. */
 export interface Candidate {
@@ -36,6 +61,10 @@ export interface Candidate {
 const EJECT_AFTER_FAILURES = 3
 const EJECT_BASE_MS = 2_000
 const EJECT_MAX_MS = 30_000
+/** Outlier detection by error rate: over a window, at least this many requests, this share failed. */
+const RATE_WINDOW_MS = 10_000
+const RATE_MIN_REQUESTS = 10
+const RATE_MAX_FAILURE_SHARE = 0.5
 
 /** All upstream nodes, and the candidates of each model. */
 export class NodePool {
@@ -78,21 +107,47 @@ export class NodePool {
     this.end(node, ok)
   }
 
-  /** The request left the node; `ok` says whether the node served it (a client's cancel counts as ok). */
+  /** The request left the node before it answered, through no fault of the node (lost hedge, client gone). */
+  cancel(node: NodeState): void {
+    node.inFlight--
+  }
+
+  /** The request left the node; `ok` says whether the node served it. */
   end(node: NodeState, ok: boolean, nowMs = Date.now()): void {
     node.inFlight--
+    this.outcome(node, ok, nowMs)
+  }
+
+  /**
+   * Passive outlier detection: consecutive failures, or a high failure share over a window,
+   * eject the node, each time longer while it keeps failing after its return.
+   */
+  outcome(node: NodeState, ok: boolean, nowMs: number): void {
+    if (nowMs - node.windowStartMs > RATE_WINDOW_MS) {
+      node.windowStartMs = nowMs
+      node.windowRequests = 0
+      node.windowFailures = 0
+    }
+    node.windowRequests++
     if (ok) {
       node.consecutiveFailures = 0
       node.answering = true
       return
     }
+    node.windowFailures++
     node.answering = false
     node.failures++
     node.consecutiveFailures++
-    if (node.consecutiveFailures >= EJECT_AFTER_FAILURES) {
-      // Back off longer each time the node keeps failing after its return.
-      const times = node.consecutiveFailures - EJECT_AFTER_FAILURES
-      node.ejectedUntilMs = nowMs + Math.min(EJECT_MAX_MS, EJECT_BASE_MS * 2 ** times)
+    const rateBad =
+      node.windowRequests >= RATE_MIN_REQUESTS &&
+      node.windowFailures / node.windowRequests >= RATE_MAX_FAILURE_SHARE
+    if (node.consecutiveFailures >= EJECT_AFTER_FAILURES || rateBad) {
+      const times = Math.max(0, node.consecutiveFailures - EJECT_AFTER_FAILURES)
+      if (nowMs >= node.ejectedUntilMs) node.eject(nowMs, Math.min(EJECT_MAX_MS, EJECT_BASE_MS * 2 ** times))
+      if (rateBad) {
+        node.windowRequests = 0
+        node.windowFailures = 0
+      }
     }
   }
 }

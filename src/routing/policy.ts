@@ -1,17 +1,122 @@
-import type { Candidate } from './nodes.ts'
+import type { Candidate, NodeState } from './nodes.ts'
 
 /** What a policy may look at besides the nodes. */
 export interface RouteRequest {
   readonly modelId: string
+  /** Prompt tokens as counted by the router. */
   readonly promptTokens: number
-  /** Nodes already tried for this request (failover). */
+  /**
+   * Chained hashes of the prompt's fixed-size blocks (routing/prefix.ts), first block first:
+   * two prompts share a prefix of k blocks exactly when their first k hashes are equal.
+   * Empty when the router does not index this request.
+   */
+  readonly prefix: readonly number[]
+  /** Prompt tokens per prefix block (to turn matched blocks into tokens). */
+  readonly blockTokens: number
+  /** A session hint (the `user` field or the x-session-id header): ties go to the same node. */
+  readonly session: string | undefined
+  /** Whether the response streams (only then is the first chunk observed). */
+  readonly stream: boolean
+  /** Nodes already tried for this request (failover, hedging). */
   readonly exclude: ReadonlySet<Candidate>
   readonly nowMs: number
 }
 
-/** Picks the node for a request among a model's candidates; undefined when none can take it. */
+/** How an attempt on a node ended, as far as routing cares. */
+export type Outcome =
+  /** The node served it (a client's cancel after the first byte counts here too). */
+  | 'ok'
+  /** Refused for load: 429, 503. Collapse the node's estimated rate; try another node. */
+  | 'overloaded'
+  /** Broken, timed out, 5xx: a health failure. */
+  | 'failed'
+  /** Abandoned by the router or the client before the node answered (lost hedge, disconnect). */
+  | 'cancelled'
+
+/**
+ * One dispatch of one request to one node. The pipeline makes it, hands it to the policy's
+ * hooks, and passes it back with each observation, so a policy can keep what it predicted
+ * (say, the uncached tokens it added to a node's queue) and take exactly that back.
+ */
+export class Attempt {
+  /** When the first chunk arrived (streaming), if it has. */
+  firstAtMs: number | undefined
+  /** The policy's predicted time to first token for this attempt, ms, if it predicts. */
+  predictedTtftMs: number | undefined
+  /** Uncached prompt tokens the policy counted as queued on the node for this attempt. */
+  queuedTokens = 0
+  /** Prefix tokens the policy predicted cached on the node. */
+  predictedCachedTokens = 0
+  /** Whether this attempt is counted as decoding on the node. */
+  decoding = false
+  /** Uncached tokens queued on the node ahead of this attempt when it started, its own included. */
+  queueAheadTokens = 0
+  /** Requests decoding on the node when it started. */
+  decodingAtStart = 0
+
+  constructor(
+    readonly candidate: Candidate,
+    readonly req: RouteRequest,
+    readonly startedAtMs: number,
+  ) {}
+}
+
+/** A node's own load report (vLLM or llama.cpp /metrics), when polled. */
+export interface NodeMetrics {
+  /** Requests waiting for a slot. */
+  readonly waiting: number
+  /** Requests running (prefilling or decoding). */
+  readonly running: number
+  /** KV cache use, 0..1, if reported. */
+  readonly kvUsage: number | undefined
+}
+
+/**
+ * Picks the node for a request among a model's candidates, and learns from what happens to the
+ * requests it placed. Time comes in as arguments (never the wall clock) and randomness from an
+ * injected generator, so the same policy runs on live traffic and in the virtual-time benchmark.
+ */
 export interface RoutingPolicy {
+  readonly name: string
+  /** The node to try next, or undefined when none can take it. */
   choose(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined
+  /** The request was sent to `a.candidate` (the pool's in-flight count is already raised). */
+  started(a: Attempt): void
+  /** The first chunk of a streamed response arrived. */
+  firstChunk(a: Attempt, nowMs: number): void
+  /**
+   * The attempt ended; `cachedTokens` when the upstream reported prompt_tokens_details, and
+   * `completionTokens` when known (to learn the node's inter-token latency).
+   */
+  ended(
+    a: Attempt,
+    nowMs: number,
+    outcome: Outcome,
+    cachedTokens: number | undefined,
+    completionTokens?: number,
+  ): void
+  /** A /metrics poll of a node (only when polling is on). */
+  nodeMetrics?(node: NodeState, m: NodeMetrics, nowMs: number): void
+  /**
+   * When to send a copy of a streamed request that has no first chunk yet to the next best
+   * node (hedging), as an absolute time in ms; undefined: do not hedge this attempt.
+   */
+  hedgeAtMs?(a: Attempt): number | undefined
+}
+
+/** Whether a node can take one more request now. */
+export function admissible(c: Candidate, req: RouteRequest): boolean {
+  return !req.exclude.has(c) && c.node.available(req.nowMs) && c.node.inFlight < c.route.maxConcurrency
+}
+
+/** Every node is ejected: the one whose ejection ends first, rather than failing outright. */
+export function soonestBack(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
+  let best: Candidate | undefined
+  for (const c of candidates) {
+    if (req.exclude.has(c) || c.node.inFlight >= c.route.maxConcurrency) continue
+    if (!best || c.node.ejectedUntilMs < best.node.ejectedUntilMs) best = c
+  }
+  return best
 }
 
 /**
@@ -19,6 +124,7 @@ export interface RoutingPolicy {
  * concurrency cap. Ties go to a rotating start so equal nodes share the load.
  */
 export class LeastInFlight implements RoutingPolicy {
+  readonly name = 'least-in-flight'
   private turn = 0
 
   choose(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
@@ -28,20 +134,17 @@ export class LeastInFlight implements RoutingPolicy {
     this.turn = (this.turn + 1) % Math.max(1, n)
     for (let i = 0; i < n; i++) {
       const c = candidates[(this.turn + i) % n]!
-      if (req.exclude.has(c) || !c.node.available(req.nowMs) || c.node.inFlight >= c.route.maxConcurrency)
-        continue
+      if (!admissible(c, req)) continue
       const score = c.node.inFlight / c.route.weight
       if (score < bestScore) {
         best = c
         bestScore = score
       }
     }
-    if (best) return best
-    // Every node is ejected: try the one whose ejection ends first rather than failing outright.
-    for (const c of candidates) {
-      if (req.exclude.has(c) || c.node.inFlight >= c.route.maxConcurrency) continue
-      if (!best || c.node.ejectedUntilMs < best.node.ejectedUntilMs) best = c
-    }
-    return best
+    return best ?? soonestBack(candidates, req)
   }
+
+  started(): void {}
+  firstChunk(): void {}
+  ended(): void {}
 }

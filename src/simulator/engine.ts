@@ -21,6 +21,8 @@ export interface EngineParams {
   blockSize?: number
   /** Extra decode time per running sequence; default itlMs / 20. */
   decodeMsPerSeq?: number
+  /** Emit an event per generated token (default true; the routing benchmark needs only first and done). */
+  tokenEvents?: boolean
 }
 
 export interface EngineRequest {
@@ -95,7 +97,8 @@ export class Engine {
       this.plan = undefined
       for (const seq of decode) {
         if (seq.cancelled) continue
-        events.push({ kind: 'token', id: seq.req.id, at: endsAt, index: seq.generated })
+        if (this.p.tokenEvents !== false)
+          events.push({ kind: 'token', id: seq.req.id, at: endsAt, index: seq.generated })
         seq.generated++
         if (seq.generated >= seq.req.outputTokens) this.finish(seq, endsAt, events)
       }

@@ -401,6 +401,13 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     idleTimeout: 0,
     async fetch(req) {
       const path = new URL(req.url).pathname
+      // A hung node hangs on every path, health and metrics included.
+      if (faults.hang && req.method === 'GET')
+        return new Promise<Response>((resolve) =>
+          req.signal.addEventListener('abort', () => resolve(new Response(null, { status: 499 })), {
+            once: true,
+          }),
+        )
       if (req.method === 'GET') {
         if (path === '/health') return new Response('ok')
         if (path === '/metrics') return metrics()

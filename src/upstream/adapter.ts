@@ -22,5 +22,9 @@ export interface UpstreamReply {
  * client's abort reason.
  */
 export interface UpstreamAdapter {
-  send(call: UpstreamCall, clientSignal: AbortSignal, headersDeadlineMs: number): Promise<UpstreamReply>
+  /**
+   * `controller` is the caller's, one per attempt: aborting it (the client left, a hedge lost, a
+   * deadline passed) stops this upstream request; the adapter aborts it on its own deadlines too.
+   */
+  send(call: UpstreamCall, controller: AbortController, headersDeadlineMs: number): Promise<UpstreamReply>
 }

@@ -14,14 +14,11 @@ export class OpenAICompatibleAdapter implements UpstreamAdapter {
 
   async send(
     call: UpstreamCall,
-    clientSignal: AbortSignal,
+    controller: AbortController,
     headersDeadlineMs: number,
   ): Promise<UpstreamReply> {
-    const controller = new AbortController()
-    const abort = (reason: Error) => controller.abort(reason)
-    if (clientSignal.aborted) throw clientSignal.reason
-    const onClientAbort = () => controller.abort(clientSignal.reason)
-    clientSignal.addEventListener('abort', onClientAbort, { once: true })
+    const signal = controller.signal
+    if (signal.aborted) throw signal.reason
     const deadline = this.watchdog.watch(headersDeadlineMs, () =>
       controller.abort(new UpstreamTimeout(`${call.route.node} sent no response headers in time`)),
     )
@@ -36,12 +33,11 @@ export class OpenAICompatibleAdapter implements UpstreamAdapter {
         method: 'POST',
         headers,
         body: call.body,
-        signal: controller.signal,
+        signal,
         decompress: true,
       })
     } catch (err) {
-      clientSignal.removeEventListener('abort', onClientAbort)
-      if (controller.signal.aborted) throw controller.signal.reason
+      if (signal.aborted) throw signal.reason
       // The raw fetch text (socket errors, Bun's hints) is for logs, not for clients.
       throw new UpstreamFailed(
         `upstream node ${call.route.node} could not be reached`,
@@ -53,8 +49,8 @@ export class OpenAICompatibleAdapter implements UpstreamAdapter {
       this.watchdog.clear(deadline)
     }
     if (!response.ok) {
-      // The error body is read under its own deadline and size cap, with the client's abort
-      // still wired: an upstream that stalls after a 5xx header must not hold the request.
+      // The error body is read under its own deadline and size cap, with the abort still wired:
+      // an upstream that stalls after a 5xx header must not hold the request.
       const d = this.watchdog.watch(Date.now() + 5_000, () =>
         controller.abort(new UpstreamTimeout(`${call.route.node} stalled in its error response`)),
       )
@@ -65,18 +61,11 @@ export class OpenAICompatibleAdapter implements UpstreamAdapter {
         // classified by status alone
       } finally {
         this.watchdog.clear(d)
-        clientSignal.removeEventListener('abort', onClientAbort)
       }
-      if (clientSignal.aborted) throw clientSignal.reason
+      if (signal.aborted && !(signal.reason instanceof UpstreamTimeout)) throw signal.reason
       throw classify(call, response.status, text)
     }
-    return {
-      response,
-      abort: (reason) => {
-        clientSignal.removeEventListener('abort', onClientAbort)
-        abort(reason)
-      },
-    }
+    return { response, abort: (reason) => controller.abort(reason) }
   }
 }
 

@@ -30,7 +30,7 @@ describe('failover before the first byte', () => {
     expect(failures).toBeGreaterThan(0)
   })
 
-  test('a node answering 503: no client request fails, and it gets ejected', async () => {
+  test('a node answering 503: no client request fails, and it stops receiving traffic', async () => {
     t = await startTropa()
     t.nodes[0]!.setFaults({ rate503: 1 })
     const client = t.client()
@@ -39,11 +39,12 @@ describe('failover before the first byte', () => {
       expect(r.choices.length).toBe(1)
     }
     const sim1 = [...t.svc.deps.pool.nodes.values()].find((n) => n.name === 'sim-1')!
-    expect(sim1.available(Date.now())).toBe(false)
-    // after ejection the failing node stops receiving traffic
-    const sentBefore = t.nodes[0]!.stats().requests
+    // Each 503 prices the node out (its prefill rate collapses) or ejects it: it is tried rarely.
+    expect(sim1.failures).toBeGreaterThan(0)
+    expect(sim1.failures).toBeLessThanOrEqual(3)
+    const failedBefore = sim1.failures
     for (let i = 0; i < 10; i++) await client.chat.completions.create(body)
-    expect(t.nodes[0]!.stats().requests).toBe(sentBefore)
+    expect(sim1.failures - failedBefore).toBeLessThanOrEqual(1)
   })
 
   test('a node that hangs: the first-byte timeout fails over', async () => {

@@ -17,6 +17,7 @@ export const chatRoutes = (svc: Services) =>
           body,
           request.signal,
           set.headers['x-request-id'] as string,
+          request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
         ),
       {
         parse: jsonBody(svc.config.server.maxBodyBytes, authenticateFirst(svc)),

@@ -1,5 +1,6 @@
 import { Elysia } from 'elysia'
 import { tokenizerReady } from '../../pipeline/tokens.ts'
+import { PredictedTtft } from '../../routing/predicted.ts'
 import type { Services } from '../../services.ts'
 
 /** Liveness, readiness and Prometheus metrics: no authentication. */
@@ -47,5 +48,41 @@ function metricsText(svc: Services): string {
   )
   const now = Date.now()
   for (const n of nodes) lines.push(`tropa_upstream_ejected{node="${n.name}"} ${n.available(now) ? 0 : 1}`)
+  lines.push(
+    '# HELP tropa_upstream_ejections_total Times a node was ejected (breaker opened).',
+    '# TYPE tropa_upstream_ejections_total counter',
+  )
+  for (const n of nodes) lines.push(`tropa_upstream_ejections_total{node="${n.name}"} ${n.ejections}`)
+  const { hedges, retries, policy } = svc.deps
+  lines.push(
+    '# HELP tropa_hedges_total Requests copied to a second node because their first token was late.',
+    '# TYPE tropa_hedges_total counter',
+    `tropa_hedges_total ${hedges?.used ?? 0}`,
+    '# HELP tropa_retries_total Attempts after the first (failover and hedges).',
+    '# TYPE tropa_retries_total counter',
+    `tropa_retries_total ${retries.used}`,
+  )
+  if (policy instanceof PredictedTtft) {
+    const figures = policy.snapshot(now)
+    const gauge = (name: string, help: string, pick: (f: (typeof figures)[number]) => number) => {
+      lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} gauge`)
+      for (const f of figures) lines.push(`${name}{node="${f.node}"} ${Number(pick(f).toFixed(3))}`)
+    }
+    gauge('tropa_node_prefill_tokens_per_second', 'Learned prefill rate (R) per node.', (f) => f.tokensPerSec)
+    gauge(
+      'tropa_node_queued_prompt_tokens',
+      'Uncached prompt tokens sent and not yet answered (P).',
+      (f) => f.queuedTokens,
+    )
+    gauge('tropa_node_decoding', 'Requests past their first token (D).', (f) => f.decoding)
+    gauge('tropa_node_itl_ms', 'Learned inter-token latency per node.', (f) => f.itlMs)
+    gauge('tropa_node_rtt_ms', 'Network round trip floor per node.', (f) => f.rttMs)
+    gauge(
+      'tropa_node_prefix_hit_ratio',
+      'How often predicted prefix cache hits were real.',
+      (f) => f.hitRatio,
+    )
+    gauge('tropa_node_prefix_index_blocks', 'Prefix blocks indexed per node.', (f) => f.indexBlocks)
+  }
   return `${lines.join('\n')}\n`
 }

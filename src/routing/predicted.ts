@@ -1,0 +1,355 @@
+import type { Candidate, NodeState } from './nodes.ts'
+import {
+  type Attempt,
+  admissible,
+  type NodeMetrics,
+  type Outcome,
+  type RouteRequest,
+  type RoutingPolicy,
+  soonestBack,
+} from './policy.ts'
+import { PrefixIndex } from './prefix.ts'
+import { RatioQuantile } from './quantile.ts'
+
+export interface PredictedTtftOptions {
+  /** Uniform [0, 1) numbers; seeded in the benchmark. */
+  readonly rng: () => number
+  /** Prefill rate assumed for a node never observed, tokens/s. */
+  readonly priorTokensPerSec: number
+  /** Inter-token latency assumed before one is observed, ms. */
+  readonly priorItlMs: number
+  /**
+   * Weight of the decoding requests in the prediction: gamma in `gamma * D * itl`. A continuous
+   * batching engine adds about itl/20 to every iteration per decoding sequence, hence 0.05.
+   */
+  readonly gamma: number
+  /** Random nodes sampled besides the best prefix matches (power-of-two choices). */
+  readonly sampled: number
+  /** Prefix index size per node, in blocks. */
+  readonly indexBlocks: number
+  /** Time constant of the rate's recovery after a drop, ms (drops apply at once). */
+  readonly recoveryMs: number
+  /** A session's previous node wins when predicted within this factor of the best. */
+  readonly sessionSlack: number
+  /**
+   * Hedge a streamed request when its first chunk is later than this quantile of observed/predicted
+   * TTFT times the prediction (and at least `hedgeMinMs` after it started).
+   */
+  readonly hedgeQuantile: number
+  readonly hedgeMinMs: number
+}
+
+export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
+  priorTokensPerSec: 8_000,
+  priorItlMs: 25,
+  gamma: 0.05,
+  sampled: 2,
+  indexBlocks: 32_768,
+  recoveryMs: 10_000,
+  sessionSlack: 1.15,
+  hedgeQuantile: 0.95,
+  hedgeMinMs: 50,
+}
+
+/** What the policy has learned about one node. */
+export class NodeModel {
+  /** Uncached prompt tokens sent and not yet answered with a first chunk (P). */
+  queuedTokens = 0
+  /** Requests past their first chunk and not ended (D). */
+  decoding = 0
+  /** Requests sent and not answered yet (non-streamed ones stay here until they end). */
+  waiting = 0
+  /** Prefill rate, tokens/s, as the samples say over time. */
+  baseRate: number
+  private sampled = false
+  /** A dip below the base rate (a slow sample, a 429), recovering towards it with time. */
+  private dipRate = Number.POSITIVE_INFINITY
+  private dipAtMs = 0
+  /** Inter-token latency, ms, EWMA over finished streams. */
+  itlMs: number
+  /** Round-trip time floor: the smallest tiny-prompt TTFT seen, refreshed every 30 s. */
+  rttMs = 0
+  private rttWindowMin = Number.POSITIVE_INFINITY
+  private rttWindowStart = 0
+  /** How often a predicted prefix hit is real (actual cached / predicted cached), EWMA. */
+  hitRatio = 1
+  /** From /metrics: requests the node itself has waiting for a slot. */
+  metricWaiting = 0
+  metricRunning = 0
+  metricAtMs = Number.NEGATIVE_INFINITY
+  /** Time from dispatch to end of a request here, ms, EWMA: how long a slot stays taken. */
+  serviceMs = 0
+  readonly index: PrefixIndex
+  /** Requests routed here (first attempts and failovers) and first chunks seen. */
+  routed = 0
+  firstChunks = 0
+
+  constructor(
+    readonly node: NodeState,
+    opts: Omit<PredictedTtftOptions, 'rng'>,
+    private readonly recoveryMs = opts.recoveryMs,
+  ) {
+    this.baseRate = opts.priorTokensPerSec
+    this.itlMs = opts.priorItlMs
+    this.index = new PrefixIndex(opts.indexBlocks)
+  }
+
+  /**
+   * The prefill rate R to predict with: peak-sensitive. A slower sample or an overload applies
+   * at once; recovery to the base rate takes about `recoveryMs`, with or without traffic, so
+   * a node priced out by one bad moment gets tried again.
+   */
+  rate(nowMs: number): number {
+    if (this.dipRate >= this.baseRate) return this.baseRate
+    const w = 1 - Math.exp(-Math.max(0, nowMs - this.dipAtMs) / this.recoveryMs)
+    return this.dipRate + (this.baseRate - this.dipRate) * w
+  }
+
+  observeRate(sample: number, nowMs: number): void {
+    if (!(sample > 0) || !Number.isFinite(sample)) return
+    if (!this.sampled) {
+      this.sampled = true
+      this.baseRate = sample
+    } else this.baseRate += (sample - this.baseRate) * 0.1
+    if (sample < this.rate(nowMs)) this.dip(sample, nowMs)
+  }
+
+  /** Prices the node down to `rate` now (recovering with time). */
+  dip(rate: number, nowMs: number): void {
+    this.dipRate = rate
+    this.dipAtMs = nowMs
+  }
+
+  /** The network floor: a minimum over 30 s windows, kept from the last full window. */
+  observeRtt(sampleMs: number, nowMs: number): void {
+    if (nowMs - this.rttWindowStart > 30_000) {
+      if (Number.isFinite(this.rttWindowMin)) this.rttMs = this.rttWindowMin
+      this.rttWindowMin = Number.POSITIVE_INFINITY
+      this.rttWindowStart = nowMs
+    }
+    this.rttWindowMin = Math.min(this.rttWindowMin, sampleMs)
+    if (this.rttMs === 0 || sampleMs < this.rttMs) this.rttMs = sampleMs
+  }
+}
+
+/**
+ * Tropa's policy: send each request where its first token is predicted soonest.
+ *
+ *   ttft(node) = rtt + (P + n - h*m) / R + gamma * D * itl
+ *
+ * n prompt tokens, m of them predicted cached on the node (its prefix index), h how often such
+ * predictions come true there, P uncached tokens queued there and not answered yet, D requests
+ * decoding there, R its prefill rate learned from each first token. Candidates are the nodes
+ * with the longest prefix match plus `sampled` random nodes, so many routers do not all pile
+ * onto one node. A session's previous node wins near-ties.
+ */
+export class PredictedTtft implements RoutingPolicy {
+  readonly name: string
+  private readonly opts: PredictedTtftOptions
+  private readonly models = new Map<NodeState, NodeModel>()
+  private readonly sessions = new Map<string, NodeState>()
+  private readonly ratio = new RatioQuantile()
+  private metricsOn = false
+
+  constructor(opts: Partial<PredictedTtftOptions> & Pick<PredictedTtftOptions, 'rng'>, name = 'tropa') {
+    this.opts = { ...DEFAULT_PREDICTED_OPTIONS, ...opts }
+    this.name = name
+  }
+
+  model(node: NodeState): NodeModel {
+    let m = this.models.get(node)
+    if (!m) {
+      m = new NodeModel(node, this.opts)
+      this.models.set(node, m)
+    }
+    return m
+  }
+
+  /** Predicted TTFT on a node for `n` prompt tokens of which `cached` are likely cached, ms. */
+  predict(m: NodeModel, n: number, cached: number, nowMs: number): number {
+    const queued = m.queuedTokens
+    let slotWaitMs = 0
+    if (this.metricsOn && nowMs - m.metricAtMs < 5_000 && m.metricWaiting > 0) {
+      // The node has requests waiting for a slot (its own backlog or other routers' traffic):
+      // each must wait for running ones to finish, about a service time per slot's worth.
+      slotWaitMs = ((m.metricWaiting + 1) * m.serviceMs) / Math.max(1, m.metricRunning)
+    }
+    const uncached = Math.max(1, n - m.hitRatio * cached)
+    return (
+      m.rttMs +
+      slotWaitMs +
+      ((queued + uncached) * 1000) / m.rate(nowMs) +
+      this.opts.gamma * m.decoding * m.itlMs
+    )
+  }
+
+  choose(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
+    const pool: Candidate[] = []
+    const matched: number[] = []
+    let bestMatch = 0
+    for (const c of candidates) {
+      if (!admissible(c, req)) continue
+      const blocks = req.prefix.length > 0 ? this.model(c.node).index.match(req.prefix) : 0
+      pool.push(c)
+      matched.push(blocks)
+      if (blocks > bestMatch) bestMatch = blocks
+    }
+    if (pool.length === 0) return soonestBack(candidates, req)
+    if (pool.length === 1) return pool[0]
+
+    // The nodes holding the longest prefix, plus a few at random.
+    const picked = new Set<number>()
+    if (bestMatch > 0) for (let i = 0; i < pool.length; i++) if (matched[i] === bestMatch) picked.add(i)
+    const sessionNode = req.session !== undefined ? this.sessions.get(req.session) : undefined
+    let sessionIdx = -1
+    if (sessionNode) {
+      sessionIdx = pool.findIndex((c) => c.node === sessionNode)
+      if (sessionIdx >= 0) picked.add(sessionIdx)
+    }
+    const want = Math.min(pool.length, picked.size + this.opts.sampled)
+    for (let tries = 0; picked.size < want && tries < 4 * pool.length; tries++)
+      picked.add(Math.floor(this.opts.rng() * pool.length))
+
+    let best = -1
+    let bestTtft = Number.POSITIVE_INFINITY
+    const times = new Map<number, number>()
+    for (const i of picked) {
+      const c = pool[i]!
+      const cached = Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1)
+      const t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
+      times.set(i, t)
+      if (t < bestTtft) {
+        bestTtft = t
+        best = i
+      }
+    }
+    if (sessionIdx >= 0 && sessionIdx !== best && times.get(sessionIdx)! <= bestTtft * this.opts.sessionSlack)
+      best = sessionIdx
+    return pool[best]
+  }
+
+  started(a: Attempt): void {
+    const m = this.model(a.candidate.node)
+    const req = a.req
+    const blocks = req.prefix.length > 0 ? m.index.match(req.prefix) : 0
+    const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
+    a.predictedCachedTokens = cached
+    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs)
+    a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
+    m.queuedTokens += a.queuedTokens
+    a.queueAheadTokens = m.queuedTokens
+    a.decodingAtStart = m.decoding
+    m.waiting++
+    m.routed++
+    if (req.prefix.length > 0) m.index.insert(req.prefix)
+    if (req.session !== undefined) {
+      this.sessions.delete(req.session)
+      this.sessions.set(req.session, a.candidate.node)
+      if (this.sessions.size > 100_000) this.sessions.delete(this.sessions.keys().next().value!)
+    }
+  }
+
+  firstChunk(a: Attempt, nowMs: number): void {
+    if (a.firstAtMs !== undefined) return
+    a.firstAtMs = nowMs
+    const m = this.model(a.candidate.node)
+    const ttft = nowMs - a.startedAtMs
+    const own = a.queuedTokens
+    this.dequeue(m, a)
+    m.decoding++
+    a.decoding = true
+    m.firstChunks++
+    // Solve the prediction for R with what was known at dispatch: the tokens this first token
+    // waited for (the queue ahead of it, its own included) over the time they took.
+    const decodeMs = this.opts.gamma * a.decodingAtStart * m.itlMs
+    const prefillMs = ttft - m.rttMs - decodeMs
+    if (prefillMs > 0) m.observeRate((a.queueAheadTokens * 1000) / prefillMs, nowMs)
+    // A tiny prompt on an idle node measures the network, not the prefill.
+    if (a.queueAheadTokens <= own && own <= 64 && a.decodingAtStart === 0) m.observeRtt(ttft, nowMs)
+    if (a.predictedTtftMs !== undefined && a.predictedTtftMs > 0) this.ratio.add(ttft / a.predictedTtftMs)
+  }
+
+  ended(
+    a: Attempt,
+    nowMs: number,
+    outcome: Outcome,
+    cachedTokens: number | undefined,
+    completionTokens?: number,
+  ): void {
+    const m = this.model(a.candidate.node)
+    if (a.decoding) {
+      m.decoding--
+      a.decoding = false
+      if (
+        outcome === 'ok' &&
+        completionTokens !== undefined &&
+        completionTokens > 1 &&
+        a.firstAtMs !== undefined
+      ) {
+        const itl = (nowMs - a.firstAtMs) / (completionTokens - 1)
+        m.itlMs += (itl - m.itlMs) * 0.2
+      }
+    } else this.dequeue(m, a)
+    if (outcome === 'overloaded') {
+      // 429/503: the node is full; price it out until its first tokens say otherwise.
+      m.dip(m.rate(nowMs) / 8, nowMs)
+    } else if (outcome === 'failed') {
+      m.dip(m.rate(nowMs) / 2, nowMs)
+      m.index.clear()
+    }
+    if (outcome === 'ok') {
+      const took = nowMs - a.startedAtMs
+      m.serviceMs = m.serviceMs === 0 ? took : m.serviceMs + (took - m.serviceMs) * 0.1
+    }
+    if (outcome === 'ok' && cachedTokens !== undefined && a.predictedCachedTokens > 0) {
+      const sample = Math.min(1, cachedTokens / a.predictedCachedTokens)
+      m.hitRatio += (sample - m.hitRatio) * 0.1
+    }
+  }
+
+  nodeMetrics(node: NodeState, metrics: NodeMetrics, nowMs: number): void {
+    this.metricsOn = true
+    const m = this.model(node)
+    m.metricWaiting = metrics.waiting
+    m.metricRunning = metrics.running
+    m.metricAtMs = nowMs
+  }
+
+  hedgeAtMs(a: Attempt): number | undefined {
+    if (a.predictedTtftMs === undefined || !a.req.stream) return undefined
+    // A router that has seen few first tokens does not know yet what late means.
+    if (this.ratio.count < 20) return undefined
+    const q = this.ratio.quantile(this.opts.hedgeQuantile)
+    return a.startedAtMs + Math.max(this.opts.hedgeMinMs, a.predictedTtftMs * Math.max(1.5, q))
+  }
+
+  /** A snapshot per node for /metrics. */
+  snapshot(nowMs: number): {
+    node: string
+    tokensPerSec: number
+    queuedTokens: number
+    decoding: number
+    itlMs: number
+    rttMs: number
+    hitRatio: number
+    indexBlocks: number
+  }[] {
+    return [...this.models.values()].map((m) => ({
+      node: m.node.name,
+      tokensPerSec: m.rate(nowMs),
+      queuedTokens: m.queuedTokens,
+      decoding: m.decoding,
+      itlMs: m.itlMs,
+      rttMs: m.rttMs,
+      hitRatio: m.hitRatio,
+      indexBlocks: m.index.size,
+    }))
+  }
+
+  private dequeue(m: NodeModel, a: Attempt): void {
+    if (a.queuedTokens === 0) return
+    m.queuedTokens = Math.max(0, m.queuedTokens - a.queuedTokens)
+    m.waiting = Math.max(0, m.waiting - 1)
+    a.queuedTokens = 0
+  }
+}

@@ -1,0 +1,191 @@
+import { afterEach, describe, expect, test } from 'bun:test'
+import type { PredictedTtft } from '../../src/routing/predicted.ts'
+import type { SimNode } from '../../src/simulator/index.ts'
+import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
+
+let t: Tropa | undefined
+afterEach(async () => {
+  await t?.stop()
+  t = undefined
+})
+
+/** A chat model on the given nodes, with per-node weights. */
+const modelsWith = (weights: number[]) => (nodes: SimNode[]) => [
+  {
+    id: 'test/chat',
+    owned_by: 'test',
+    kind: 'chat' as const,
+    context_length: 32_768,
+    pricing: CHAT_PRICE,
+    routes: nodes.map((n, i) => ({
+      name: n.name,
+      base_url: n.url,
+      upstream_model: 'chat-up',
+      max_concurrency: 64,
+      weight: weights[i] ?? 1,
+    })),
+  },
+]
+
+const nodeOf = (r: Response) => r.headers.get('x-tropa-node')
+
+async function chat(tropa: Tropa, body: Record<string, unknown>, headers: Record<string, string> = {}) {
+  const res = await tropa.fetch('/v1/chat/completions', {
+    method: 'POST',
+    headers,
+    body: JSON.stringify({ model: 'test/chat', max_tokens: 4, ...body }),
+  })
+  expect(res.status).toBe(200)
+  return {
+    node: nodeOf(res),
+    json: (await res.json()) as { usage: { prompt_tokens_details?: { cached_tokens?: number } } },
+  }
+}
+
+describe('routing over real HTTP', () => {
+  test('prompts sharing a long prefix go where that prefix is cached, and hit the cache', async () => {
+    t = await startTropa({
+      nodes: [1, 2, 3].map((i) => ({
+        name: `sim-${i}`,
+        timeScale: 1,
+        itlMs: 1,
+        iterationOverheadMs: 0,
+        seed: i,
+      })),
+      models: modelsWith([1, 1, 1]),
+    })
+    const prefixes = ['alpha', 'bravo', 'charlie', 'delta'].map((w) => `${w} policy manual. `.repeat(150))
+    const home = new Map<number, string>()
+    let sameNode = 0
+    let cached = 0
+    let total = 0
+    for (let round = 0; round < 5; round++)
+      for (let g = 0; g < prefixes.length; g++) {
+        const r = await chat(t, {
+          messages: [
+            { role: 'system', content: prefixes[g] },
+            { role: 'user', content: `question ${round}` },
+          ],
+        })
+        total++
+        if (round === 0) home.set(g, r.node!)
+        else {
+          if (r.node === home.get(g)) sameNode++
+          if ((r.json.usage.prompt_tokens_details?.cached_tokens ?? 0) > 500) cached++
+        }
+      }
+    // 16 follow-ups: all to the node holding their prefix, served from its cache.
+    expect(sameNode).toBe(16)
+    expect(cached).toBe(16)
+    expect(total).toBe(20)
+  })
+
+  test('a session hint keeps a conversation on one node', async () => {
+    t = await startTropa({
+      nodes: [1, 2, 3].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })),
+      models: modelsWith([1, 1, 1]),
+    })
+    for (const how of ['user', 'header'] as const) {
+      const seen = new Set<string | null>()
+      for (let i = 0; i < 12; i++) {
+        const body = {
+          messages: [{ role: 'user', content: `turn ${i}` }],
+          ...(how === 'user' && { user: 'u-42' }),
+        }
+        const r = await chat(t, body, how === 'header' ? { 'x-session-id': 's-42' } : {})
+        seen.add(r.node)
+      }
+      expect(seen.size).toBe(1)
+    }
+  })
+
+  test('a late first token is hedged to another node; the client gets its stream from the winner', async () => {
+    t = await startTropa({
+      nodes: [1, 2].map((i) => ({
+        name: `sim-${i}`,
+        timeScale: 1,
+        itlMs: 1,
+        iterationOverheadMs: 0,
+        seed: i,
+      })),
+      // sim-1 looks ten times better, so it gets the traffic until it misbehaves.
+      models: modelsWith([10, 1]),
+      upstream: { first_byte_timeout_ms: 10_000 },
+    })
+    const client = t.client()
+    const streamOnce = async () => {
+      const s = await client.chat.completions.create({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'hello' }],
+        max_tokens: 3,
+        stream: true,
+      })
+      let chunks = 0
+      for await (const _ of s) chunks++
+      return chunks
+    }
+    for (let i = 0; i < 30; i++) expect(await streamOnce()).toBeGreaterThan(0)
+    expect(t.svc.deps.hedges!.used).toBe(0)
+    const before = t.nodes[0]!.stats()
+    t.nodes[0]!.setFaults({ hang: true })
+    const started = Date.now()
+    for (let i = 0; i < 3; i++) expect(await streamOnce()).toBeGreaterThan(0)
+    const elapsed = Date.now() - started
+    // Without hedging each of these would wait out the 10 s first-byte timeout on sim-1.
+    expect(elapsed).toBeLessThan(5_000)
+    expect(t.svc.deps.hedges!.used).toBeGreaterThanOrEqual(1)
+    // The losing copies on sim-1 were cancelled, not left hanging.
+    await Bun.sleep(50)
+    const after = t.nodes[0]!.stats()
+    expect(after.requests - before.requests).toBeGreaterThanOrEqual(1)
+    expect(after.aborted - before.aborted).toBe(after.requests - before.requests)
+  })
+
+  test('a hung node is ejected by active health checks, and returns when it answers again', async () => {
+    t = await startTropa({
+      nodes: [1, 2].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })),
+      models: modelsWith([1, 1]),
+      upstream: { connect_timeout_ms: 200 },
+      extra: { routing: { health_check_ms: 100 } },
+    })
+    const sim1 = t.svc.deps.pool.nodes.get(t.nodes[0]!.url)!
+    t.nodes[0]!.setFaults({ hang: true })
+    await Bun.sleep(700)
+    expect(sim1.available(Date.now())).toBe(false)
+    t.nodes[0]!.setFaults({ hang: false })
+    await Bun.sleep(400)
+    expect(sim1.available(Date.now())).toBe(true)
+    // It comes back gradually: a few requests at a time at first (the cap grows over 10 s).
+    for (let i = 0; i < 4; i++) t.svc.deps.pool.begin(sim1)
+    expect(sim1.available(Date.now())).toBe(false)
+    for (let i = 0; i < 4; i++) t.svc.deps.pool.cancel(sim1)
+    expect(sim1.available(Date.now())).toBe(true)
+  })
+
+  test("nodes' Prometheus metrics are polled into the policy", async () => {
+    t = await startTropa({
+      nodes: [1, 2].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })),
+      models: modelsWith([1, 1]),
+      extra: { routing: { metrics_poll_ms: 50 } },
+    })
+    const policy = t.svc.deps.policy as PredictedTtft
+    const sim1 = t.svc.deps.pool.nodes.get(t.nodes[0]!.url)!
+    const before = Date.now()
+    await Bun.sleep(300)
+    // The simulator serves vLLM's gauge names at <origin>/metrics.
+    expect(policy.model(sim1).metricAtMs).toBeGreaterThanOrEqual(before)
+  })
+
+  test('/metrics shows what the policy has learned per node', async () => {
+    t = await startTropa({
+      nodes: [1, 2].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })),
+      models: modelsWith([1, 1]),
+    })
+    for (let i = 0; i < 4; i++)
+      await chat(t, { messages: [{ role: 'user', content: `hi ${i}` }], stream: false })
+    const text = await (await fetch(`${t.url}/metrics`)).text()
+    expect(text).toMatch(/tropa_node_prefill_tokens_per_second\{node="sim-1"\} \d/)
+    expect(text).toMatch(/tropa_hedges_total \d/)
+    expect((t.svc.deps.policy as PredictedTtft).snapshot(Date.now()).length).toBe(2)
+  })
+})

@@ -1,0 +1,230 @@
+import { describe, expect, test } from 'bun:test'
+import type { ModelConfig } from '../../src/config/load.ts'
+import { ShareBudget } from '../../src/routing/budget.ts'
+import { type Candidate, NodePool } from '../../src/routing/nodes.ts'
+import { Attempt, type RouteRequest } from '../../src/routing/policy.ts'
+import { PredictedTtft } from '../../src/routing/predicted.ts'
+import { BlockHasher, chainSeed } from '../../src/routing/prefix.ts'
+
+function fleet(n: number, maxConcurrency = 64): { pool: NodePool; cands: readonly Candidate[] } {
+  const model: ModelConfig = {
+    id: 'm/x',
+    ownedBy: 'm',
+    kind: 'chat',
+    contextLength: 100_000,
+    dimensions: undefined,
+    created: 0,
+    price: { promptNano: 0n, completionNano: 0n },
+    routes: Array.from({ length: n }, (_, i) => ({
+      node: `n${i}`,
+      baseUrl: `http://10.0.0.${i}:8000/v1`,
+      upstreamModel: 'x',
+      apiKey: undefined,
+      maxConcurrency,
+      weight: 1,
+      firstByteTimeoutMs: undefined,
+      hedge: true,
+      metricsUrl: '',
+    })),
+  }
+  const pool = new NodePool([model])
+  return { pool, cands: pool.candidates('m/x') }
+}
+
+/** A seeded generator so choices are repeatable. */
+function rng(seed = 1) {
+  let s = seed >>> 0
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0
+    let t = s
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+function prefixOf(text: string): number[] {
+  const h = new BlockHasher(chainSeed('m/x'))
+  h.push(text)
+  return h.hashes
+}
+
+const req = (over: Partial<RouteRequest> & { nowMs: number }): RouteRequest => ({
+  modelId: 'm/x',
+  promptTokens: 1000,
+  prefix: [],
+  blockTokens: 64,
+  session: undefined,
+  stream: true,
+  exclude: new Set(),
+  ...over,
+})
+
+/** Runs one attempt through its life: started, first chunk after `ttftMs`, ended after `totalMs`. */
+function serve(
+  p: PredictedTtft,
+  pool: NodePool,
+  c: Candidate,
+  r: RouteRequest,
+  ttftMs: number,
+  totalMs = ttftMs,
+) {
+  pool.begin(c.node, r.nowMs)
+  const a = new Attempt(c, r, r.nowMs)
+  p.started(a)
+  p.firstChunk(a, r.nowMs + ttftMs)
+  pool.end(c.node, true, r.nowMs + totalMs)
+  p.ended(a, r.nowMs + totalMs, 'ok', undefined, 10)
+  return a
+}
+
+describe('PredictedTtft', () => {
+  test('sends a prompt to the node that holds its prefix when loads are equal', () => {
+    const { pool, cands } = fleet(8)
+    const p = new PredictedTtft({ rng: rng(), sampled: 2 })
+    const shared = 'system prompt '.repeat(400)
+    const first = req({ nowMs: 0, prefix: prefixOf(`${shared}question one`), promptTokens: 1500 })
+    const home = p.choose(cands, first)!
+    serve(p, pool, home, first, 200)
+    for (let i = 0; i < 20; i++) {
+      const r = req({
+        nowMs: 1000 + i * 1000,
+        prefix: prefixOf(`${shared}question ${i}`),
+        promptTokens: 1500,
+      })
+      const c = p.choose(cands, r)!
+      expect(c).toBe(home)
+      serve(p, pool, c, r, 50)
+    }
+  })
+
+  test('load outweighs the prefix: a node with a long queue loses to an idle one', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng() })
+    const shared = 'x'.repeat(256 * 8)
+    const r0 = req({ nowMs: 0, prefix: prefixOf(shared), promptTokens: 600 })
+    const home = p.choose(cands, r0)!
+    serve(p, pool, home, r0, 100)
+    // Queue 50k uncached tokens on the home node (sent, no first chunk yet).
+    for (let i = 0; i < 10; i++) {
+      const r = req({ nowMs: 1000, promptTokens: 5000, exclude: new Set(cands.filter((c) => c !== home)) })
+      pool.begin(home.node, 1000)
+      p.started(new Attempt(home, r, 1000))
+    }
+    const next = p.choose(cands, req({ nowMs: 1001, prefix: prefixOf(`${shared}more`), promptTokens: 600 }))
+    expect(next).not.toBe(home)
+  })
+
+  test('learns prefill rates from first tokens: the fast node gets the traffic', () => {
+    const { pool, cands } = fleet(2, 1000)
+    const p = new PredictedTtft({ rng: rng() })
+    const [a, b] = cands as [Candidate, Candidate]
+    // a prefills 20k tokens/s, b 2k tokens/s
+    serve(p, pool, a, req({ nowMs: 0, promptTokens: 2000 }), 100)
+    serve(p, pool, b, req({ nowMs: 0, promptTokens: 2000 }), 1000)
+    expect(p.model(a.node).rate(1000)).toBeCloseTo(20_000, -2)
+    expect(p.model(b.node).rate(1000)).toBeCloseTo(2_000, -2)
+    let onA = 0
+    for (let i = 0; i < 100; i++) {
+      const r = req({ nowMs: 2000 + i, promptTokens: 2000 })
+      const c = p.choose(cands, r)!
+      pool.begin(c.node, r.nowMs)
+      p.started(new Attempt(c, r, r.nowMs))
+      if (c === a) onA++
+    }
+    // With nothing answered, queues build: a takes about ten times b's share.
+    expect(onA).toBeGreaterThan(80)
+    expect(onA).toBeLessThan(100)
+  })
+
+  test('a slow sample or a 429 prices a node down at once, and it recovers with time', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng(), recoveryMs: 10_000 })
+    const a = cands[0]!
+    serve(p, pool, a, req({ nowMs: 0, promptTokens: 1000 }), 100) // 10k tok/s
+    const m = p.model(a.node)
+    expect(m.rate(100)).toBeCloseTo(10_000, -2)
+    const r = req({ nowMs: 200 })
+    pool.begin(a.node, 200)
+    const at = new Attempt(a, r, 200)
+    p.started(at)
+    pool.end(a.node, false, 210)
+    p.ended(at, 210, 'overloaded', undefined)
+    expect(m.rate(210)).toBeLessThan(10_000 / 7)
+    expect(m.rate(210 + 10_000)).toBeGreaterThan(10_000 * 0.6)
+    expect(m.rate(210 + 60_000)).toBeGreaterThan(m.baseRate * 0.99)
+  })
+
+  test('never picks an excluded, ejected or full node while another can take the request', () => {
+    const { pool, cands } = fleet(3, 1)
+    const p = new PredictedTtft({ rng: rng() })
+    const [a, b, c] = cands as [Candidate, Candidate, Candidate]
+    b.node.eject(0, 5_000)
+    pool.begin(c.node, 0) // c is at its cap of 1
+    for (let i = 0; i < 50; i++) expect(p.choose(cands, req({ nowMs: 10 + i }))).toBe(a)
+    expect(p.choose(cands, req({ nowMs: 10, exclude: new Set([a]) }))).toBe(b) // soonest back
+  })
+
+  test('a session returns to its node on a near-tie', () => {
+    const { pool, cands } = fleet(4)
+    const p = new PredictedTtft({ rng: rng(3) })
+    for (const c of cands) serve(p, pool, c, req({ nowMs: 0 }), 100)
+    const first = req({ nowMs: 1000, session: 'user-7' })
+    const home = p.choose(cands, first)!
+    serve(p, pool, home, first, 100)
+    for (let i = 0; i < 20; i++) {
+      const r = req({ nowMs: 2000 + i * 500, session: 'user-7' })
+      const c = p.choose(cands, r)!
+      expect(c).toBe(home)
+      serve(p, pool, c, r, 100)
+    }
+  })
+
+  test('hedges only once it knows what late means, and later than the prediction', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng(), hedgeMinMs: 50 })
+    const c = cands[0]!
+    const early = new Attempt(c, req({ nowMs: 0 }), 0)
+    p.started(early)
+    expect(p.hedgeAtMs(early)).toBeUndefined()
+    for (let i = 0; i < 40; i++) serve(p, pool, c, req({ nowMs: 1000 + i * 1000 }), 100)
+    const r = req({ nowMs: 60_000 })
+    const a = new Attempt(c, r, 60_000)
+    p.started(a)
+    const at = p.hedgeAtMs(a)!
+    expect(at).toBeGreaterThanOrEqual(60_000 + Math.max(50, a.predictedTtftMs! * 1.5))
+    expect(p.hedgeAtMs(new Attempt(c, req({ nowMs: 60_000, stream: false }), 60_000))).toBeUndefined()
+  })
+
+  test('learns how often predicted prefix hits are real', () => {
+    const { pool, cands } = fleet(1)
+    const p = new PredictedTtft({ rng: rng() })
+    const c = cands[0]!
+    const prefix = prefixOf('y'.repeat(256 * 10))
+    serve(p, pool, c, req({ nowMs: 0, prefix, promptTokens: 700 }), 100)
+    for (let i = 0; i < 30; i++) {
+      const r = req({ nowMs: 1000 + i, prefix, promptTokens: 700 })
+      pool.begin(c.node, r.nowMs)
+      const a = new Attempt(c, r, r.nowMs)
+      p.started(a)
+      expect(a.predictedCachedTokens).toBe(640)
+      pool.end(c.node, true, r.nowMs + 1)
+      p.ended(a, r.nowMs + 1, 'ok', 0) // the node had evicted it: nothing was cached
+    }
+    expect(p.model(c.node).hitRatio).toBeLessThan(0.1)
+  })
+})
+
+describe('ShareBudget', () => {
+  test('allows the burst, then about `share` of requests', () => {
+    const b = new ShareBudget(0.05, 10)
+    let used = 0
+    for (let i = 0; i < 1000; i++) {
+      b.earn()
+      if (b.take()) used++
+    }
+    expect(used).toBeGreaterThanOrEqual(58)
+    expect(used).toBeLessThanOrEqual(61)
+    expect(b.used).toBe(used)
+  })
+})

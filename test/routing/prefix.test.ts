@@ -1,0 +1,62 @@
+import { describe, expect, test } from 'bun:test'
+import { BLOCK_CHARS, BlockHasher, chainSeed, PrefixIndex } from '../../src/routing/prefix.ts'
+import { parseNodeMetrics } from '../../src/routing/probes.ts'
+
+const hash = (model: string, ...pieces: string[]) => {
+  const h = new BlockHasher(chainSeed(model))
+  for (const p of pieces) h.push(p)
+  return h.hashes
+}
+
+describe('prefix blocks', () => {
+  test('equal prefixes give equal leading hashes; the first differing block and all after differ', () => {
+    const base = 'a'.repeat(BLOCK_CHARS * 3)
+    const x = hash('m', `${base}${'b'.repeat(BLOCK_CHARS * 2)}`)
+    const y = hash('m', `${base}c${'b'.repeat(BLOCK_CHARS * 2 - 1)}`)
+    expect(x.length).toBe(5)
+    expect(x.slice(0, 3)).toEqual(y.slice(0, 3))
+    // Blocks 4 and 5 hold the same text in both prompts after one character; chaining tells them apart.
+    expect(x[3]).not.toBe(y[3])
+    expect(x[4]).not.toBe(y[4])
+  })
+
+  test('how the text is split into pieces does not matter; the model does', () => {
+    const text = 'hello world, '.repeat(100)
+    expect(hash('m', text)).toEqual(hash('m', text.slice(0, 7), text.slice(7, 300), text.slice(300)))
+    expect(hash('m', text)[0]).not.toBe(hash('other', text)[0])
+    expect(hash('m', 'short')).toEqual([])
+  })
+
+  test('the index matches leading blocks only and forgets the least recently used', () => {
+    const idx = new PrefixIndex(6)
+    const a = hash('m', 'a'.repeat(BLOCK_CHARS * 4))
+    const b = hash('m', 'b'.repeat(BLOCK_CHARS * 4))
+    idx.insert(a)
+    expect(idx.match(a)).toBe(4)
+    expect(idx.match([a[0]!, a[1]!, 12345, a[3]!])).toBe(2)
+    expect(idx.match(b)).toBe(0)
+    idx.insert(b) // 8 blocks into 6: a's two oldest go
+    expect(idx.size).toBe(6)
+    expect(idx.match(b)).toBe(4)
+    expect(idx.match(a)).toBe(0)
+  })
+})
+
+describe('node metrics', () => {
+  test('reads vLLM and llama.cpp load figures, summed over label sets', () => {
+    const vllm = [
+      '# HELP vllm:num_requests_waiting Number of requests waiting.',
+      '# TYPE vllm:num_requests_waiting gauge',
+      'vllm:num_requests_waiting{model_name="a"} 3.0',
+      'vllm:num_requests_waiting{model_name="b"} 2.0',
+      'vllm:num_requests_running{model_name="a"} 7',
+      'vllm:kv_cache_usage_perc{model_name="a"} 0.42',
+      'vllm:prompt_tokens_total{model_name="a"} 123456',
+    ].join('\n')
+    expect(parseNodeMetrics(vllm)).toEqual({ waiting: 5, running: 7, kvUsage: 0.42 })
+    const llama =
+      'llamacpp:requests_processing 1\nllamacpp:requests_deferred 4\nllamacpp:kv_cache_usage_ratio 0.9\n'
+    expect(parseNodeMetrics(llama)).toEqual({ waiting: 4, running: 1, kvUsage: 0.9 })
+    expect(parseNodeMetrics('# nothing here\nprocess_cpu_seconds_total 3\n')).toBeUndefined()
+  })
+})
