@@ -10,6 +10,8 @@ export interface WorkerInit {
   readonly filesDir: string
   readonly models: readonly ModelConfig[]
   readonly firstByteTimeoutMs: number
+  /** The longest a response body may take once its headers came, as on the live path. */
+  readonly idleTimeoutMs: number
   readonly leaseMs: number
   /** Lines one worker keeps in flight at most. */
   readonly concurrency: number
@@ -32,6 +34,8 @@ export type ToWorker =
 export type AdmitReply =
   | {
       readonly kind: 'go'
+      /** The node's name (the ledger row's). */
+      readonly node: string
       readonly baseUrl: string
       readonly upstreamModel: string
       readonly apiKey: string | undefined

@@ -154,6 +154,11 @@ export class BatchScheduler {
         this.send({ t: 'validate', batchId: b.id })
         continue
       }
+      if (b.status === 'in_progress' && this.identity.keyById(b.keyId)?.status === 'revoked') {
+        // A revoked key never comes back: fail what is left now rather than at expiry.
+        void this.failBatch(b.id, 'key_revoked', 'the API key was revoked')
+        continue
+      }
       if (b.status === 'in_progress' && now >= b.expiresAt) {
         await this.store.failOpenLines(b.id, (l) =>
           errorLine(l.customId, 'batch_expired', 'the batch expired before this line ran'),
@@ -338,7 +343,7 @@ export class BatchScheduler {
       this.pool.endBatch(best.node, true)
       if (err instanceof SharedStateUnavailable) return { kind: 'wait', ms: 500 }
       // Out of money mid-batch: the batch fails, keeping what finished.
-      void this.failForFunds(m.batchId)
+      void this.failBatch(m.batchId, 'insufficient_quota', 'the money ran out')
       return { kind: 'stop', code: 'insufficient_quota' }
     }
     this.admitted.get(w)?.set(m.reqId, {
@@ -351,6 +356,7 @@ export class BatchScheduler {
     })
     return {
       kind: 'go',
+      node: best.node.name,
       baseUrl: best.route.baseUrl,
       upstreamModel: best.route.upstreamModel,
       apiKey: best.route.apiKey,
@@ -405,10 +411,11 @@ export class BatchScheduler {
     return c?.ok ? c : undefined
   }
 
-  /** Batches failing for lack of money: their lines are refused at once. */
+  /** Batches failing (money ran out, key revoked): their lines are refused at once. */
   private readonly failing = new Set<string>()
 
-  private async failForFunds(batchId: string) {
+  /** Fails a running batch: lines in flight finish, the rest fail with `code`, then it is finalized. */
+  private async failBatch(batchId: string, code: string, why: string) {
     if (this.busy.has(batchId)) return
     this.busy.add(batchId)
     const b = await this.store.getBatch(batchId)
@@ -422,10 +429,10 @@ export class BatchScheduler {
         object: 'list',
         data: [
           {
-            code: 'insufficient_quota',
+            code,
             line: null,
             param: null,
-            message: 'the money ran out during the batch',
+            message: `${why} during the batch`,
           },
         ],
       }),
@@ -435,7 +442,7 @@ export class BatchScheduler {
     const wait = async () => {
       await this.store.failOpenLines(
         batchId,
-        (l) => errorLine(l.customId, 'insufficient_quota', 'the money ran out before this line ran'),
+        (l) => errorLine(l.customId, code, `${why} before this line ran`),
         true,
       )
       if ((await this.store.openLineCount(batchId)) > 0) return void setTimeout(() => void wait(), 50)

@@ -4,6 +4,7 @@ import { EmbeddingRequest } from '../api/embeddings.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { TropaError } from '../errors.ts'
+import { fromValueError } from '../http/value-error.ts'
 import { checkMessages, outputBudget } from '../pipeline/chat.ts'
 import { checkInputs } from '../pipeline/embeddings.ts'
 import { countChatPrompt, countTokens, reservedPromptTokens } from '../pipeline/tokens.ts'
@@ -31,12 +32,9 @@ export function priceLine(
   const chat = endpoint === '/v1/chat/completions'
   const schema = chat ? ChatRequest : EmbeddingRequest
   if (!Value.Check(schema, body)) {
-    const first = Value.Errors(schema, body).First()
-    throw new LineError(
-      'invalid_body',
-      `body${first?.path ?? ''}: ${first?.message ?? 'invalid'}`,
-      first?.path ?? null,
-    )
+    // The same 400 the live endpoint would give, as this line's error.
+    const err = fromValueError(Value.Errors(schema, body).First())
+    throw new LineError('invalid_body', `body.${err.message}`, err.param ? `body.${err.param}` : 'body')
   }
   const model = models.get(body.model)
   if (!model)

@@ -3,13 +3,14 @@
 // batch files, runs leased lines against the upstream the main thread picked, and writes result
 // files. Money and routing stay on the main thread: every line asks it for a node and a
 // reservation first, so the hard limits hold across threads.
+import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { LocalFileStore } from '../files/file-store.ts'
 import { FilesService } from '../files/service.ts'
 import { requestId } from '../ids.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
-import type { BatchLine, BatchStatus, Store } from '../storage/store.ts'
+import type { BatchLine, BatchRecord, BatchStatus, Store } from '../storage/store.ts'
 import { sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { priceLine, validateFile } from './validate.ts'
@@ -140,7 +141,7 @@ async function runLine(line: BatchLine) {
     outcome: 'error',
   }
   try {
-    settle = await callUpstream(line, batch.endpoint, body, cost.model.id, cost.promptTokens, reply)
+    settle = await callUpstream(line, batch, body, cost, reply)
   } finally {
     post(settle)
   }
@@ -149,12 +150,15 @@ async function runLine(line: BatchLine) {
 /** One line against the node the main thread chose; returns what to settle. */
 async function callUpstream(
   line: BatchLine,
-  endpoint: string,
+  batch: BatchRecord,
   body: Record<string, unknown>,
-  modelId: string,
-  countedPrompt: number,
+  cost: { model: ModelConfig; promptTokens: number; worstNano: bigint },
   reply: Extract<AdmitReply, { kind: 'go' }> & { reqId: number },
 ): Promise<Extract<FromWorker, { t: 'settle' }>> {
+  const endpoint = batch.endpoint
+  const modelId = cost.model.id
+  const countedPrompt = cost.promptTokens
+  const startedAtMs = Date.now()
   const reqId = reply.reqId
   const path = endpoint === '/v1/chat/completions' ? '/chat/completions' : '/embeddings'
   const requestIdOfLine = `${line.batchId}-${line.line}`
@@ -162,17 +166,25 @@ async function callUpstream(
   if (reply.apiKey) headers.authorization = `Bearer ${reply.apiKey}`
   let status = 0
   let text = ''
+  // Headers within the first-byte timeout, then the body within the idle timeout: the live
+  // path's bounds for a non-streamed answer.
+  const controller = new AbortController()
+  let timer = setTimeout(() => controller.abort(), cfg.firstByteTimeoutMs)
   try {
     const res = await fetch(`${reply.baseUrl}${path}`, {
       method: 'POST',
       headers,
       body: JSON.stringify({ ...body, model: reply.upstreamModel, stream: false }),
-      signal: AbortSignal.timeout(cfg.firstByteTimeoutMs),
+      signal: controller.signal,
     })
+    clearTimeout(timer)
+    timer = setTimeout(() => controller.abort(), cfg.idleTimeoutMs)
     status = res.status
     text = await res.text()
   } catch {
     status = 0
+  } finally {
+    clearTimeout(timer)
   }
   if (status >= 200 && status < 300) {
     let parsed: { id?: unknown; model?: unknown; usage?: unknown; choices?: unknown } | null = null
@@ -196,7 +208,29 @@ async function callUpstream(
       response: { status_code: status, request_id: requestIdOfLine, body: parsed },
       error: null,
     })
-    const fresh = await store.finishLine(line.batchId, line.line, true, result)
+    // The ledger row goes in with the result, in one transaction, so a node killed right after
+    // cannot leave the line done but unbilled; the main thread's settlement of the same row
+    // (same request id) then only moves its in-memory spend and the reservation.
+    const full = batchCostNano(costNano(usage.promptTokens, usage.completionTokens, cost.model.price))
+    // biome-ignore lint/complexity/useMathMinMax: bigint, which Math.min does not take
+    const charged = full > cost.worstNano ? cost.worstNano : full
+    const outcome = reported ? 'ok' : 'ok:estimated'
+    const fresh = await store.finishLine(line.batchId, line.line, true, result, {
+      requestId: requestIdOfLine,
+      kind: 'usage',
+      orgId: batch.orgId,
+      keyId: batch.keyId,
+      model: modelId,
+      node: reply.node,
+      promptTokens: usage.promptTokens,
+      completionTokens: usage.completionTokens,
+      costNano: charged,
+      batchId: line.batchId,
+      startedAtMs,
+      endedAtMs: Date.now(),
+      outcome: charged < full ? `${outcome}:capped` : outcome,
+      estimated: false,
+    })
     // A line already final (finished by a worker that died after writing) is not billed again.
     return {
       t: 'settle',

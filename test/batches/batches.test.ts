@@ -134,6 +134,7 @@ describe('batches through the official SDK', () => {
         body: { model: 'nope/none', messages: [{ role: 'user', content: 'x' }] },
       }),
       JSON.stringify({ ...chatLine(5), method: 'GET' }),
+      JSON.stringify({ ...chatLine(6), body: { ...chatLine(6).body, temperature: 3 } }),
     ]
     const file = await client.files.create({
       file: await toFile(Buffer.from(`${lines.join('\n')}\n`), 'bad.jsonl'),
@@ -157,7 +158,12 @@ describe('batches through the official SDK', () => {
       [4, 'invalid_url'],
       [5, 'model_not_found'],
       [6, 'invalid_method'],
+      [7, 'invalid_body'],
     ])
+    // A bad body reads as the live endpoint's 400 would: OpenAI's param notation, a plain message.
+    const bad = b.errors!.data!.find((e) => e.line === 7)!
+    expect(bad.param).toBe('body.temperature')
+    expect(bad.message).toMatch(/^body\.temperature: .*2/)
     expect(t.nodes.reduce((s, n) => s + n.stats().chatRequests, 0)).toBe(before)
     expect(await ledgerOf(b.id)).toHaveLength(0)
   })

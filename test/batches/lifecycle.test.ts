@@ -36,6 +36,41 @@ const linesOf = async (client: OpenAI, fileId: string | null | undefined) =>
     : []
 
 describe('batch lifecycle', () => {
+  test('the key is revoked mid-batch: it fails now (not at expiry), finished lines delivered, the rest key_revoked', async () => {
+    t = await startTropa({ ...slowFleet(), extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } } })
+    const res = await t.fetch('/v1/keys', {
+      method: 'POST',
+      key: t.masterKey,
+      body: JSON.stringify({ name: 'doomed' }),
+    })
+    const doomed = (await res.json()) as { key_id: string; key: string }
+    const client = t.client(doomed.key)
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(jsonl(60)), 'r.jsonl'),
+      purpose: 'batch',
+    })
+    const created = await client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    })
+    const owner = t.client(t.apiKey)
+    for (let b = await until(owner, created.id, ['in_progress']); (b.request_counts?.completed ?? 0) < 5; ) {
+      await Bun.sleep(20)
+      b = await owner.batches.retrieve(created.id)
+    }
+    const del = await t.fetch(`/v1/keys/${doomed.key_id}`, { method: 'DELETE', key: t.masterKey })
+    expect(del.status).toBe(200)
+    // Read it with another key of the organization: the revoked one gets 401 now.
+    const b = await until(owner, created.id, ['failed'], 10_000)
+    expect(b.errors?.data?.[0]?.code).toBe('key_revoked')
+    const ok = await linesOf(owner, b.output_file_id)
+    const bad = await linesOf(owner, b.error_file_id)
+    expect(ok.length).toBeGreaterThanOrEqual(5)
+    expect(ok.length + bad.length).toBe(60)
+    expect(bad.every((l) => l.error.code === 'key_revoked')).toBe(true)
+  })
+
   test('cancel: cancelling -> cancelled, finished lines delivered, the rest in the error file', async () => {
     t = await startTropa({ ...slowFleet(), extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } } })
     const client = t.client()

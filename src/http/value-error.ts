@@ -1,0 +1,52 @@
+import { type ValueError, ValueErrorType } from '@sinclair/typebox/value'
+import { InvalidValue, MissingField, type TropaError } from '../errors.ts'
+
+/** `/messages/0/role` -> `messages[0].role`, as OpenAI names params. */
+function paramOf(path: string): string {
+  return path
+    .split('/')
+    .filter(Boolean)
+    .map((seg, i) => (/^\d+$/.test(seg) ? `[${seg}]` : i === 0 ? seg : `.${seg}`))
+    .join('')
+}
+
+/**
+ * A union's own error only says "expected union value"; the most telling error is inside a
+ * branch that matched the type but broke a constraint (`temperature: 3` fails `maximum`, not
+ * `null`). Pick the deepest such error.
+ */
+function mostSpecific(e: ValueError): ValueError {
+  if (e.type !== ValueErrorType.Union || e.errors.length === 0) return e
+  let best: ValueError | undefined
+  for (const branch of e.errors) {
+    const subs = [...branch]
+    // A branch whose discriminator (`type: "text"`, say) does not match is not the one meant.
+    if (subs.some((s) => s.type === ValueErrorType.Literal)) continue
+    for (const sub of subs) {
+      const s = mostSpecific(sub)
+      const mismatch = /^Expected (string|number|integer|boolean|null|object|array|union value)$/.test(
+        s.message,
+      )
+      if (!mismatch && (!best || s.path.length > best.path.length)) best = s
+    }
+  }
+  return best ?? e
+}
+
+/** "one of a, b, c" for a union of literals, else TypeBox's message. */
+function describe(e: ValueError): string {
+  const options = (e.schema as { anyOf?: { const?: unknown }[] }).anyOf
+  if (e.type === ValueErrorType.Union && options?.every((o) => o.const !== undefined))
+    return `must be one of ${options.map((o) => JSON.stringify(o.const)).join(', ')}`
+  return e.message.toLowerCase()
+}
+
+/** A TypeBox error as the 400 a client sees: the param in OpenAI's notation and a plain message. */
+export function fromValueError(error: ValueError | undefined): TropaError {
+  const first = error ? mostSpecific(error) : undefined
+  if (!first) return new InvalidValue('the request body is not valid', null)
+  const param = paramOf(first.path)
+  if (first.type === ValueErrorType.ObjectRequiredProperty) return new MissingField(param)
+  if (param === '') return new InvalidValue(`the request body must be a JSON object`, null)
+  return new InvalidValue(`${param}: ${describe(first)}`, param)
+}
