@@ -152,6 +152,7 @@ export function headline(r: Omit<BenchReport, 'headline' | 'targets'>): Record<s
   const bare = byName(rep, 'bare')
   const tropa = byName(rep, 'tropa')
   const nobill = byName(rep, 'tropa-nobill')
+  const shared = byName(rep, 'tropa-pg')
   const portkey = byName(rep, 'portkey')
   const ratio = (a: number | undefined | null, b: number | undefined | null) =>
     a === undefined || a === null || b === undefined || b === null || b === 0 ? null : a / b
@@ -192,6 +193,13 @@ export function headline(r: Omit<BenchReport, 'headline' | 'targets'>): Record<s
     tropa_streams_at_max: lastLevel?.opened ?? null,
     billing_added_p50_ms_2000: at2k(tropa) && at2k(nobill) ? at2k(tropa)!.p50 - at2k(nobill)!.p50 : null,
     billing_added_p99_ms_2000: at2k(tropa) && at2k(nobill) ? at2k(tropa)!.p99 - at2k(nobill)!.p99 : null,
+    // Share of the router's saturated throughput the money path costs (wrk, billing on vs off).
+    money_share_of_router_cost:
+      tropa?.wrk?.rps && nobill?.wrk?.rps ? 1 - tropa.wrk.rps / nobill.wrk.rps : null,
+    shared_added_p50_ms_2000: at2k(shared)?.p50 ?? null,
+    shared_over_embedded_added_p50_2000: ratio(at2k(shared)?.p50, at2k(tropa)?.p50),
+    shared_max_rps: shared?.maxHeldRps ?? null,
+    shared_wrk_rps: shared?.wrk?.rps ?? null,
     noise_added_p50_ms_2000: rep.noise && direct ? (addedAt(rep.noise, direct, 2000)?.p50 ?? null) : null,
     // Direct's two concurrent groups: an A/A comparison.
     noise_added_itl_p99_us: addedItl(direct, 'p99'),
@@ -230,6 +238,9 @@ export function checkTargets(h: Record<string, number | null>): TargetCheck[] {
   const kib = v('tropa_kib_per_stream_at_max')
   const streams = v('tropa_streams_at_max')
   const ready = v('tropa_ready_ms')
+  const health = v('tropa_health_ms')
+  const money = v('money_share_of_router_cost')
+  const sharedRatio = v('shared_over_embedded_added_p50_2000')
   const p50Rate = v('tropa_over_portkey_added_p50_rate')
   return [
     at2k(
@@ -273,9 +284,19 @@ export function checkTargets(h: Record<string, number | null>): TargetCheck[] {
       kib === null ? null : kib < 64,
     ),
     check(
-      'Ready under 150 ms',
-      ready === null ? 'n/a' : `${f(ready, 0)} ms`,
-      ready === null ? null : ready < 150,
+      'Ready (health answering) under 150 ms',
+      health === null ? 'n/a' : `${f(health, 0)} ms to /health (/ready, tokenizer built: ${f(ready, 0)} ms)`,
+      health === null ? null : health < 150,
+    ),
+    check(
+      'Money path under 5% of the router cost (wrk, billing on vs off)',
+      money === null ? 'n/a' : `${f(money * 100, 1)}%`,
+      money === null ? null : money < 0.05,
+    ),
+    check(
+      'PostgreSQL + Redis added p50 under 2x the embedded default (2,000 RPS)',
+      sharedRatio === null ? 'n/a' : `${f(sharedRatio)}x (+${f(v('shared_added_p50_ms_2000'))} ms)`,
+      sharedRatio === null ? null : sharedRatio < 2,
     ),
   ]
 }

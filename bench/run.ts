@@ -33,7 +33,7 @@ import { runWrk, wrkPath } from './wrk.ts'
  * See BENCHMARKS.md for what each row means. `--quick` is the CI smoke (seconds, not minutes).
  */
 
-const HELP = `bun bench/run.ts [--quick] [--only direct,bare,tropa,tropa-nobill,portkey] [--json <file>]
+const HELP = `bun bench/run.ts [--quick] [--only direct,bare,tropa,tropa-nobill,tropa-pg,portkey] [--json <file>]
 
   --quick     a second or so per row (CI smoke); figures are rough
   --only      a subset of the contestants (direct is always run: it is the floor)
@@ -138,7 +138,7 @@ async function main(): Promise<void> {
   let readyNote = NOT_RUN
   let tropaNote = ''
   try {
-    const needsTropa = selected.some((c) => c === 'tropa' || c === 'tropa-nobill')
+    const needsTropa = selected.some((c) => c.startsWith('tropa'))
     const exe = needsTropa ? await tropaExecutable(repoRoot, dir, log, values.build === true) : undefined
     if (exe) tropaNote = exe.note
     const noBill = exe ? await noBillingSupport(repoRoot, exe.path) : undefined

@@ -15,7 +15,7 @@ import { ensurePortkey, portkeyCommand, portkeyConfig } from './portkey.ts'
 import { baseEnv, type Child, freePort, spawnChild, waitForFile, waitForHttp } from './proc.ts'
 
 /** The contestants, in table order. */
-export const CONTESTANTS = ['direct', 'bare', 'tropa', 'tropa-nobill', 'portkey'] as const
+export const CONTESTANTS = ['direct', 'bare', 'tropa', 'tropa-nobill', 'tropa-pg', 'portkey'] as const
 export type ContestantName = (typeof CONTESTANTS)[number]
 
 export const LABELS: Record<ContestantName, string> = {
@@ -23,6 +23,7 @@ export const LABELS: Record<ContestantName, string> = {
   bare: 'bare Bun proxy',
   tropa: 'Tropa',
   'tropa-nobill': 'Tropa, billing off',
+  'tropa-pg': 'Tropa, PostgreSQL + Redis',
   portkey: 'Portkey 1.15.2',
 }
 
@@ -86,6 +87,8 @@ export async function startContestant(
       return tropa(ctx, tropaBinary, false)
     case 'tropa-nobill':
       return tropa(ctx, tropaBinary, true)
+    case 'tropa-pg':
+      return tropa(ctx, tropaBinary, false, await sharedState())
     case 'portkey':
       return portkey(ctx, portkeyDir)
   }
@@ -143,8 +146,60 @@ export function tropaConfig(fleet: FleetUrls, port: number, dataDir: string): un
   }
 }
 
-async function tropa(ctx: RunContext, binary: string, noBilling: boolean): Promise<Contestant> {
-  const name: ContestantName = noBilling ? 'tropa-nobill' : 'tropa'
+/**
+ * A fresh PostgreSQL database and Redis key prefix for the shared-state contestant (one Tropa
+ * node with `storage = "postgres"` and Redis, as each node of a cluster runs). The server URLs
+ * come from TROPA_BENCH_PG_URL / TROPA_BENCH_REDIS_URL, defaulting to this machine's.
+ */
+async function sharedState(): Promise<SharedState> {
+  const adminUrl = process.env.TROPA_BENCH_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test'
+  const redisUrl = process.env.TROPA_BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379'
+  const { SQL, RedisClient } = await import('bun')
+  const admin = new SQL(adminUrl)
+  const db = `tropa_bench_${Date.now().toString(36)}`
+  try {
+    await admin.unsafe(`CREATE DATABASE ${db}`)
+  } finally {
+    await admin.close()
+  }
+  const redis = new RedisClient(redisUrl)
+  try {
+    await redis.send('PING', [])
+  } finally {
+    redis.close()
+  }
+  const u = new URL(adminUrl)
+  u.pathname = `/${db}`
+  return {
+    env: {
+      TROPA_STORAGE: 'postgres',
+      TROPA_POSTGRES_URL: u.toString(),
+      TROPA_REDIS_URL: redisUrl,
+      TROPA_REDIS_PREFIX: `${db}:`,
+    },
+    async drop() {
+      const a = new SQL(adminUrl)
+      try {
+        await a.unsafe(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`)
+      } finally {
+        await a.close()
+      }
+    },
+  }
+}
+
+interface SharedState {
+  readonly env: Record<string, string>
+  drop(): Promise<void>
+}
+
+async function tropa(
+  ctx: RunContext,
+  binary: string,
+  noBilling: boolean,
+  shared?: SharedState,
+): Promise<Contestant> {
+  const name: ContestantName = shared ? 'tropa-pg' : noBilling ? 'tropa-nobill' : 'tropa'
   const stamp = `${name}-${Date.now()}`
   const dataDir = join(ctx.dir, stamp)
   mkdirSync(dataDir, { recursive: true })
@@ -157,6 +212,7 @@ async function tropa(ctx: RunContext, binary: string, noBilling: boolean): Promi
     env: baseEnv({
       TROPA_ADMIN_TOKEN: ADMIN_TOKEN,
       ...(noBilling ? { TROPA_BENCH_NO_BILLING: '1' } : {}),
+      ...shared?.env,
     }),
     // No stray .env from the repository: Bun would load it into the executable.
     cwd: dataDir,
@@ -173,10 +229,14 @@ async function tropa(ctx: RunContext, binary: string, noBilling: boolean): Promi
       endpoint: () => ({ urls: [`${base}/v1/chat/completions`], headers: auth }),
       model: (f) => `bench/${f}`,
       wrkUrl: () => `${base}/v1/chat/completions`,
-      stop: () => child.stop(),
+      stop: async () => {
+        await child.stop()
+        await shared?.drop().catch(() => {})
+      },
     }
   } catch (err) {
     await child.stop()
+    await shared?.drop().catch(() => {})
     throw err
   }
 }

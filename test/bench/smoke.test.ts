@@ -11,7 +11,7 @@ const root = resolve(import.meta.dir, '../..')
  * produces a complete table and JSON. No speed figure is asserted (CI machines vary).
  */
 test(
-  'quick benchmark of direct, bare and Tropa produces a complete report',
+  'quick benchmark of direct, bare, Tropa and Tropa on PostgreSQL + Redis produces a complete report',
   async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tropa-bench-smoke-'))
     try {
@@ -20,7 +20,7 @@ test(
       for (const [k, v] of Object.entries(process.env))
         if (v !== undefined && !k.startsWith('TROPA_')) env[k] = v
       const proc = Bun.spawn(
-        [process.execPath, 'bench/run.ts', '--quick', '--only', 'direct,bare,tropa', '--json', json],
+        [process.execPath, 'bench/run.ts', '--quick', '--only', 'direct,bare,tropa,tropa-pg', '--json', json],
         { cwd: root, env, stdout: 'pipe', stderr: 'pipe' },
       )
       const [out, err] = await Promise.all([
@@ -35,7 +35,7 @@ test(
         expect(out).toContain(heading)
 
       const r = JSON.parse(readFileSync(json, 'utf8')) as BenchReport
-      expect(r.contestants.map((c) => c.name)).toEqual(['direct', 'bare', 'tropa'])
+      expect(r.contestants.map((c) => c.name)).toEqual(['direct', 'bare', 'tropa', 'tropa-pg'])
       for (const c of r.contestants) {
         expect(c.available).toBe(true)
         expect(c.notes.filter((n) => n.includes('failed'))).toEqual([])
@@ -49,7 +49,7 @@ test(
         if (r.settings.wrk !== 'not installed') expect(c.wrk?.requests ?? 0).toBeGreaterThan(0)
       }
       expect(r.ready?.runs).toBe(1)
-      expect(r.targets.length).toBe(8)
+      expect(r.targets.length).toBe(10)
       expect(Object.keys(r.headline)).toContain('tropa_over_bare_added_p50_2000')
     } finally {
       rmSync(dir, { recursive: true, force: true })

@@ -1,0 +1,370 @@
+/**
+ * The routing benchmark's world in virtual time: a fleet of simulated inference engines (the
+ * simulator's own continuous-batching model, src/simulator/engine.ts), a network delay per node,
+ * and the real routing code (policy, node pool, passive health, hedge budget) driving it. No
+ * timers and no wall clock: an event queue advances time, so a run is exact and repeatable.
+ */
+import type { ModelConfig } from '../../src/config/load.ts'
+import { ShareBudget } from '../../src/routing/budget.ts'
+import { type Candidate, NodePool } from '../../src/routing/nodes.ts'
+import { Attempt, type RouteRequest, type RoutingPolicy } from '../../src/routing/policy.ts'
+import { chainSeed } from '../../src/routing/prefix.ts'
+import { Engine, type EngineParams } from '../../src/simulator/engine.ts'
+import { blockHashes, type TraceRequest } from './workloads.ts'
+
+export interface NodeSpec {
+  readonly name: string
+  readonly kind: 'fast' | 'medium' | 'slow'
+  readonly prefillTokensPerSec: number
+  readonly itlMs: number
+  readonly maxSeqs: number
+  readonly cacheTokens: number
+  readonly prefillBudgetTokens: number
+  readonly rttMs: number
+}
+
+const spec = (
+  name: string,
+  kind: NodeSpec['kind'],
+  prefillTokensPerSec: number,
+  itlMs: number,
+  maxSeqs: number,
+  cacheTokens: number,
+  prefillBudgetTokens: number,
+  rttMs: number,
+): NodeSpec => ({ name, kind, prefillTokensPerSec, itlMs, maxSeqs, cacheTokens, prefillBudgetTokens, rttMs })
+
+/**
+ * The issue's fleet of 8: 2 fast GPU nodes (prefill 20k tok/s, ITL 15 ms, large cache), 4 medium
+ * (8k tok/s, 25 ms), 2 slow llama.cpp-like (2.5k tok/s, 40 ms, 4 sequences, small cache). Each
+ * decoding sequence adds ITL/20 to an iteration (the engine's default), and one iteration
+ * prefills at most the budget.
+ */
+export const FLEET: readonly NodeSpec[] = [
+  spec('fast-1', 'fast', 20_000, 15, 64, 600_000, 8192, 1),
+  spec('fast-2', 'fast', 20_000, 15, 64, 600_000, 8192, 2),
+  spec('medium-1', 'medium', 8_000, 25, 32, 200_000, 4096, 1),
+  spec('medium-2', 'medium', 8_000, 25, 32, 200_000, 4096, 2),
+  spec('medium-3', 'medium', 8_000, 25, 32, 200_000, 4096, 3),
+  spec('medium-4', 'medium', 8_000, 25, 32, 200_000, 4096, 4),
+  spec('slow-1', 'slow', 2_500, 40, 4, 16_000, 512, 5),
+  spec('slow-2', 'slow', 2_500, 40, 4, 16_000, 512, 5),
+]
+
+/**
+ * Nominal capacity of a node in requests/s: every slot busy, each request costing its share of
+ * the decode iterations (out x (itl + itl/20 x slots) / slots) plus its uncached prefill.
+ */
+export function nodeCapacity(n: NodeSpec, uncachedTokens: number, outputTokens: number): number {
+  const perRequestMs =
+    (outputTokens * (n.itlMs + (n.itlMs / 20) * n.maxSeqs)) / n.maxSeqs +
+    (uncachedTokens * 1000) / n.prefillTokensPerSec
+  return 1000 / perRequestMs
+}
+
+export function fleetCapacity(fleet: readonly NodeSpec[], uncached: number, out: number): number {
+  return fleet.reduce((s, n) => s + nodeCapacity(n, uncached, out), 0)
+}
+
+export interface SimOptions {
+  readonly fleet: readonly NodeSpec[]
+  /** Feed the nodes' load (waiting, running, cache use) to the policy every second. */
+  readonly metrics: boolean
+  /** Hedge late first tokens (within 5% of requests), if the policy proposes times. */
+  readonly hedge: boolean
+  /** Slow a node down: [node index, from ms, to ms, factor]. */
+  readonly slowdowns: readonly (readonly [number, number, number, number])[]
+  /** Requests arriving before this are not measured (warm-up). */
+  readonly measureFromMs: number
+  readonly measureToMs: number
+  /** Stop the world here even if requests are still open (they count as not served). */
+  readonly horizonMs: number
+}
+
+export interface SimResult {
+  /** TTFT (ms) of each measured request that got a first token by the horizon. */
+  readonly ttftMs: number[]
+  /** Measured requests without a first token by the horizon. */
+  readonly unserved: number
+  readonly measured: number
+  readonly hedges: number
+  /** Prompt tokens served from the nodes' caches, share of all prompt tokens. */
+  readonly cacheHitShare: number
+}
+
+/** Prompt block hashes of a trace, computed once and shared by every policy's run. */
+export interface PreparedRequest extends TraceRequest {
+  readonly engineBlocks: readonly string[]
+  readonly routerBlocks: readonly number[]
+}
+
+const MODEL = 'bench/chat'
+
+export function prepare(trace: readonly TraceRequest[]): PreparedRequest[] {
+  const seed = chainSeed(MODEL)
+  return trace.map((r) => ({
+    ...r,
+    engineBlocks: blockHashes(r.segments, 16, 0x811c9dc5).map(String),
+    routerBlocks: blockHashes(r.segments, 64, seed),
+  }))
+}
+
+class Heap {
+  private readonly a: { t: number; seq: number; fn: () => void }[] = []
+  private seq = 0
+  get size() {
+    return this.a.length
+  }
+  push(t: number, fn: () => void) {
+    const a = this.a
+    a.push({ t, seq: this.seq++, fn })
+    let i = a.length - 1
+    while (i > 0) {
+      const p = (i - 1) >> 1
+      if (this.less(a[p]!, a[i]!)) break
+      ;[a[p], a[i]] = [a[i]!, a[p]!]
+      i = p
+    }
+  }
+  pop() {
+    const a = this.a
+    const top = a[0]!
+    const last = a.pop()!
+    if (a.length > 0) {
+      a[0] = last
+      let i = 0
+      for (;;) {
+        const l = 2 * i + 1
+        const r = l + 1
+        let m = i
+        if (l < a.length && this.less(a[l]!, a[m]!)) m = l
+        if (r < a.length && this.less(a[r]!, a[m]!)) m = r
+        if (m === i) break
+        ;[a[m], a[i]] = [a[i]!, a[m]!]
+        i = m
+      }
+    }
+    return top
+  }
+  private less(x: { t: number; seq: number }, y: { t: number; seq: number }) {
+    return x.t < y.t || (x.t === y.t && x.seq < y.seq)
+  }
+}
+
+interface SimNode {
+  readonly spec: NodeSpec
+  readonly engine: Engine
+  /** The engine tick that is scheduled (older scheduled ticks are stale). */
+  tickAt: number | undefined
+}
+
+interface Job {
+  readonly req: PreparedRequest
+  readonly attempts: Set<Attempt>
+  firstAtMs: number | undefined
+  hedged: boolean
+}
+
+/** Runs one policy over one prepared trace; returns what the clients saw. */
+export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[], o: SimOptions): SimResult {
+  const model: ModelConfig = {
+    id: MODEL,
+    ownedBy: 'bench',
+    kind: 'chat',
+    contextLength: 1_000_000,
+    dimensions: undefined,
+    created: 0,
+    price: { promptNano: 0n, completionNano: 0n },
+    routes: o.fleet.map((n) => ({
+      node: n.name,
+      baseUrl: `http://${n.name}`,
+      upstreamModel: 'm',
+      apiKey: undefined,
+      maxConcurrency: 1024,
+      weight: 1,
+      firstByteTimeoutMs: undefined,
+      hedge: true,
+      metricsUrl: '',
+    })),
+  }
+  const pool = new NodePool([model])
+  const cands = pool.candidates(MODEL)
+  const nodes = new Map<Candidate, SimNode>()
+  o.fleet.forEach((n, i) => {
+    const params: EngineParams = {
+      prefillTokensPerSec: n.prefillTokensPerSec,
+      itlMs: n.itlMs,
+      iterationOverheadMs: 1,
+      maxSeqs: n.maxSeqs,
+      prefillBudgetTokens: n.prefillBudgetTokens,
+      cacheBlocks: Math.floor(n.cacheTokens / 16),
+      tokenEvents: false,
+    }
+    nodes.set(cands[i]!, { spec: n, engine: new Engine(params), tickAt: undefined })
+  })
+  const heap = new Heap()
+  let now = 0
+  const at = (t: number, fn: () => void) => heap.push(Math.max(t, now), fn)
+  const hedges = new ShareBudget(0.05, 10)
+  const jobOf = new Map<string, { job: Job; a: Attempt; node: SimNode }>()
+  const idOf = new Map<Attempt, string>()
+  const cachedOf = new Map<Attempt, number>()
+  const waitingJobs: Job[] = []
+  const ttft: number[] = []
+  let measured = 0
+  let served = 0
+  let nextId = 0
+  let cachedTokens = 0
+  let promptTokens = 0
+
+  const scheduleTick = (n: SimNode) => {
+    const next = n.engine.nextEventAt()
+    if (next === undefined || next === n.tickAt) return
+    n.tickAt = next
+    at(next, () => {
+      if (n.tickAt !== next) return
+      n.tickAt = undefined
+      for (const ev of n.engine.advance(now)) {
+        const entry = jobOf.get(ev.id)
+        if (!entry) continue
+        const back = ev.at + n.spec.rttMs / 2
+        if (ev.kind === 'first_token') at(back, () => onFirst(ev.id, ev.cachedTokens))
+        else if (ev.kind === 'done') at(back, () => onDone(ev.id))
+      }
+      scheduleTick(n)
+    })
+  }
+
+  const dispatch = (job: Job, exclude: Set<Candidate>): boolean => {
+    const r = job.req
+    const req: RouteRequest = {
+      modelId: MODEL,
+      promptTokens: r.promptTokens,
+      prefix: r.routerBlocks,
+      blockTokens: 64,
+      session: r.session,
+      stream: true,
+      exclude,
+      nowMs: now,
+    }
+    const c = policy.choose(cands, req)
+    if (!c) return false
+    const n = nodes.get(c)!
+    pool.begin(c.node, now)
+    const a = new Attempt(c, req, now)
+    policy.started(a)
+    const id = `a${nextId++}`
+    jobOf.set(id, { job, a, node: n })
+    job.attempts.add(a)
+    idOf.set(a, id)
+    at(now + n.spec.rttMs / 2, () => {
+      if (!jobOf.has(id)) return // cancelled on the way
+      n.engine.submit(
+        { id, promptBlocks: r.engineBlocks, promptTokens: r.promptTokens, outputTokens: r.outputTokens },
+        now,
+      )
+      scheduleTick(n)
+    })
+    if (o.hedge && !job.hedged && policy.hedgeAtMs) {
+      const t = policy.hedgeAtMs(a)
+      if (t !== undefined)
+        at(t, () => {
+          if (job.firstAtMs !== undefined || job.hedged || job.attempts.size === 0) return
+          if (!hedges.take()) return
+          job.hedged = true
+          dispatch(job, new Set([...exclude, c]))
+        })
+    }
+    return true
+  }
+
+  const cancel = (id: string) => {
+    const e = jobOf.get(id)
+    if (!e) return
+    jobOf.delete(id)
+    e.job.attempts.delete(e.a)
+    idOf.delete(e.a)
+    pool.cancel(e.a.candidate.node)
+    policy.ended(e.a, now, 'cancelled', undefined)
+    at(now + e.node.spec.rttMs / 2, () => {
+      e.node.engine.cancel(id, now)
+      scheduleTick(e.node)
+    })
+  }
+
+  const onFirst = (id: string, cached: number) => {
+    const e = jobOf.get(id)
+    if (!e) return
+    const { job, a } = e
+    if (job.firstAtMs !== undefined) return
+    job.firstAtMs = now
+    policy.firstChunk(a, now)
+    cachedOf.set(a, cached)
+    cachedTokens += cached
+    promptTokens += job.req.promptTokens
+    const r = job.req
+    if (r.arrivalMs >= o.measureFromMs && r.arrivalMs < o.measureToMs) {
+      ttft.push(now - r.arrivalMs)
+      served++
+    }
+    for (const other of [...job.attempts]) if (other !== a) cancel(idOf.get(other)!)
+  }
+
+  const onDone = (id: string) => {
+    const e = jobOf.get(id)
+    if (!e) return
+    jobOf.delete(id)
+    e.job.attempts.delete(e.a)
+    pool.end(e.a.candidate.node, true, now)
+    policy.ended(e.a, now, 'ok', cachedOf.get(e.a), e.job.req.outputTokens)
+    idOf.delete(e.a)
+    cachedOf.delete(e.a)
+    drain()
+  }
+
+  const drain = () => {
+    while (waitingJobs.length > 0) {
+      if (!dispatch(waitingJobs[0]!, new Set())) return
+      waitingJobs.shift()
+    }
+  }
+
+  for (const r of trace) {
+    if (r.arrivalMs >= o.measureFromMs && r.arrivalMs < o.measureToMs) measured++
+    at(r.arrivalMs, () => {
+      const job: Job = { req: r, attempts: new Set(), firstAtMs: undefined, hedged: false }
+      if (waitingJobs.length > 0 || !dispatch(job, new Set())) waitingJobs.push(job)
+    })
+  }
+  for (const [i, from, to, factor] of o.slowdowns) {
+    const n = nodes.get(cands[i]!)!
+    at(from, () => n.engine.setSlowdown(factor))
+    at(to, () => n.engine.setSlowdown(1))
+  }
+  if (o.metrics && policy.nodeMetrics) {
+    const poll = () => {
+      for (const [c, n] of nodes)
+        policy.nodeMetrics!(
+          c.node,
+          { waiting: n.engine.waiting(), running: n.engine.running(), kvUsage: n.engine.cacheUsage() },
+          now,
+        )
+      if (now + 1000 < o.horizonMs) at(now + 1000, poll)
+    }
+    at(1000, poll)
+  }
+
+  while (heap.size > 0) {
+    const ev = heap.pop()
+    if (ev.t > o.horizonMs) break
+    now = ev.t
+    ev.fn()
+  }
+  return {
+    ttftMs: ttft,
+    unserved: measured - served,
+    measured,
+    hedges: hedges.used,
+    cacheHitShare: promptTokens === 0 ? 0 : cachedTokens / promptTokens,
+  }
+}
