@@ -72,4 +72,5 @@ export type FromWorker =
       readonly outcome: string
     }
   | { readonly t: 'finalized'; readonly batchId: string }
-  | { readonly t: 'error'; readonly message: string }
+  /** A job failed (the store was unreachable, say); the scheduler tries it again at its next tick. */
+  | { readonly t: 'error'; readonly batchId?: string; readonly message: string }

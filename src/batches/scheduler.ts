@@ -11,6 +11,9 @@ import type { Log } from '../services.ts'
 import type { BatchRecord, Store } from '../storage/store.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 
+/** A finalization claimed longer ago than this is taken over by another node (or after a restart). */
+const FINALIZE_STALE_S = 30
+
 export interface BatchSettings {
   readonly workers: number
   /** Share of each node's max_concurrency kept free for interactive traffic. */
@@ -174,7 +177,8 @@ export class BatchScheduler {
         )
       }
       if ((await this.store.openLineCount(b.id)) === 0)
-        await this.finalize(b, b.status === 'cancelling' ? 'cancelled' : 'completed')
+        // A batch another node is failing (money ran out, key revoked) has its error recorded.
+        await this.finalize(b, b.status === 'cancelling' ? 'cancelled' : b.errors ? 'failed' : 'completed')
       else this.logProgress(b)
     }
   }
@@ -195,15 +199,32 @@ export class BatchScheduler {
     })
   }
 
+  /**
+   * Finalizes a batch whose lines are all done. With several nodes on one store each may see
+   * that at once: the store hands the finalization to one of them (a claim stamped in
+   * `finalizing_at`); another node takes it over only once the claim is older than
+   * FINALIZE_STALE_S (its node died writing the files).
+   */
   private async finalize(b: BatchRecord, status: 'completed' | 'expired' | 'cancelled' | 'failed') {
     this.busy.add(b.id)
-    // The batch's cost is the sum of its ledger rows: write the queued ones first.
-    await this.ledger.flush()
-    const now = Math.floor(Date.now() / 1000)
-    await this.store.updateBatch(b.id, {
-      status: status === 'completed' ? 'finalizing' : b.status,
-      finalizingAt: now,
-    })
+    try {
+      // The batch's cost is the sum of its ledger rows: write the queued ones first.
+      await this.ledger.flush()
+      const now = Math.floor(Date.now() / 1000)
+      const claimed = await this.store.claimFinalize(
+        b.id,
+        [b.status],
+        { status: status === 'completed' ? 'finalizing' : b.status, finalizingAt: now },
+        now - FINALIZE_STALE_S,
+      )
+      if (!claimed) {
+        this.busy.delete(b.id)
+        return
+      }
+    } catch (err) {
+      this.busy.delete(b.id)
+      throw err
+    }
     this.send({ t: 'finalize', batchId: b.id, status })
   }
 
@@ -233,7 +254,9 @@ export class BatchScheduler {
         this.log('info', 'batch finished', { batch: m.batchId })
         return
       case 'error':
-        this.log('error', 'batch worker', { error: m.message })
+        // The job is tried again at the next tick.
+        if (m.batchId) this.busy.delete(m.batchId)
+        this.log('error', 'batch worker', { batch: m.batchId, error: m.message })
         return
     }
   }

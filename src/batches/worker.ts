@@ -29,8 +29,8 @@ let markReady!: () => void
 const ready = new Promise<void>((resolve) => {
   markReady = resolve
 })
-const job = (f: () => Promise<void>) =>
-  void ready.then(f).catch((err) => post({ t: 'error', message: String(err?.stack ?? err) }))
+const job = (batchId: string, f: () => Promise<void>) =>
+  void ready.then(f).catch((err) => post({ t: 'error', batchId, message: String(err?.stack ?? err) }))
 
 const post = (m: FromWorker) => self.postMessage(m)
 
@@ -41,10 +41,10 @@ self.onmessage = (ev: MessageEvent<ToWorker | { t: 'init'; init: WorkerInit }>) 
       void start(m.init)
       break
     case 'validate':
-      job(() => validate(m.batchId))
+      job(m.batchId, () => validate(m.batchId))
       break
     case 'finalize':
-      job(() => finalize(m.batchId, m.status))
+      job(m.batchId, () => finalize(m.batchId, m.status))
       break
     case 'admitted':
       waiting.get(m.reqId)?.(m.reply)
@@ -338,8 +338,9 @@ async function finalize(batchId: string, status: BatchStatus) {
   // Always answer, so the scheduler can try again at its next tick if this failed.
   try {
     await writeResults(batchId, status)
-  } finally {
     post({ t: 'finalized', batchId })
+  } catch (err) {
+    post({ t: 'error', batchId, message: String((err as Error)?.stack ?? err) })
   }
 }
 
@@ -365,11 +366,20 @@ async function writeResults(batchId: string, status: BatchStatus) {
         : status === 'cancelled'
           ? { cancelledAt: now }
           : { failedAt: now }
-  await store.updateBatch(batchId, {
-    status,
-    outputFileId: out?.id ?? null,
-    errorFileId: err?.id ?? null,
-    costNano: await store.batchCostNano(batchId),
-    ...stamp,
-  })
+  const written = await store.updateBatch(
+    batchId,
+    {
+      status,
+      outputFileId: out?.id ?? null,
+      errorFileId: err?.id ?? null,
+      costNano: await store.batchCostNano(batchId),
+      ...stamp,
+    },
+    // Not over a final state: another node that took over a stale claim may have finished first.
+    ['in_progress', 'finalizing', 'cancelling'],
+  )
+  if (!written) {
+    if (out) await files.remove(batch.orgId, out.id)
+    if (err) await files.remove(batch.orgId, err.id)
+  }
 }

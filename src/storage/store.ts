@@ -176,8 +176,19 @@ export interface Store {
   listBatches(orgId: string, afterId: string | undefined, limit: number): Promise<BatchRecord[]>
   /** Updates a batch only if it is in one of `from` (when given); returns whether it did. */
   updateBatch(id: string, patch: BatchPatch, from?: readonly BatchStatus[]): Promise<boolean>
+  /**
+   * Claims a batch's finalization for the caller (one node of several): applies `patch` (which
+   * stamps `finalizingAt`) only if the batch is in one of `from` and no finalization was claimed
+   * since `staleBeforeSec`. Only the caller that gets true writes the result files.
+   */
+  claimFinalize(
+    id: string,
+    from: readonly BatchStatus[],
+    patch: BatchPatch & { readonly finalizingAt: number },
+    staleBeforeSec: number,
+  ): Promise<boolean>
   batchesInStatus(statuses: readonly BatchStatus[]): Promise<BatchRecord[]>
-  /** Adds the validated lines of a batch to the queue (all pending). */
+  /** Adds the validated lines of a batch to the queue (all pending); lines already there are kept (validating twice is harmless). */
   enqueueLines(lines: readonly BatchLine[]): Promise<void>
   /**
    * Leases up to `limit` runnable lines of in-progress batches: pending ones whose back-off is

@@ -107,7 +107,13 @@ test('three nodes, the batch node killed halfway: the others finish it, each lin
         v: string
       }[]
     )[0]!.v
+    const outputs = (await db`
+      SELECT count(*)::int AS n FROM files WHERE filename = ${`${created.id}_output.jsonl`}`) as {
+      n: number
+    }[]
     await db.close()
+    // The two surviving nodes both saw the batch end; one of them finalized it.
+    expect(outputs[0]!.n).toBe(1)
     // One ledger row per line: the row is written with the line's result, in one transaction.
     expect(billed.every((r) => r.n === 1)).toBe(true)
     expect(billed.map((r) => r.request_id).sort()).toEqual(out.map((o) => o.response.request_id).sort())

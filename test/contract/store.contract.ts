@@ -213,6 +213,11 @@ export function storeContract(name: string, open: () => Promise<Store>) {
           attempts: 0,
         })),
       )
+      // A second node validating the same file adds nothing and fails nothing.
+      await store.enqueueLines([
+        { batchId: 'batch_1', line: 1, customId: 'c1', body: '{"again":1}', attempts: 0 },
+      ])
+      expect(await store.openLineCount('batch_1')).toBe(4)
       expect(await store.leaseLines(1000, 100, 10)).toHaveLength(0) // not in progress yet
       expect(await store.updateBatch('batch_1', { status: 'in_progress', total: 4 }, ['completed'])).toBe(
         false,
@@ -250,6 +255,21 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       await store.recordLedger([{ ...usage('batch_1-2', 'o1', 'k1', 500n), batchId: 'batch_1' }])
       expect(await store.batchCostNano('batch_1')).toBe(500n)
       expect((await store.batchesInStatus(['in_progress'])).map((x) => x.id)).toEqual(['batch_1'])
+      // Finalization is claimed by one caller; another takes it over only once the claim is stale.
+      const claim = (at: number) =>
+        store.claimFinalize(
+          'batch_1',
+          ['in_progress', 'finalizing'],
+          { status: 'finalizing', finalizingAt: at },
+          at - 30,
+        )
+      expect(await store.claimFinalize('batch_1', ['cancelling'], { finalizingAt: 100 }, 70)).toBe(false)
+      expect(await claim(100)).toBe(true)
+      expect(await claim(101)).toBe(false)
+      expect(await claim(129)).toBe(false)
+      expect(await claim(131)).toBe(true)
+      expect((await store.getBatch('batch_1'))!.finalizingAt).toBe(131)
+      await store.updateBatch('batch_1', { status: 'in_progress', finalizingAt: null })
       expect((await store.listBatches('o1', undefined, 10)).map((x) => x.id)).toEqual(['batch_1'])
     })
 

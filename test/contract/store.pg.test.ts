@@ -94,4 +94,11 @@ test('leasing with SKIP LOCKED: concurrent leases never hand out a line twice', 
   expect(await shared.leaseLines(Date.now(), 60_000, 10)).toHaveLength(0)
   // an expired lease is taken over
   expect(await shared.leaseLines(Date.now() + 120_000, 60_000, 500)).toHaveLength(300)
+  // twelve nodes finishing the batch at once: one of them writes the result files
+  const claims = await Promise.all(
+    Array.from({ length: 12 }, () =>
+      shared.claimFinalize('b', ['in_progress'], { status: 'finalizing', finalizingAt: 1000 }, 970),
+    ),
+  )
+  expect(claims.filter(Boolean)).toHaveLength(1)
 })

@@ -1,5 +1,5 @@
 import { SQL } from 'bun'
-import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLDatabase, drizzle } from 'drizzle-orm/bun-sql'
 import type {
   BatchLine,
@@ -331,6 +331,27 @@ export class PostgresStore implements Store {
     return rows.length > 0
   }
 
+  async claimFinalize(
+    id: string,
+    from: readonly BatchStatus[],
+    patch: BatchPatch & { readonly finalizingAt: number },
+    staleBeforeSec: number,
+  ) {
+    const b = schema.batches
+    const rows = await this.db
+      .update(b)
+      .set(patch)
+      .where(
+        and(
+          eq(b.id, id),
+          inArray(b.status, [...from]),
+          or(isNull(b.finalizingAt), lt(b.finalizingAt, staleBeforeSec)),
+        ),
+      )
+      .returning({ id: b.id })
+    return rows.length > 0
+  }
+
   async batchesInStatus(statuses: readonly BatchStatus[]) {
     return (await this.db
       .select()
@@ -344,6 +365,7 @@ export class PostgresStore implements Store {
         await tx
           .insert(schema.batchLines)
           .values(lines.slice(i, i + 500).map((l) => ({ ...l, status: 'pending' as const })))
+          .onConflictDoNothing()
     })
   }
 

@@ -1,7 +1,7 @@
 import { Database, type Statement } from 'bun:sqlite'
 import { mkdirSync } from 'node:fs'
 import { dirname } from 'node:path'
-import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
 import type {
   BatchLine,
@@ -262,6 +262,28 @@ export class SqliteStore implements Store {
     return row !== undefined
   }
 
+  async claimFinalize(
+    id: string,
+    from: readonly BatchStatus[],
+    patch: BatchPatch & { readonly finalizingAt: number },
+    staleBeforeSec: number,
+  ) {
+    const b = schema.batches
+    const row = this.db
+      .update(b)
+      .set(patch)
+      .where(
+        and(
+          eq(b.id, id),
+          inArray(b.status, [...from]),
+          or(isNull(b.finalizingAt), lt(b.finalizingAt, staleBeforeSec)),
+        ),
+      )
+      .returning({ id: b.id })
+      .get()
+    return row !== undefined
+  }
+
   async batchesInStatus(statuses: readonly BatchStatus[]) {
     return this.db
       .select()
@@ -275,6 +297,7 @@ export class SqliteStore implements Store {
       for (let i = 0; i < lines.length; i += 500) {
         tx.insert(schema.batchLines)
           .values(lines.slice(i, i + 500).map((l) => ({ ...l, status: 'pending' as const })))
+          .onConflictDoNothing()
           .run()
       }
     })
