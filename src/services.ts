@@ -3,8 +3,9 @@ import { BatchService, LinkSigner } from './batches/service.ts'
 import { LedgerWriter } from './billing/ledger.ts'
 import { ThreadLedgerSink } from './billing/ledger-sink.ts'
 import { Meter, type MoneyMeter } from './billing/meter.ts'
-import { RateLimiter } from './billing/rate-limiter.ts'
+import { LocalRateLimiter } from './billing/rate-limiter.ts'
 import { SharedMeter } from './billing/shared-meter.ts'
+import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
 import { RedisBus } from './cluster/bus.ts'
 import type { Config } from './config/load.ts'
@@ -93,6 +94,10 @@ export async function buildServices(
         })
       : undefined
   const meter: MoneyMeter = shared ?? new Meter(ledger, config.server.billing)
+  // Rate limits are counted in Redis too when there is one, so they hold across nodes.
+  const sharedLimiter = config.redis.url
+    ? new SharedRateLimiter(config.redis.url, config.redis.prefix)
+    : undefined
   identity.useMeter(meter)
   const pool = new NodePool(config.models)
   const policy: RoutingPolicy =
@@ -109,7 +114,7 @@ export async function buildServices(
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,
-    limiter: new RateLimiter(),
+    limiter: sharedLimiter ?? new LocalRateLimiter(),
     pool,
     policy,
     adapter: new OpenAICompatibleAdapter(watchdog),
@@ -172,6 +177,7 @@ export async function buildServices(
       await ledger.stop()
       await bus?.close()
       shared?.close()
+      sharedLimiter?.close()
     },
   }
 }

@@ -1,7 +1,33 @@
 import { RateLimited } from '../errors.ts'
 import type { LiveKey } from '../identity/live.ts'
 
-const WINDOW_MS = 60_000
+export const WINDOW_MS = 60_000
+
+/**
+ * Per-key `rpm_limit` and `tpm_limit`. `admit` counts one request of `promptTokens` or throws
+ * 429 (RateLimited) with the seconds to wait; it returns a promise only when it has to ask
+ * another process (a key with no limits is never delayed). `used` adds the tokens an admitted
+ * request generated.
+ */
+export interface RateLimiter {
+  admit(key: LiveKey, promptTokens: number, nowMs?: number): undefined | Promise<void>
+  used(key: LiveKey, completionTokens: number, nowMs?: number): void
+}
+
+/** The sliding-window estimate both limiters use: the previous minute weighted by how much of it is still in view. */
+export function windowWeight(nowMs: number): { startMs: number; weight: number; retryAfterS: number } {
+  const startMs = nowMs - (nowMs % WINDOW_MS)
+  return {
+    startMs,
+    weight: 1 - (nowMs - startMs) / WINDOW_MS,
+    retryAfterS: Math.max(1, Math.ceil((WINDOW_MS - (nowMs - startMs)) / 1000)),
+  }
+}
+
+export const rpmReached = (key: LiveKey, retryAfterS: number) =>
+  new RateLimited(`rate limit of ${key.rpmLimit} requests per minute reached for this key`, retryAfterS)
+export const tpmReached = (key: LiveKey, retryAfterS: number) =>
+  new RateLimited(`rate limit of ${key.tpmLimit} tokens per minute reached for this key`, retryAfterS)
 
 /** Requests and tokens in the current and previous minute of one key. */
 class Window {
@@ -21,24 +47,17 @@ class Window {
     this.tokens = 0
     this.startMs = start
   }
-
-  /** Sliding-window estimate: the previous minute weighted by how much of it is still in view. */
-  estimate(nowMs: number, current: number, previous: number): number {
-    const weight = 1 - (nowMs - this.startMs) / WINDOW_MS
-    return current + previous * weight
-  }
 }
 
 /**
  * Per-key `rpm_limit` and `tpm_limit` over a sliding minute (two fixed windows, weighted), in
- * memory on this node. Tokens count prompt tokens at admission and completion tokens at
- * settlement.
+ * memory on this node (one node; several nodes share theirs in Redis: SharedRateLimiter).
+ * Tokens count prompt tokens at admission and completion tokens at settlement.
  */
-export class RateLimiter {
+export class LocalRateLimiter implements RateLimiter {
   private readonly windows = new Map<string, Window>()
 
-  /** Counts one request of `promptTokens`, or throws 429 with the seconds to wait. */
-  admit(key: LiveKey, promptTokens: number, nowMs = Date.now()): void {
+  admit(key: LiveKey, promptTokens: number, nowMs = Date.now()): undefined {
     if (key.rpmLimit === null && key.tpmLimit === null) return
     let w = this.windows.get(key.id)
     if (!w) {
@@ -46,17 +65,11 @@ export class RateLimiter {
       this.windows.set(key.id, w)
     }
     w.roll(nowMs)
-    const retryAfter = Math.max(1, Math.ceil((WINDOW_MS - (nowMs - w.startMs)) / 1000))
-    if (key.rpmLimit !== null && w.estimate(nowMs, w.requests, w.prevRequests) + 1 > key.rpmLimit)
-      throw new RateLimited(
-        `rate limit of ${key.rpmLimit} requests per minute reached for this key`,
-        retryAfter,
-      )
-    if (key.tpmLimit !== null && w.estimate(nowMs, w.tokens, w.prevTokens) + promptTokens > key.tpmLimit)
-      throw new RateLimited(
-        `rate limit of ${key.tpmLimit} tokens per minute reached for this key`,
-        retryAfter,
-      )
+    const { weight, retryAfterS } = windowWeight(nowMs)
+    if (key.rpmLimit !== null && w.requests + w.prevRequests * weight + 1 > key.rpmLimit)
+      throw rpmReached(key, retryAfterS)
+    if (key.tpmLimit !== null && w.tokens + w.prevTokens * weight + promptTokens > key.tpmLimit)
+      throw tpmReached(key, retryAfterS)
     w.requests++
     w.tokens += promptTokens
   }

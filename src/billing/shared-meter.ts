@@ -1,4 +1,5 @@
-import { RedisClient } from 'bun'
+import type { RedisClient } from 'bun'
+import { RedisScripts } from '../cluster/redis-scripts.ts'
 import { insufficientBalance, keyLimitReached, SharedStateUnavailable, TropaError } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Store } from '../storage/store.ts'
@@ -167,7 +168,7 @@ export interface SharedMeterOptions {
  */
 export class SharedMeter implements MoneyMeter {
   private readonly redis: RedisClient
-  private readonly sha = new Map<ScriptName, string>()
+  private readonly scripts: RedisScripts<ScriptName>
   readonly nodeId: string
   private readonly leaseMs: number
   private readonly tickMs: number
@@ -188,7 +189,6 @@ export class SharedMeter implements MoneyMeter {
   /** Whether this node has seen the epoch (a missing one after that means Redis lost its data). */
   private sawEpoch = false
   private fresh: Promise<boolean> | undefined
-  private connectedOnce = false
 
   constructor(
     url: string,
@@ -198,12 +198,8 @@ export class SharedMeter implements MoneyMeter {
     o: SharedMeterOptions = {},
   ) {
     if (/\s/.test(prefix)) throw new Error('redis.prefix must not contain whitespace')
-    this.redis = new RedisClient(url, {
-      autoReconnect: true,
-      maxRetries: 1_000_000,
-      enableOfflineQueue: false,
-      connectionTimeout: 2000,
-    })
+    this.scripts = new RedisScripts(url, SCRIPTS)
+    this.redis = this.scripts.redis
     this.nodeId = o.nodeId ?? `m-${crypto.randomUUID().slice(0, 13)}`
     this.leaseMs = o.leaseMs ?? 5000
     this.tickMs = Math.max(50, Math.floor(this.leaseMs / 4))
@@ -309,7 +305,7 @@ export class SharedMeter implements MoneyMeter {
 
   /** Heartbeat, then a sweep of dead nodes, then settlements Redis missed. */
   private async tick() {
-    if (this.connectedOnce && !this.redis.connected) void this.redis.connect().catch(() => {})
+    this.scripts.poke()
     try {
       await this.heartbeat()
       const swept = Number(await this.run('SWEEP', [this.nodes], [this.prefix]))
@@ -402,28 +398,8 @@ export class SharedMeter implements MoneyMeter {
     }
   }
 
-  private async run(name: ScriptName, keys: string[], args: string[]): Promise<string> {
-    if (!this.redis.connected) {
-      // Once connected, a lost connection fails at once (the client reconnects in the background):
-      // a request is refused with 503 rather than waiting on a connection attempt.
-      if (this.connectedOnce) throw new Error('Redis is not connected')
-      await this.redis.connect()
-      this.connectedOnce = true
-    }
-    let sha = this.sha.get(name)
-    if (sha === undefined) {
-      sha = String(await this.redis.send('SCRIPT', ['LOAD', SCRIPTS[name]]))
-      this.sha.set(name, sha)
-    }
-    try {
-      return String(await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args]))
-    } catch (err) {
-      // Redis restarted and forgot the script: load it again.
-      if (!String((err as Error).message).includes('NOSCRIPT')) throw err
-      sha = String(await this.redis.send('SCRIPT', ['LOAD', SCRIPTS[name]]))
-      this.sha.set(name, sha)
-      return String(await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args]))
-    }
+  private run(name: ScriptName, keys: string[], args: string[]): Promise<string> {
+    return this.scripts.run(name, keys, args)
   }
 
   /** Stops the heartbeat; holds still listed are given back by the next sweep of another node. */

@@ -57,7 +57,8 @@ export async function chatCompletion(
   const reservation = await deps.meter.reserve(payer.key, payer.org, worst)
   // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
   try {
-    deps.limiter.admit(payer.key, promptTokens)
+    const limited = deps.limiter.admit(payer.key, promptTokens)
+    if (limited) await limited
   } catch (err) {
     deps.meter.release(reservation)
     throw err

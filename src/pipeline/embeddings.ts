@@ -41,7 +41,8 @@ export async function createEmbeddings(
   )
   try {
     // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
-    deps.limiter.admit(payer.key, promptTokens)
+    const limited = deps.limiter.admit(payer.key, promptTokens)
+    if (limited) await limited
     const { value, candidate, attempt } = await dispatch(
       deps,
       {
