@@ -51,6 +51,8 @@ export async function buildServices(
   store: Store,
   log: Log,
   threads: ThreadEntries = {},
+  /** A routing policy instead of the configured one (the HTTP routing benchmark runs peers' policies). */
+  policyOverride?: RoutingPolicy,
 ): Promise<Services> {
   const workerUrl = threads.batchWorker
   const bus = config.redis.url
@@ -101,9 +103,10 @@ export async function buildServices(
   identity.useMeter(meter)
   const pool = new NodePool(config.models)
   const policy: RoutingPolicy =
-    config.routing.policy === 'least-in-flight'
+    policyOverride ??
+    (config.routing.policy === 'least-in-flight'
       ? new LeastInFlight()
-      : new PredictedTtft({ rng: Math.random, indexBlocks: config.routing.prefixIndexBlocks })
+      : new PredictedTtft({ rng: Math.random, indexBlocks: config.routing.prefixIndexBlocks }))
   const probes = new NodeProbes(pool, policy, config.models, {
     healthCheckMs: config.routing.healthCheckMs,
     metricsPollMs: config.routing.metricsPollMs,
