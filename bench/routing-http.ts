@@ -301,3 +301,5 @@ async function main() {
 
 process.on('exit', killAll)
 await main()
+// Keep-alive sockets to the stopped fleet and the services' timers would hold the process open.
+if (!process.argv.includes('--fleet')) process.exit(0)
