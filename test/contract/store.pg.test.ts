@@ -42,6 +42,16 @@ test('an unreachable server fails the start with a clear message, password redac
   expect(String(err.message)).not.toContain('secret')
 })
 
+test('a database whose schema is newer than this executable is refused with a clear message', async () => {
+  const url = await freshDatabase()
+  await (await openPostgresStore({ url })).close()
+  const db = new SQL(url)
+  await db`INSERT INTO drizzle.__drizzle_migrations (hash, created_at) VALUES ('future', 99999999999999)`
+  await db.close()
+  const err = await openPostgresStore({ url }).catch((e) => e)
+  expect(String(err?.message)).toContain('schema newer than this executable knows')
+})
+
 let shared: Awaited<ReturnType<typeof openPostgresStore>>
 beforeAll(async () => {
   shared = await openPostgresStore({ url: await freshDatabase() })

@@ -1,3 +1,4 @@
+import { Database } from 'bun:sqlite'
 import { expect, test } from 'bun:test'
 import { readdirSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -27,4 +28,14 @@ test('reopening a file keeps its data and applies no migration twice', async () 
   const b = openSqliteStore(path)
   expect(await b.getMeta('x')).toBe('1')
   await b.close()
+})
+
+test('a file whose schema is newer than this executable is refused with a clear message', async () => {
+  const path = join(tmpdir(), `tropa-ahead-${process.pid}-${Date.now()}`, 'tropa.db')
+  await openSqliteStore(path).close()
+  // A newer Tropa applied a migration this one does not carry.
+  const db = new Database(path)
+  db.run("INSERT INTO __drizzle_migrations (hash, created_at) VALUES ('future', 99999999999999)")
+  db.close()
+  expect(() => openSqliteStore(path)).toThrow(/schema newer than this executable knows/)
 })

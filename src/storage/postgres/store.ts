@@ -1,6 +1,7 @@
 import { SQL } from 'bun'
 import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLDatabase, drizzle } from 'drizzle-orm/bun-sql'
+import { schemaNotAhead } from '../sqlite/migrations.ts'
 import type {
   BatchLine,
   BatchPatch,
@@ -54,7 +55,19 @@ export async function openPostgresStore(o: PgOptions): Promise<PostgresStore> {
   const lock = await client.reserve()
   try {
     await lock`SELECT pg_advisory_lock(${MIGRATION_LOCK})`
-    await internals.dialect.migrate(embeddedPgMigrations(), internals.session, {
+    const migrations = embeddedPgMigrations()
+    const [tracked] = (await lock`SELECT to_regclass('drizzle.__drizzle_migrations') IS NOT NULL AS ok`) as {
+      ok: boolean
+    }[]
+    const last = tracked?.ok
+      ? (
+          (await lock`SELECT max(created_at)::text AS at FROM drizzle.__drizzle_migrations`) as {
+            at: string | null
+          }[]
+        )[0]?.at
+      : null
+    schemaNotAhead(last ?? null, migrations, redact(o.url))
+    await internals.dialect.migrate(migrations, internals.session, {
       migrationsFolder: '(embedded)',
     })
   } finally {

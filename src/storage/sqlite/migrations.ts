@@ -26,3 +26,20 @@ export function embeddedMigrations(): Migration[] {
   })
 }
 export const EMBEDDED_MIGRATION_TAGS = Object.keys(SQL)
+
+/**
+ * Refuses a database whose newest applied migration is newer than any this executable carries:
+ * it was written by a newer Tropa, and this one would run on a schema it does not know.
+ */
+export function schemaNotAhead(
+  lastAppliedMillis: bigint | number | string | null,
+  migrations: readonly Migration[],
+  where: string,
+): void {
+  if (lastAppliedMillis === null) return
+  const newest = Math.max(0, ...migrations.map((m) => m.folderMillis))
+  if (Number(lastAppliedMillis) > newest)
+    throw new Error(
+      `the database at ${where} has a schema newer than this executable knows (migration of ${new Date(Number(lastAppliedMillis)).toISOString()}, newest known ${new Date(newest).toISOString()}): run the newer tropa, or restore a matching backup`,
+    )
+}

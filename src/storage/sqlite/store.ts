@@ -16,7 +16,7 @@ import type {
   OrgRecord,
   Store,
 } from '../store.ts'
-import { embeddedMigrations } from './migrations.ts'
+import { embeddedMigrations, schemaNotAhead } from './migrations.ts'
 import * as schema from './schema.ts'
 
 type Db = BunSQLiteDatabase<typeof schema>
@@ -38,7 +38,19 @@ export function openSqliteStore(path: string): SqliteStore {
     dialect: { migrate(m: unknown, s: unknown, c: unknown): void }
     session: unknown
   }
-  internals.dialect.migrate(embeddedMigrations(), internals.session, { migrationsFolder: '(embedded)' })
+  const migrations = embeddedMigrations()
+  // Drizzle applies only migrations newer than the database's last one, so a database written
+  // by a newer executable would be used silently with a schema this one does not know.
+  const tracked = client
+    .query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '__drizzle_migrations'")
+    .get()
+  const last = tracked
+    ? (client.query('SELECT max(created_at) AS at FROM __drizzle_migrations').get() as {
+        at: bigint | number | null
+      })
+    : null
+  schemaNotAhead(last?.at ?? null, migrations, path)
+  internals.dialect.migrate(migrations, internals.session, { migrationsFolder: '(embedded)' })
   return new SqliteStore(client, db)
 }
 
