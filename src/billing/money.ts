@@ -58,8 +58,16 @@ export function formatRub(nano: NanoRub, digits = 6): string {
 
 /** The JSON number shown for an amount (`limit_rub`, `spent_rub`, ...): six fractional digits at most. */
 export function nanoToRubNumber(nano: NanoRub): number {
-  return Number(formatRub(nano, 6))
+  // Rounded to whole micro-roubles (half up, as formatRub), then one correctly rounded division:
+  // the same double as parsing formatRub's text, without building it.
+  const negative = nano < 0n
+  const micro = ((negative ? -nano : nano) + 500n) / 1000n
+  if (micro > MAX_SAFE_MICRO) return Number(formatRub(nano, 6))
+  const rub = Number(micro) / 1e6
+  return negative ? -rub : rub
 }
+
+const MAX_SAFE_MICRO = BigInt(Number.MAX_SAFE_INTEGER)
 
 /** Cost of a request: tokens times per-token prices. */
 export function costNano(

@@ -126,9 +126,10 @@ export async function chatCompletion(
       const usage = sanitizeUsage(value.usage)
       finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage?.completion_tokens)
       const charged = settle(candidate, usage, () => completionTextOf(value), 'ok')
-      if (usage) usage.cost_rub = nanoToRubNumber(charged)
+      const costText = formatRub(charged)
+      if (usage) usage.cost_rub = Number(costText)
       return Response.json(value, {
-        headers: { ...headers(candidate), 'x-tropa-cost-rub': formatRub(charged) },
+        headers: { ...headers(candidate), 'x-tropa-cost-rub': costText },
       })
     }
 

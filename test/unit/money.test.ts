@@ -45,6 +45,30 @@ describe('money', () => {
     expect(nanoToRubNumber(1_234_567_891n)).toBe(1.234568)
   })
 
+  test('the JSON number of an amount is the number its six-digit text reads as', () => {
+    let x = 0x2545f491n
+    const next = () => {
+      x = (x * 6364136223846793005n + 1442695040888963407n) & 0xffffffffffffffffn
+      return x
+    }
+    const samples = [
+      0n,
+      499n,
+      500n,
+      -500n,
+      -501n,
+      1_500n,
+      10n ** 24n,
+      -(10n ** 24n),
+      9_007_199_254_740_991_499n,
+    ]
+    for (let i = 0; i < 20_000; i++) {
+      const v = next() >> BigInt(Number(next() % 60n))
+      samples.push(i % 3 === 0 ? -v : v)
+    }
+    for (const n of samples) expect(nanoToRubNumber(n)).toBe(Number(formatRub(n, 6)))
+  })
+
   const cases: [string, { p: string; c: string }, number, number, bigint][] = [
     ['typical', { p: '0.000030', c: '0.000060' }, 1000, 200, 42_000_000n],
     ['smallest price', { p: '0.000001', c: '0.000001' }, 1, 1, 2_000n],
