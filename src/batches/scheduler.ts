@@ -103,6 +103,7 @@ export class BatchScheduler {
   }
 
   private ticking = false
+  private tickErrorAtMs = 0
   /** When the last tick found no batch to move; idle, the store is asked once a second, not every tick. */
   private idleSinceMs = 0
   private nudged = false
@@ -119,7 +120,13 @@ export class BatchScheduler {
     this.nudged = false
     this.ticking = true
     this.tick()
-      .catch((err) => this.log('error', 'batch tick failed', { error: String(err) }))
+      .catch((err) => {
+        // While the store is away every tick fails: say so once every few seconds, not each time.
+        const now = Date.now()
+        if (now - this.tickErrorAtMs < 5000) return
+        this.tickErrorAtMs = now
+        this.log('error', 'batch tick failed', { error: String(err).slice(0, 300) })
+      })
       .finally(() => {
         this.ticking = false
       })
