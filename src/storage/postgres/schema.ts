@@ -61,8 +61,7 @@ export const ledger = pgTable(
   },
   (t) => [
     index('ledger_org_time').on(t.orgId, t.endedAtMs),
-    index('ledger_key').on(t.keyId),
-    index('ledger_batch').on(t.batchId),
+    index('ledger_batch').on(t.batchId).where(sql`${t.batchId} IS NOT NULL`),
   ],
 )
 

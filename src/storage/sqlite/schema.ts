@@ -55,7 +55,12 @@ export const ledger = sqliteTable(
     outcome: text('outcome').notNull(),
     estimated: count('estimated').notNull().default(0),
   },
-  (t) => [index('ledger_org_time').on(t.orgId, t.endedAtMs), index('ledger_key').on(t.keyId)],
+  // Usage reads by organization and time; a batch's cost sums its rows (a partial index: live
+  // rows, which have no batch, cost it nothing).
+  (t) => [
+    index('ledger_org_time').on(t.orgId, t.endedAtMs),
+    index('ledger_batch').on(t.batchId).where(sql`${t.batchId} IS NOT NULL`),
+  ],
 )
 
 export const files = sqliteTable(
