@@ -9,34 +9,11 @@ import {
 import { renderTables, runMatrix } from '../../bench/vt/run.ts'
 import { FLEET, fleetCapacity, nodeCapacity } from '../../bench/vt/sim.ts'
 import { blockHashes, seeded, trace } from '../../bench/vt/workloads.ts'
-import type { ModelConfig } from '../../src/config/load.ts'
-import { type Candidate, NodePool } from '../../src/routing/nodes.ts'
+import type { Candidate } from '../../src/routing/nodes.ts'
 import { Attempt, type RouteRequest } from '../../src/routing/policy.ts'
+import { routeFleet } from '../helpers/fleet.ts'
 
-function fleet(n: number) {
-  const model: ModelConfig = {
-    id: 'm/x',
-    ownedBy: 'm',
-    kind: 'chat',
-    contextLength: 100_000,
-    dimensions: undefined,
-    created: 0,
-    price: { promptNano: 0n, completionNano: 0n },
-    routes: Array.from({ length: n }, (_, i) => ({
-      node: `n${i}`,
-      baseUrl: `http://n${i}`,
-      upstreamModel: 'x',
-      apiKey: undefined,
-      maxConcurrency: 1000,
-      weight: 1,
-      firstByteTimeoutMs: undefined,
-      hedge: true,
-      metricsUrl: '',
-    })),
-  }
-  const pool = new NodePool([model])
-  return { pool, cands: pool.candidates('m/x') as Candidate[] }
-}
+const fleet = (n: number) => routeFleet(n, 1000)
 const req = (nowMs: number, over: Partial<RouteRequest> = {}): RouteRequest => ({
   modelId: 'm/x',
   promptTokens: 100,

@@ -1,35 +1,12 @@
 import { describe, expect, test } from 'bun:test'
-import type { ModelConfig } from '../../src/config/load.ts'
 import { ShareBudget } from '../../src/routing/budget.ts'
-import { type Candidate, NodePool } from '../../src/routing/nodes.ts'
+import type { Candidate, NodePool } from '../../src/routing/nodes.ts'
 import { Attempt, type RouteRequest } from '../../src/routing/policy.ts'
 import { PredictedTtft } from '../../src/routing/predicted.ts'
 import { BlockHasher, chainSeed } from '../../src/routing/prefix.ts'
+import { routeFleet } from '../helpers/fleet.ts'
 
-function fleet(n: number, maxConcurrency = 64): { pool: NodePool; cands: readonly Candidate[] } {
-  const model: ModelConfig = {
-    id: 'm/x',
-    ownedBy: 'm',
-    kind: 'chat',
-    contextLength: 100_000,
-    dimensions: undefined,
-    created: 0,
-    price: { promptNano: 0n, completionNano: 0n },
-    routes: Array.from({ length: n }, (_, i) => ({
-      node: `n${i}`,
-      baseUrl: `http://10.0.0.${i}:8000/v1`,
-      upstreamModel: 'x',
-      apiKey: undefined,
-      maxConcurrency,
-      weight: 1,
-      firstByteTimeoutMs: undefined,
-      hedge: true,
-      metricsUrl: '',
-    })),
-  }
-  const pool = new NodePool([model])
-  return { pool, cands: pool.candidates('m/x') }
-}
+const fleet = routeFleet
 
 /** A seeded generator so choices are repeatable. */
 function rng(seed = 1) {
