@@ -166,7 +166,7 @@ export class BatchScheduler {
       }
       if (b.status === 'in_progress' && this.identity.keyById(b.keyId)?.status === 'revoked') {
         // A revoked key never comes back: fail what is left now rather than at expiry.
-        void this.failBatch(b.id, 'key_revoked', 'the API key was revoked')
+        this.failBatchSoon(b.id, 'key_revoked', 'the API key was revoked')
         continue
       }
       if (b.status === 'in_progress' && now >= b.expiresAt) {
@@ -287,8 +287,8 @@ export class BatchScheduler {
   }
 
   private async validated(m: Extract<FromWorker, { t: 'validated' }>) {
-    const b = await this.store.getBatch(m.batchId)
     this.busy.delete(m.batchId)
+    const b = await this.store.getBatch(m.batchId)
     if (b?.status !== 'validating') return
     const now = Math.floor(Date.now() / 1000)
     const fail = (
@@ -373,7 +373,7 @@ export class BatchScheduler {
       this.pool.endBatch(best.node, true)
       if (err instanceof SharedStateUnavailable) return { kind: 'wait', ms: 500 }
       // Out of money mid-batch: the batch fails, keeping what finished.
-      void this.failBatch(m.batchId, 'insufficient_quota', 'the money ran out')
+      this.failBatchSoon(m.batchId, 'insufficient_quota', 'the money ran out')
       return { kind: 'stop', code: 'insufficient_quota' }
     }
     this.admitted.get(w)?.set(m.reqId, {
@@ -445,42 +445,55 @@ export class BatchScheduler {
   private readonly failing = new Set<string>()
 
   /** Fails a running batch: lines in flight finish, the rest fail with `code`, then it is finalized. */
-  private async failBatch(batchId: string, code: string, why: string) {
+  private failBatchSoon(batchId: string, code: string, why: string): void {
     if (this.busy.has(batchId)) return
     this.busy.add(batchId)
+    this.failBatch(batchId, code, why)
+      .then((handedOff) => {
+        // Once finalize() has it, the batch is busy until the worker says it is finalized.
+        if (!handedOff) this.busy.delete(batchId)
+      })
+      .catch((err) => {
+        this.busy.delete(batchId)
+        this.log('error', 'failing a batch failed; the next tick tries again', {
+          batch: batchId,
+          error: String(err),
+        })
+      })
+      .finally(() => this.failing.delete(batchId))
+  }
+
+  /** True once the batch went on to finalize(). */
+  private async failBatch(batchId: string, code: string, why: string): Promise<boolean> {
     const b = await this.store.getBatch(batchId)
-    if (b?.status !== 'in_progress') {
-      this.busy.delete(batchId)
-      return
-    }
+    if (b?.status !== 'in_progress') return false
     this.failing.add(batchId)
-    await this.store.updateBatch(batchId, {
-      errors: JSON.stringify({
-        object: 'list',
-        data: [
-          {
-            code,
-            line: null,
-            param: null,
-            message: `${why} during the batch`,
-          },
-        ],
-      }),
-    })
+    // Only over a running batch: another node may have finished or cancelled it meanwhile.
+    const marked = await this.store.updateBatch(
+      batchId,
+      {
+        errors: JSON.stringify({
+          object: 'list',
+          data: [{ code, line: null, param: null, message: `${why} during the batch` }],
+        }),
+      },
+      ['in_progress'],
+    )
+    if (!marked) return false
     // Lines in flight finish first; lines handed back meanwhile (refused for money) are failed
     // too, until none is open; then the batch is finalized as failed.
-    const wait = async () => {
+    for (;;) {
       await this.store.failOpenLines(
         batchId,
         (l) => errorLine(l.customId, code, `${why} before this line ran`),
         true,
       )
-      if ((await this.store.openLineCount(batchId)) > 0) return void setTimeout(() => void wait(), 50)
-      this.busy.delete(batchId)
-      this.failing.delete(batchId)
-      await this.finalize(b, 'failed')
+      if ((await this.store.openLineCount(batchId)) === 0) break
+      await Bun.sleep(50)
     }
-    await wait()
+    this.failing.delete(batchId)
+    await this.finalize(b, 'failed')
+    return true
   }
 }
 

@@ -344,9 +344,12 @@ async function finalize(batchId: string, status: BatchStatus) {
   }
 }
 
-async function writeResults(batchId: string, status: BatchStatus) {
+async function writeResults(batchId: string, asked: BatchStatus) {
   const batch = await store.getBatch(batchId)
   if (!batch) return
+  // A batch whose money ran out or whose key was revoked has its error recorded: another node's
+  // tick may have seen its last line end first and asked for `completed`.
+  const status = asked === 'completed' && batch.errors ? 'failed' : asked
   const ok = await store.lineResults(batchId, true)
   const bad = await store.lineResults(batchId, false)
   const out =
@@ -366,20 +369,29 @@ async function writeResults(batchId: string, status: BatchStatus) {
         : status === 'cancelled'
           ? { cancelledAt: now }
           : { failedAt: now }
-  const written = await store.updateBatch(
-    batchId,
-    {
-      status,
-      outputFileId: out?.id ?? null,
-      errorFileId: err?.id ?? null,
-      costNano: await store.batchCostNano(batchId),
-      ...stamp,
-    },
-    // Not over a final state: another node that took over a stale claim may have finished first.
-    ['in_progress', 'finalizing', 'cancelling'],
-  )
-  if (!written) {
-    if (out) await files.remove(batch.orgId, out.id)
-    if (err) await files.remove(batch.orgId, err.id)
+  // Files that did not become the batch's (the store failed, or another node finished first)
+  // are removed, so a retry does not leave a second pair behind.
+  const discard = async () => {
+    if (out) await files.remove(batch.orgId, out.id).catch(() => {})
+    if (err) await files.remove(batch.orgId, err.id).catch(() => {})
   }
+  let written: boolean
+  try {
+    written = await store.updateBatch(
+      batchId,
+      {
+        status,
+        outputFileId: out?.id ?? null,
+        errorFileId: err?.id ?? null,
+        costNano: await store.batchCostNano(batchId),
+        ...stamp,
+      },
+      // Not over a final state: another node that took over a stale claim may have finished first.
+      ['in_progress', 'finalizing', 'cancelling'],
+    )
+  } catch (e) {
+    await discard()
+    throw e
+  }
+  if (!written) await discard()
 }
