@@ -21,9 +21,12 @@ import { runWrk, wrkPath } from './wrk.ts'
 const repoRoot = resolve(import.meta.dir, '..')
 
 /** CPU time a process has used (all its threads, user + system), in microseconds. */
-function cpuUs(pid: number): number {
+function cpuUs(pid: number, thread?: number): number {
   // Fields after the command name: utime and stime are the 12th and 13th (clock ticks, 100/s).
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+  const stat = readFileSync(
+    thread === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${thread}/stat`,
+    'utf8',
+  )
   const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
   return (Number(f[11]) + Number(f[12])) * 10_000
 }
@@ -47,6 +50,8 @@ async function main() {
   const rps: Record<'on' | 'off', number[]> = { on: [], off: [] }
   // The router's own cost: its process's CPU time per request answered (wrk's and the fleet's excluded).
   const cpu: Record<'on' | 'off', number[]> = { on: [], off: [] }
+  // The event loop's thread alone (its thread id is the process id): the request path itself.
+  const main: Record<'on' | 'off', number[]> = { on: [], off: [] }
   try {
     const wrk = (c: typeof on) =>
       runWrk({
@@ -66,8 +71,10 @@ async function main() {
       for (const which of order) {
         const c = which === 'on' ? on : off
         const before = cpuUs(c.pid)
+        const mainBefore = cpuUs(c.pid, c.pid)
         const r = await wrk(c)
         const perRequest = (cpuUs(c.pid) - before) / Math.max(1, r.requests)
+        main[which].push((cpuUs(c.pid, c.pid) - mainBefore) / Math.max(1, r.requests))
         if (r.errors > 0) log(`round ${i + 1} ${which}: ${r.errors} errors`)
         rps[which].push(r.rps)
         cpu[which].push(perRequest)
@@ -91,6 +98,8 @@ async function main() {
   const perPair = rps.on.map((x, i) => rps.off[i]! / x - 1).sort((a, b) => a - b)
   const cOn = median(cpu.on)
   const cOff = median(cpu.off)
+  const tOn = median(main.on)
+  const tOff = median(main.off)
   console.log(
     [
       `| | median RPS | 1 / RPS, us | Tropa CPU per request, us (median) | runs (RPS) |`,
@@ -100,6 +109,7 @@ async function main() {
       '',
       `money path, throughput: ${(share * 100).toFixed(1)}% of the per-request cost (per round ${(perPair[0]! * 100).toFixed(1)}% to ${(perPair[perPair.length - 1]! * 100).toFixed(1)}%, median ${(median(perPair) * 100).toFixed(1)}%)`,
       `money path, the router's own CPU (all its threads): ${((cOn / cOff - 1) * 100).toFixed(1)}% (${(cOn - cOff).toFixed(1)} us of ${cOff.toFixed(1)} us per request); target under 5%`,
+      `money path, the event loop's thread alone: ${((tOn / tOff - 1) * 100).toFixed(1)}% (${tOn.toFixed(1)} against ${tOff.toFixed(1)} us per request)`,
     ].join('\n'),
   )
 }

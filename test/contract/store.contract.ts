@@ -108,6 +108,34 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect(rows.reduce((s, r) => s + r.costNano, 0n)).toBe(501n)
     })
 
+    test('a large flush with replays mixed in: every new row counted once, two keys and a credit', async () => {
+      await store.insertOrg(org('o1', 1_000_000n))
+      await store.insertKey(key('k1', 'o1'))
+      await store.insertKey(key('k2', 'o1'))
+      const row = (i: number) =>
+        usage(`big-${i}`, 'o1', i % 3 === 0 ? 'k2' : 'k1', BigInt(i + 1), 1_700_000_000_000 + i * 1000)
+      const first = Array.from({ length: 70 }, (_, i) => row(i))
+      await store.recordLedger(first)
+      // The second flush repeats 40 of them among 50 new ones and a credit, across statement chunks.
+      const second = [
+        ...Array.from({ length: 40 }, (_, i) => row(i * 1 + 20)),
+        ...Array.from({ length: 50 }, (_, i) => row(70 + i)),
+        { ...usage('big-credit', 'o1', 'k1', 1_000n), kind: 'credit' as const, keyId: null },
+      ].sort((a, b) => a.requestId.localeCompare(b.requestId))
+      await store.recordLedger(second)
+      const cost = (from: number, to: number, k: 'k1' | 'k2') =>
+        Array.from({ length: to - from }, (_, j) => from + j)
+          .filter((i) => (i % 3 === 0 ? 'k2' : 'k1') === k)
+          .reduce((s, i) => s + BigInt(i + 1), 0n)
+      expect((await store.getKey('k1'))!.spentNano).toBe(cost(0, 120, 'k1'))
+      expect((await store.getKey('k2'))!.spentNano).toBe(cost(0, 120, 'k2'))
+      expect((await store.getKey('k2'))!.lastUsedAt).toBe(1_700_000_000 + 117)
+      expect((await store.getOrg('o1'))!.balanceNano).toBe(
+        1_000_000n + 1_000n - cost(0, 120, 'k1') - cost(0, 120, 'k2'),
+      )
+      expect(await store.ledgerForOrg('o1', 0, 2_000_000_000_000)).toHaveLength(121)
+    })
+
     test('usage groups by key, model and UTC day, without credits', async () => {
       await store.insertOrg(org('o1', 10_000n))
       await store.insertKey(key('k1', 'o1'))
