@@ -3,8 +3,9 @@ import { afterAll, expect, test } from 'bun:test'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import OpenAI, { toFile } from 'openai'
+import OpenAI from 'openai'
 import { startSimFleet } from '../../src/simulator/index.ts'
+import { startChatBatch, waitForCompleted } from '../helpers/batches.ts'
 import { freePort, jsonCall, startRouterProcess } from '../helpers/process.ts'
 import { ADMIN_TOKEN, defaultModels } from '../helpers/start.ts'
 
@@ -37,29 +38,9 @@ test('kill -9 mid-batch, restart: exactly-once results, no double billing', asyn
   })
   const key = await jsonCall(first.url, '/v1/keys', org.master_key as string, { name: 'k' })
   const N = 400
-  const rows = Array.from({ length: N }, (_, i) =>
-    JSON.stringify({
-      custom_id: `id-${i}`,
-      method: 'POST',
-      url: '/v1/chat/completions',
-      body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: 16 },
-    }),
-  )
   const c1 = new OpenAI({ baseURL: `${first.url}/v1`, apiKey: key.key as string, maxRetries: 0 })
-  const file = await c1.files.create({
-    file: await toFile(Buffer.from(`${rows.join('\n')}\n`), 'big.jsonl'),
-    purpose: 'batch',
-  })
-  const created = await c1.batches.create({
-    input_file_id: file.id,
-    endpoint: '/v1/chat/completions',
-    completion_window: '24h',
-  })
-  let seen = 0
-  for (let i = 0; i < 400 && seen < N / 4; i++) {
-    await Bun.sleep(20)
-    seen = (await c1.batches.retrieve(created.id)).request_counts?.completed ?? 0
-  }
+  const created = await startChatBatch(c1, N)
+  const seen = await waitForCompleted(c1, created.id, N / 4, 400)
   expect(seen).toBeGreaterThan(0)
   first.proc.kill('SIGKILL')
   await first.proc.exited

@@ -3,8 +3,9 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { SQL } from 'bun'
-import OpenAI, { toFile } from 'openai'
+import OpenAI from 'openai'
 import { startSimFleet } from '../../src/simulator/index.ts'
+import { startChatBatch, waitForCompleted } from '../helpers/batches.ts'
 import { clusterConfig, startNode } from '../helpers/infra.ts'
 import { freshPgDatabase } from '../helpers/pg.ts'
 import { freePort, jsonCall, startRouterProcess } from '../helpers/process.ts'
@@ -41,29 +42,9 @@ test('three nodes, the batch node killed halfway: the others finish it, each lin
     const org = await jsonCall(a.url, '/v1/admin/organizations', ADMIN_TOKEN, { name: 'b', balance_rub: 100 })
     const key = await jsonCall(a.url, '/v1/keys', org.master_key as string, { name: 'k' })
     const N = 300
-    const rows = Array.from({ length: N }, (_, i) =>
-      JSON.stringify({
-        custom_id: `id-${i}`,
-        method: 'POST',
-        url: '/v1/chat/completions',
-        body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: 16 },
-      }),
-    )
     const ca = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: key.key as string, maxRetries: 0 })
-    const file = await ca.files.create({
-      file: await toFile(Buffer.from(`${rows.join('\n')}\n`), 'lines.jsonl'),
-      purpose: 'batch',
-    })
-    const created = await ca.batches.create({
-      input_file_id: file.id,
-      endpoint: '/v1/chat/completions',
-      completion_window: '24h',
-    })
-    let seen = 0
-    for (let i = 0; i < 500 && seen < N / 2; i++) {
-      await Bun.sleep(20)
-      seen = (await ca.batches.retrieve(created.id)).request_counts?.completed ?? 0
-    }
+    const created = await startChatBatch(ca, N)
+    const seen = await waitForCompleted(ca, created.id, N / 2, 500)
     expect(seen).toBeGreaterThan(0)
     const killedAt = performance.now()
     a.proc.kill('SIGKILL')

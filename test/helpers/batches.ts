@@ -1,0 +1,33 @@
+import type OpenAI from 'openai'
+import { toFile } from 'openai'
+
+/** Uploads `n` chat lines (`id-0` ... `id-<n-1>`, 16 tokens out each) and starts them as a batch. */
+export async function startChatBatch(client: OpenAI, n: number) {
+  const rows = Array.from({ length: n }, (_, i) =>
+    JSON.stringify({
+      custom_id: `id-${i}`,
+      method: 'POST',
+      url: '/v1/chat/completions',
+      body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: 16 },
+    }),
+  )
+  const file = await client.files.create({
+    file: await toFile(Buffer.from(`${rows.join('\n')}\n`), 'lines.jsonl'),
+    purpose: 'batch',
+  })
+  return client.batches.create({
+    input_file_id: file.id,
+    endpoint: '/v1/chat/completions',
+    completion_window: '24h',
+  })
+}
+
+/** Polls a batch every 20 ms until at least `target` lines completed or `tries` polls; returns the count. */
+export async function waitForCompleted(client: OpenAI, batchId: string, target: number, tries: number) {
+  let seen = 0
+  for (let i = 0; i < tries && seen < target; i++) {
+    await Bun.sleep(20)
+    seen = (await client.batches.retrieve(batchId)).request_counts?.completed ?? 0
+  }
+  return seen
+}
