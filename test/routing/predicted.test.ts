@@ -1,4 +1,5 @@
 import { describe, expect, test } from 'bun:test'
+import { seeded } from '../../bench/vt/workloads.ts'
 import { ShareBudget } from '../../src/routing/budget.ts'
 import type { Candidate, NodePool } from '../../src/routing/nodes.ts'
 import { Attempt, type RouteRequest } from '../../src/routing/policy.ts'
@@ -9,16 +10,7 @@ import { routeFleet } from '../helpers/fleet.ts'
 const fleet = routeFleet
 
 /** A seeded generator so choices are repeatable. */
-function rng(seed = 1) {
-  let s = seed >>> 0
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0
-    let t = s
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
+const rng = (seed = 1) => seeded(seed)
 
 function prefixOf(text: string): number[] {
   const h = new BlockHasher(chainSeed('m/x'))
