@@ -1,10 +1,6 @@
 import { expect, test } from 'bun:test'
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join, resolve } from 'node:path'
 import type { BenchReport } from '../../bench/report.ts'
-
-const root = resolve(import.meta.dir, '../..')
+import { runBenchScript } from '../helpers/bench-script.ts'
 
 /**
  * `bun run bench --quick` against direct, the bare proxy and Tropa: the whole pipeline runs and
@@ -13,47 +9,33 @@ const root = resolve(import.meta.dir, '../..')
 test(
   'quick benchmark of direct, bare, Tropa and Tropa on PostgreSQL + Redis produces a complete report',
   async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'tropa-bench-smoke-'))
-    try {
-      const json = join(dir, 'report.json')
-      const env: Record<string, string> = {}
-      for (const [k, v] of Object.entries(process.env))
-        if (v !== undefined && !k.startsWith('TROPA_')) env[k] = v
-      const proc = Bun.spawn(
-        [process.execPath, 'bench/run.ts', '--quick', '--only', 'direct,bare,tropa,tropa-pg', '--json', json],
-        { cwd: root, env, stdout: 'pipe', stderr: 'pipe' },
-      )
-      const [out, err] = await Promise.all([
-        new Response(proc.stdout).text(),
-        new Response(proc.stderr).text(),
-      ])
-      const code = await proc.exited
-      if (code !== 0) console.error(err.slice(-3000))
-      expect(code).toBe(0)
+    const env: Record<string, string> = {}
+    for (const [k, v] of Object.entries(process.env))
+      if (v !== undefined && !k.startsWith('TROPA_')) env[k] = v
+    const { out, json: r } = await runBenchScript<BenchReport>(
+      ['bench/run.ts', '--quick', '--only', 'direct,bare,tropa,tropa-pg'],
+      env,
+    )
 
-      for (const heading of ['Non-streaming, open loop', 'Streaming:', 'Memory:', 'Startup:', 'Targets'])
-        expect(out).toContain(heading)
+    for (const heading of ['Non-streaming, open loop', 'Streaming:', 'Memory:', 'Startup:', 'Targets'])
+      expect(out).toContain(heading)
 
-      const r = JSON.parse(readFileSync(json, 'utf8')) as BenchReport
-      expect(r.contestants.map((c) => c.name)).toEqual(['direct', 'bare', 'tropa', 'tropa-pg'])
-      for (const c of r.contestants) {
-        expect(c.available).toBe(true)
-        expect(c.notes.filter((n) => n.includes('failed'))).toEqual([])
-        // The first ladder step is measured with answers, held or not.
-        expect(c.steps[0]?.rate).toBe(500)
-        expect(c.steps[0]!.ok).toBeGreaterThan(0)
-        expect(c.stream?.ok ?? 0).toBeGreaterThan(0)
-        expect(c.stream!.itl.count).toBeGreaterThan(0)
-        expect(c.memory.length).toBe(r.settings.memoryLevels.length)
-        for (const m of c.memory) expect(m.opened).toBe(m.streams)
-        if (r.settings.wrk !== 'not installed') expect(c.wrk?.requests ?? 0).toBeGreaterThan(0)
-      }
-      expect(r.ready?.runs).toBe(1)
-      expect(r.targets.length).toBe(10)
-      expect(Object.keys(r.headline)).toContain('tropa_over_bare_added_p50_2000')
-    } finally {
-      rmSync(dir, { recursive: true, force: true })
+    expect(r.contestants.map((c) => c.name)).toEqual(['direct', 'bare', 'tropa', 'tropa-pg'])
+    for (const c of r.contestants) {
+      expect(c.available).toBe(true)
+      expect(c.notes.filter((n) => n.includes('failed'))).toEqual([])
+      // The first ladder step is measured with answers, held or not.
+      expect(c.steps[0]?.rate).toBe(500)
+      expect(c.steps[0]!.ok).toBeGreaterThan(0)
+      expect(c.stream?.ok ?? 0).toBeGreaterThan(0)
+      expect(c.stream!.itl.count).toBeGreaterThan(0)
+      expect(c.memory.length).toBe(r.settings.memoryLevels.length)
+      for (const m of c.memory) expect(m.opened).toBe(m.streams)
+      if (r.settings.wrk !== 'not installed') expect(c.wrk?.requests ?? 0).toBeGreaterThan(0)
     }
+    expect(r.ready?.runs).toBe(1)
+    expect(r.targets.length).toBe(10)
+    expect(Object.keys(r.headline)).toContain('tropa_over_bare_added_p50_2000')
   },
   { timeout: 120_000 },
 )
