@@ -173,6 +173,16 @@ export class UpstreamFailed extends TropaError {
     return true
   }
 }
+
+/**
+ * The node could not be connected to: the request never reached it, so trying another node costs
+ * the fleet nothing and does not spend the retry budget (attempts stay capped per request).
+ */
+export class UpstreamUnreachable extends UpstreamFailed {
+  constructor(node: string, detail: string | null) {
+    super(`upstream node ${node} could not be reached`, 'upstream_error', null, detail)
+  }
+}
 export class UpstreamTimeout extends UpstreamFailed {
   override readonly status = 504
   constructor(message: string) {

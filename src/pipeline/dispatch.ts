@@ -1,5 +1,5 @@
 import type { Config, ModelConfig, RouteConfig } from '../config/load.ts'
-import { NoUpstreamAvailable, UpstreamFailed, UpstreamRejected } from '../errors.ts'
+import { NoUpstreamAvailable, UpstreamFailed, UpstreamRejected, UpstreamUnreachable } from '../errors.ts'
 import type { ShareBudget } from '../routing/budget.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
 import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '../routing/policy.ts'
@@ -116,7 +116,8 @@ export async function dispatch<T>(
 
   const launch = (): boolean => {
     if (tried >= deps.timeouts.maxAttempts || signal.aborted) return false
-    if (tried > 0 && !deps.retries.take()) return false
+    // A node that refused the connection never saw the request: moving on costs the fleet nothing.
+    if (tried > 0 && !(lastError instanceof UpstreamUnreachable) && !deps.retries.take()) return false
     const nowMs = Date.now()
     const req: RouteRequest = {
       modelId: d.model.id,

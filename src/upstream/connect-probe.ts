@@ -1,4 +1,4 @@
-import { UpstreamFailed, UpstreamTimeout } from '../errors.ts'
+import { UpstreamTimeout, UpstreamUnreachable } from '../errors.ts'
 
 /**
  * Opens and closes one TCP connection to a node within `timeoutMs`. Bun's fetch has no separate
@@ -32,30 +32,12 @@ export function probeConnect(baseUrl: string, node: string, timeoutMs: number): 
         },
         data() {},
         connectError(_socket, err) {
-          done(
-            new UpstreamFailed(
-              `upstream node ${node} could not be reached`,
-              'upstream_error',
-              null,
-              err.message,
-            ),
-          )
+          done(new UpstreamUnreachable(node, err.message))
         },
         error(_socket, err) {
-          done(
-            new UpstreamFailed(
-              `upstream node ${node} could not be reached`,
-              'upstream_error',
-              null,
-              err.message,
-            ),
-          )
+          done(new UpstreamUnreachable(node, err.message))
         },
       },
-    }).catch((err: Error) =>
-      done(
-        new UpstreamFailed(`upstream node ${node} could not be reached`, 'upstream_error', null, err.message),
-      ),
-    )
+    }).catch((err: Error) => done(new UpstreamUnreachable(node, err.message)))
   })
 }

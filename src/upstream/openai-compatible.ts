@@ -1,4 +1,4 @@
-import { UpstreamFailed, UpstreamRejected, UpstreamTimeout } from '../errors.ts'
+import { UpstreamFailed, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable } from '../errors.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from './adapter.ts'
 import type { Watchdog } from './watchdog.ts'
 
@@ -38,7 +38,10 @@ export class OpenAICompatibleAdapter implements UpstreamAdapter {
       })
     } catch (err) {
       if (signal.aborted) throw signal.reason
-      // The raw fetch text (socket errors, Bun's hints) is for logs, not for clients.
+      // The raw fetch text (socket errors, Bun's hints) is for logs, not for clients. A refused
+      // connection never reached the node; other errors (a reset) may have.
+      if ((err as { code?: string }).code === 'ECONNREFUSED')
+        throw new UpstreamUnreachable(call.route.node, (err as Error).message)
       throw new UpstreamFailed(
         `upstream node ${call.route.node} could not be reached`,
         'upstream_error',
