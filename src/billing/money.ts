@@ -8,6 +8,14 @@ export const NANO_PER_RUB = 1_000_000_000n
 /** One micro-rouble: prices and limits are whole multiples of it (six fractional digits). */
 export const NANO_PER_MICRO = 1_000n
 
+/**
+ * The largest amount Tropa takes (a limit, a balance, a credit) and the largest balance an
+ * organization can reach: one billion roubles. Both stores keep money in signed 64-bit integers
+ * (at most about 9.2 billion roubles), so every sum of such amounts stays exact.
+ */
+export const MAX_AMOUNT_RUB = 1_000_000_000
+export const MAX_AMOUNT_NANO = BigInt(MAX_AMOUNT_RUB) * NANO_PER_RUB
+
 const DECIMAL = /^(\d+)(?:\.(\d+))?$/
 
 /**

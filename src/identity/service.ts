@@ -1,8 +1,9 @@
 import type { MoneyMeter } from '../billing/meter.ts'
-import { type NanoRub, nanoToRubNumber } from '../billing/money.ts'
+import { MAX_AMOUNT_NANO, MAX_AMOUNT_RUB, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import type { ClusterBus } from '../cluster/bus.ts'
 import {
   Conflict,
+  InvalidValue,
   invalidApiKey,
   keyDisabled,
   keyNotFound,
@@ -233,6 +234,9 @@ export class IdentityService {
 
   /** Adds to an organization's balance, with a ledger row of its own; written before it counts. */
   async credit(org: LiveOrg, amountNano: NanoRub): Promise<void> {
+    // A balance stays within what both stores hold exactly (see MAX_AMOUNT_NANO).
+    if (org.balanceNano + amountNano > MAX_AMOUNT_NANO)
+      throw new InvalidValue(`the balance would exceed ${MAX_AMOUNT_RUB} roubles`, 'amount_rub')
     const now = Date.now()
     await this.store.recordLedger([
       {

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import OpenAI from 'openai'
-import { newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
+import { ADMIN_TOKEN, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
 let t: Tropa
 let revokedKey: string
@@ -447,6 +447,24 @@ const CASES: Case[] = [
     status: 400,
     code: 'invalid_value',
     param: 'limit_rub',
+  },
+  {
+    name: 'keys: limit over one billion roubles',
+    auth: 'master',
+    path: '/v1/keys',
+    body: { name: 'x', limit_rub: 1e20 },
+    status: 400,
+    code: 'invalid_value',
+    param: 'limit_rub',
+  },
+  {
+    name: 'admin: opening balance over one billion roubles',
+    auth: `Bearer ${ADMIN_TOKEN}`,
+    path: '/v1/admin/organizations',
+    body: { name: 'too-rich', balance_rub: 1_000_000_000.000001 },
+    status: 400,
+    code: 'invalid_value',
+    param: 'balance_rub',
   },
   {
     name: 'keys: unknown field',

@@ -182,6 +182,25 @@ describe('keys API', () => {
     expect(missing.status).toBe(404)
   })
 
+  test('amounts past one billion roubles get 400 and change nothing (money stays a 64-bit integer)', async () => {
+    const refused = await t.admin('/v1/admin/organizations', { name: 'too-rich', balance_rub: 1e20 })
+    expect(refused.status).toBe(400)
+    // Refused before anything was created: the name is still free.
+    const org = await t.admin('/v1/admin/organizations', { name: 'too-rich', balance_rub: 999_999_999 })
+    expect(org.status).toBe(201)
+    const { id } = (await org.json()) as { id: string }
+    const over = await t.admin(`/v1/admin/organizations/${id}/credit`, { amount_rub: 1.000001 })
+    expect(over.status).toBe(400)
+    expect(((await over.json()) as { error: { code: string } }).error.code).toBe('invalid_value')
+    const upToCap = await t.admin(`/v1/admin/organizations/${id}/credit`, { amount_rub: 1 })
+    expect(upToCap.status).toBe(200)
+    const view = (await (await t.admin(`/v1/admin/organizations/${id}`)).json()) as { balance_rub: number }
+    expect(view.balance_rub).toBe(1_000_000_000)
+    // The stored balance is that integer too (no float crept in): a restart-free read from the store.
+    const stored = (await t.svc.store.loadOrgs()).find((o) => o.id === id)
+    expect(stored?.balanceNano).toBe(1_000_000_000n * 1_000_000_000n)
+  })
+
   test('the admin lists and revokes master keys; a revoked master key gets 401', async () => {
     const issued = await t.admin(`/v1/admin/organizations/${t.orgId}/master_keys`, { name: 'second' })
     const mk = (await issued.json()) as { key_id: string; key: string }

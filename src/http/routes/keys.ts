@@ -1,6 +1,6 @@
 import { Elysia, t } from 'elysia'
 import { CreateKeyBody, PatchKeyBody } from '../../api/keys.ts'
-import { type NanoRub, rubNumberToNano } from '../../billing/money.ts'
+import { MAX_AMOUNT_NANO, MAX_AMOUNT_RUB, type NanoRub, rubNumberToNano } from '../../billing/money.ts'
 import { InvalidValue } from '../../errors.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, keyManagerOrg } from '../auth.ts'
@@ -18,11 +18,15 @@ const ListKeysQuery = t.Object({
   org_id: t.Optional(t.String()),
 })
 
-/** limit_rub as nano-roubles: null stays null (no limit); more than six digits is refused. */
+/**
+ * An amount in roubles (limit_rub, balance_rub, amount_rub) as nano-roubles: null stays null (no
+ * limit); more than six fractional digits or more than MAX_AMOUNT_RUB is refused.
+ */
 export function limitOf(value: number | null | undefined, param = 'limit_rub'): NanoRub | null | undefined {
   if (value === undefined || value === null) return value
   const nano = rubNumberToNano(value)
   if (nano === undefined) throw new InvalidValue(`${param} must have at most six fractional digits`, param)
+  if (nano > MAX_AMOUNT_NANO) throw new InvalidValue(`${param} must be at most ${MAX_AMOUNT_RUB}`, param)
   return nano
 }
 
