@@ -1,6 +1,6 @@
 import { BatchScheduler } from './batches/scheduler.ts'
 import { BatchService, LinkSigner } from './batches/service.ts'
-import { LedgerWriter } from './billing/ledger.ts'
+import { LedgerWriter, storeSink } from './billing/ledger.ts'
 import { ThreadLedgerSink } from './billing/ledger-sink.ts'
 import { Meter, type MoneyMeter } from './billing/meter.ts'
 import { LocalRateLimiter } from './billing/rate-limiter.ts'
@@ -77,7 +77,7 @@ export async function buildServices(
         config.storage.sqlitePath,
         threads.ledgerThread ?? new URL('./billing/ledger-thread.ts', import.meta.url),
       )
-    : store
+    : storeSink(store)
   const ledger = new LedgerWriter(
     sink,
     config.storage.flushIntervalMs,

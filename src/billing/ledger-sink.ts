@@ -1,10 +1,10 @@
-import type { LedgerEntry } from '../storage/store.ts'
+import type { LedgerRows, LedgerRowsWire } from '../storage/ledger-rows.ts'
 import type { LedgerSink } from './ledger.ts'
 
 /** Messages to the ledger thread. */
 export type ToLedgerThread =
   | { t: 'init'; path: string }
-  | { t: 'write'; id: number; rows: string }
+  | { t: 'write'; id: number; rows: LedgerRowsWire }
   | { t: 'close'; id: number }
 
 /** Its answers: done (or the error) per message id. */
@@ -27,9 +27,11 @@ export class ThreadLedgerSink implements LedgerSink {
     private readonly entry: string | URL,
   ) {}
 
-  recordLedger(rows: readonly LedgerEntry[]): Promise<void> {
+  writeRows(rows: LedgerRows): Promise<void> {
     if (rows.length === 0) return Promise.resolve()
-    return this.call({ t: 'write', id: 0, rows: packRows(rows) })
+    // Columns and a table of strings: a structured clone of typed arrays is a copy of their
+    // bytes, where cloning an object per row (or JSON text) cost several times more per row.
+    return this.call({ t: 'write', id: 0, rows: rows.toWire() })
   }
 
   async close(): Promise<void> {
@@ -74,65 +76,4 @@ export class ThreadLedgerSink implements LedgerSink {
     for (const p of this.pending.values()) p.reject(err)
     this.pending.clear()
   }
-}
-
-/**
- * Rows as one JSON text of arrays (the amount as decimal text): posting a string to a thread is
- * a copy, where posting objects is a structured clone, three times the cost per row.
- */
-export function packRows(rows: readonly LedgerEntry[]): string {
-  return JSON.stringify(
-    rows.map((r) => [
-      r.requestId,
-      r.kind,
-      r.orgId,
-      r.keyId,
-      r.model,
-      r.node,
-      r.promptTokens,
-      r.completionTokens,
-      r.costNano.toString(),
-      r.batchId,
-      r.startedAtMs,
-      r.endedAtMs,
-      r.outcome,
-      r.estimated ? 1 : 0,
-    ]),
-  )
-}
-
-type Packed = [
-  string,
-  'usage' | 'credit',
-  string,
-  string | null,
-  string | null,
-  string | null,
-  number,
-  number,
-  string,
-  string | null,
-  number,
-  number,
-  string,
-  0 | 1,
-]
-
-export function unpackRows(text: string): LedgerEntry[] {
-  return (JSON.parse(text) as Packed[]).map((a) => ({
-    requestId: a[0],
-    kind: a[1],
-    orgId: a[2],
-    keyId: a[3],
-    model: a[4],
-    node: a[5],
-    promptTokens: a[6],
-    completionTokens: a[7],
-    costNano: BigInt(a[8]),
-    batchId: a[9],
-    startedAtMs: a[10],
-    endedAtMs: a[11],
-    outcome: a[12],
-    estimated: a[13] === 1,
-  }))
 }

@@ -1,8 +1,10 @@
 /// <reference lib="webworker" />
 // Entry point of the ledger thread (an entry of the compiled executable): writes flushed ledger
 // rows into the SQLite file with a connection of its own. See ThreadLedgerSink.
+
+import { LedgerRows } from '../storage/ledger-rows.ts'
 import { openSqliteStore, type SqliteStore } from '../storage/sqlite/store.ts'
-import { type FromLedgerThread, type ToLedgerThread, unpackRows } from './ledger-sink.ts'
+import type { FromLedgerThread, ToLedgerThread } from './ledger-sink.ts'
 
 declare const self: Worker
 let store: SqliteStore | undefined
@@ -20,7 +22,7 @@ self.onmessage = async (ev: MessageEvent<ToLedgerThread>) => {
         : { t: 'done', id: m.id, error }) satisfies FromLedgerThread,
     )
   try {
-    if (m.t === 'write') await store!.recordLedger(unpackRows(m.rows))
+    if (m.t === 'write') await store!.recordLedgerRows(LedgerRows.fromWire(m.rows))
     else {
       await store?.close()
       store = undefined

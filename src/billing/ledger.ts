@@ -1,9 +1,15 @@
-import type { LedgerEntry } from '../storage/store.ts'
+import { LedgerRows } from '../storage/ledger-rows.ts'
+import type { LedgerEntry, Store } from '../storage/store.ts'
 
 /** Where flushed rows go: the store itself, or a thread writing to it (ledger-sink.ts). */
 export interface LedgerSink {
-  recordLedger(entries: readonly LedgerEntry[]): Promise<void>
+  writeRows(rows: LedgerRows): Promise<void>
   close?(): Promise<void>
+}
+
+/** A store written from the event loop (PostgreSQL, over the network; SQLite in memory). */
+export function storeSink(store: Pick<Store, 'recordLedger'>): LedgerSink {
+  return { writeRows: (rows) => store.recordLedger(rows.entries()) }
 }
 
 /**
@@ -12,7 +18,7 @@ export interface LedgerSink {
  * crash-safety guarantee in docs/billing.md); the in-memory spend already counts them.
  */
 export class LedgerWriter {
-  private queue: LedgerEntry[] = []
+  private queue = new LedgerRows()
   private timer: ReturnType<typeof setInterval> | undefined
   private flushing: Promise<void> = Promise.resolve()
   /** Rows of the write under way (neither queued nor written yet). */
@@ -41,6 +47,7 @@ export class LedgerWriter {
     this.timer ??= setInterval(() => void this.flush(), this.flushIntervalMs)
   }
 
+  /** Queues a row: its fields are copied into the queue's columns (see LedgerRows). */
   push(entry: LedgerEntry): void {
     this.queue.push(entry)
   }
@@ -50,13 +57,14 @@ export class LedgerWriter {
     this.flushing = this.flushing.then(async () => {
       if (this.queue.length === 0) return
       const batch = this.queue
-      this.queue = []
+      this.queue = new LedgerRows(batch.length)
       this.writing = batch.length
       try {
-        await this.store.recordLedger(batch)
+        await this.store.writeRows(batch)
       } catch (err) {
-        // Keep the rows: the next flush retries them, and recordLedger skips any already written.
-        this.queue = batch.concat(this.queue)
+        // Keep the rows: the next flush retries them, and the store skips any already written.
+        batch.append(this.queue)
+        this.queue = batch
         // While the store is away every flush fails: say so once every few seconds, not each time.
         const now = Date.now()
         if (now - this.lastErrorMs >= 5000) {

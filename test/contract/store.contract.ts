@@ -136,6 +136,17 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect(await store.ledgerForOrg('o1', 0, 2_000_000_000_000)).toHaveLength(121)
     })
 
+    test('one request id twice in one flush is billed once (in a full chunk and in the tail)', async () => {
+      await store.insertOrg(org('o1', 1_000_000n))
+      await store.insertKey(key('k1', 'o1'))
+      const rows = Array.from({ length: 20 }, (_, i) => usage(`dup-${i}`, 'o1', 'k1', 10n))
+      // dup-3 again inside the first chunk of sixteen, dup-17 again in the tail.
+      await store.recordLedger([...rows.slice(0, 10), rows[3]!, ...rows.slice(10), rows[17]!])
+      expect((await store.getKey('k1'))!.spentNano).toBe(200n)
+      expect((await store.getOrg('o1'))!.balanceNano).toBe(1_000_000n - 200n)
+      expect(await store.ledgerForOrg('o1', 0, 2_000_000_000_000)).toHaveLength(20)
+    })
+
     test('usage groups by key, model and UTC day, without credits', async () => {
       await store.insertOrg(org('o1', 10_000n))
       await store.insertKey(key('k1', 'o1'))

@@ -1,5 +1,4 @@
 import { describe, expect, test } from 'bun:test'
-import { packRows, unpackRows } from '../../src/billing/ledger-sink.ts'
 import {
   batchCostNano,
   costNano,
@@ -9,6 +8,7 @@ import {
   perMillionToPerTokenNano,
   rubNumberToNano,
 } from '../../src/billing/money.ts'
+import { LedgerRows } from '../../src/storage/ledger-rows.ts'
 import type { LedgerEntry } from '../../src/storage/store.ts'
 
 describe('money', () => {
@@ -90,41 +90,49 @@ describe('money', () => {
 })
 
 describe('ledger rows posted to the ledger thread', () => {
-  test('pack and unpack keep every field, amounts exact', () => {
-    const rows: LedgerEntry[] = [
-      {
-        requestId: 'r1',
-        kind: 'usage',
-        orgId: 'o',
-        keyId: 'k',
-        model: 'm/x',
-        node: 'n1',
-        promptTokens: 12,
-        completionTokens: 7,
-        costNano: 123_456_789_012_345_678_901n,
-        batchId: null,
-        startedAtMs: 1,
-        endedAtMs: 2,
-        outcome: 'ok:capped',
-        estimated: true,
-      },
-      {
-        requestId: 'c1',
-        kind: 'credit',
-        orgId: 'o',
-        keyId: null,
-        model: null,
-        node: null,
-        promptTokens: 0,
-        completionTokens: 0,
-        costNano: 1n,
-        batchId: 'b',
-        startedAtMs: 3,
-        endedAtMs: 4,
-        outcome: 'ok',
-        estimated: false,
-      },
+  const usage = (i: number): LedgerEntry => ({
+    requestId: `r${i}`,
+    kind: 'usage',
+    orgId: `o${i % 3}`,
+    keyId: i % 5 === 0 ? null : `k${i % 7}`,
+    model: i % 11 === 0 ? null : 'm/x',
+    node: `n${i % 2}`,
+    promptTokens: i * 3,
+    completionTokens: 2 ** 40 + i,
+    costNano: BigInt(i) * 1_000_000_007n,
+    batchId: i % 4 === 0 ? `batch_${i}` : null,
+    startedAtMs: 1_795_000_000_000 + i,
+    endedAtMs: 1_795_000_000_500 + i,
+    outcome: i % 2 ? 'ok' : 'ok:capped',
+    estimated: i % 3 === 0,
+  })
+
+  test('every field survives the columns and the copy to the thread, amounts exact', () => {
+    const entries: LedgerEntry[] = [
+      ...Array.from({ length: 1000 }, (_, i) => usage(i)),
+      { ...usage(1000), costNano: 2n ** 63n - 1n },
+      { ...usage(1001), kind: 'credit', keyId: null, model: null, node: null, costNano: 1n },
     ]
-    expect(unpackRows(packRows(rows))).toEqual(rows)
+    const rows = new LedgerRows(4) // grows past its first capacity
+    for (const e of entries) rows.push(e)
+    // What the thread receives: a structured clone of the wire form.
+    const received = LedgerRows.fromWire(structuredClone(rows.toWire()))
+    expect(received.entries()).toEqual(entries)
+    expect(LedgerRows.of(entries).entries()).toEqual(entries)
+  })
+
+  test('a failed flush puts its rows back in front of newer ones', () => {
+    const failed = LedgerRows.of([usage(1), usage(2)])
+    const newer = LedgerRows.of([usage(3)])
+    failed.append(newer)
+    expect(failed.entries().map((e) => e.requestId)).toEqual(['r1', 'r2', 'r3'])
+  })
+
+  test('an amount outside 64 bits is refused, never wrapped; so is a request id with a line break', () => {
+    const rows = new LedgerRows()
+    expect(() => rows.push({ ...usage(1), costNano: 2n ** 63n })).toThrow(RangeError)
+    expect(() => rows.push({ ...usage(1), requestId: 'a\nb' })).toThrow(RangeError)
+    expect(rows.length).toBe(0)
+    expect(LedgerRows.fromWire(structuredClone(rows.toWire())).length).toBe(0)
   })
 })

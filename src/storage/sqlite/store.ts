@@ -3,6 +3,7 @@ import { mkdirSync } from 'node:fs'
 import { dirname } from 'node:path'
 import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
+import { LedgerRows } from '../ledger-rows.ts'
 import type {
   BatchLine,
   BatchPatch,
@@ -20,6 +21,28 @@ import { embeddedMigrations, schemaNotAhead } from './migrations.ts'
 import * as schema from './schema.ts'
 
 type Db = BunSQLiteDatabase<typeof schema>
+
+const LEDGER_COLUMNS = 14
+/** Rows per multi-row INSERT of a flush: past about ten, more rows per statement gained nothing. */
+const LEDGER_ROWS_PER_INSERT = 16
+
+/** Puts row `i`'s values at `at` in `args`, in the column order of the ledger INSERTs. */
+function bindLedgerRow(args: (string | number | bigint | null)[], at: number, rows: LedgerRows, i: number) {
+  args[at] = rows.requestId(i)
+  args[at + 1] = rows.kind(i)
+  args[at + 2] = rows.orgId(i)
+  args[at + 3] = rows.keyId(i)
+  args[at + 4] = rows.model(i)
+  args[at + 5] = rows.node(i)
+  args[at + 6] = rows.promptTokens(i)
+  args[at + 7] = rows.completionTokens(i)
+  args[at + 8] = rows.costNano(i)
+  args[at + 9] = rows.batchId(i)
+  args[at + 10] = rows.startedAtMs(i)
+  args[at + 11] = rows.endedAtMs(i)
+  args[at + 12] = rows.outcome(i)
+  args[at + 13] = rows.isEstimated(i) ? 1 : 0
+}
 
 /** Opens (creating if needed) a SQLite file in WAL mode and applies the embedded migrations. */
 export function openSqliteStore(path: string): SqliteStore {
@@ -118,64 +141,86 @@ export class SqliteStore implements Store {
   }
 
   /**
-   * The group commit's hot statement: prepared once, run per row inside one transaction, with
-   * each key's and organization's changes summed and written once per flush (at thousands of
-   * requests per second, building a Drizzle query per row was most of the money path's cost).
+   * The group commit's statements, prepared once: a multi-row INSERT for whole chunks of a flush
+   * (binding and stepping one statement per row was most of the ledger thread's time), a one-row
+   * INSERT for the rest and for replays, and each key's and organization's summed change written
+   * once per flush.
    */
   private ledgerStatements?: {
-    insert: Statement
+    chunk: Statement
+    one: Statement
     org: Statement
     key: Statement
+    args: (string | number | bigint | null)[]
   }
 
   async recordLedger(entries: readonly LedgerEntry[]) {
-    this.writeLedger(entries)
+    this.writeLedger(LedgerRows.of(entries))
   }
 
-  private writeLedger(entries: readonly LedgerEntry[]) {
-    if (entries.length === 0) return
+  /** A flush of the ledger writer, as columns (from the ledger thread). */
+  async recordLedgerRows(rows: LedgerRows) {
+    this.writeLedger(rows)
+  }
+
+  private writeLedger(rows: LedgerRows) {
+    const n = rows.length
+    if (n === 0) return
+    const cols = `request_id, kind, org_id, key_id, model, node, prompt_tokens, completion_tokens,
+      cost_nano, batch_id, started_at_ms, ended_at_ms, outcome, estimated`
+    const tuple = `(${Array.from({ length: LEDGER_COLUMNS }, () => '?').join(',')})`
     this.ledgerStatements ??= {
-      insert: this.client.prepare(
-        `INSERT OR IGNORE INTO ledger (request_id, kind, org_id, key_id, model, node, prompt_tokens, completion_tokens,
-           cost_nano, batch_id, started_at_ms, ended_at_ms, outcome, estimated)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)`,
+      // A plain INSERT: a row already present (a replay) fails the statement, which SQLite undoes
+      // alone, and the chunk is then written row by row.
+      chunk: this.client.prepare(
+        `INSERT INTO ledger (${cols}) VALUES ${Array.from({ length: LEDGER_ROWS_PER_INSERT }, () => tuple).join(',')}`,
+      ),
+      one: this.client.prepare(
+        `INSERT INTO ledger (${cols}) VALUES ${tuple} ON CONFLICT (request_id) DO NOTHING`,
       ),
       org: this.client.prepare('UPDATE orgs SET balance_nano = balance_nano + ?1 WHERE id = ?2'),
       key: this.client.prepare(
         'UPDATE keys SET spent_nano = spent_nano + ?1, last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE id = ?3',
       ),
+      args: new Array(LEDGER_COLUMNS * LEDGER_ROWS_PER_INSERT).fill(null),
     }
     const st = this.ledgerStatements
+    const args = st.args
     this.client.transaction(() => {
       const orgDelta = new Map<string, bigint>()
       const keyDelta = new Map<string, { spent: bigint; usedAt: number }>()
-      for (const e of entries) {
-        const { changes } = st.insert.run(
-          e.requestId,
-          e.kind,
-          e.orgId,
-          e.keyId,
-          e.model,
-          e.node,
-          e.promptTokens,
-          e.completionTokens,
-          e.costNano,
-          e.batchId,
-          e.startedAtMs,
-          e.endedAtMs,
-          e.outcome,
-          e.estimated ? 1 : 0,
-        )
-        if (changes === 0) continue // already billed: a replay after a crash
-        const sign = e.kind === 'credit' ? 1n : -1n
-        orgDelta.set(e.orgId, (orgDelta.get(e.orgId) ?? 0n) + sign * e.costNano)
-        if (e.kind === 'usage' && e.keyId) {
-          const k = keyDelta.get(e.keyId) ?? { spent: 0n, usedAt: 0 }
-          k.spent += e.costNano
-          k.usedAt = Math.max(k.usedAt, Math.floor(e.endedAtMs / 1000))
-          keyDelta.set(e.keyId, k)
+      const counted = (i: number) => {
+        const orgId = rows.orgId(i)
+        const cost = rows.costNano(i)
+        const usage = rows.kind(i) === 'usage'
+        orgDelta.set(orgId, (orgDelta.get(orgId) ?? 0n) + (usage ? -cost : cost))
+        const keyId = rows.keyId(i)
+        if (usage && keyId) {
+          const k = keyDelta.get(keyId) ?? { spent: 0n, usedAt: 0 }
+          k.spent += cost
+          k.usedAt = Math.max(k.usedAt, Math.floor(rows.endedAtMs(i) / 1000))
+          keyDelta.set(keyId, k)
         }
       }
+      const one = (i: number) => {
+        bindLedgerRow(args, 0, rows, i)
+        // Already billed (a replay after a crash): nothing to count.
+        if (st.one.run(args.slice(0, LEDGER_COLUMNS)).changes === 1) counted(i)
+      }
+      let i = 0
+      for (; i + LEDGER_ROWS_PER_INSERT <= n; i += LEDGER_ROWS_PER_INSERT) {
+        for (let j = 0; j < LEDGER_ROWS_PER_INSERT; j++) bindLedgerRow(args, j * LEDGER_COLUMNS, rows, i + j)
+        try {
+          // One array binds its values by position (spreading hundreds of arguments cost more).
+          st.chunk.run(args)
+        } catch (err) {
+          if ((err as { code?: unknown }).code !== 'SQLITE_CONSTRAINT_PRIMARYKEY') throw err
+          for (let j = i; j < i + LEDGER_ROWS_PER_INSERT; j++) one(j)
+          continue
+        }
+        for (let j = i; j < i + LEDGER_ROWS_PER_INSERT; j++) counted(j)
+      }
+      for (; i < n; i++) one(i)
       for (const [id, delta] of orgDelta) st.org.run(delta, id)
       for (const [id, k] of keyDelta) st.key.run(k.spent, k.usedAt, id)
     })()
@@ -378,7 +423,7 @@ export class SqliteStore implements Store {
         .returning({ line: l.line })
         .get()
       if (!row) return false
-      if (bill) this.writeLedger([bill])
+      if (bill) this.writeLedger(LedgerRows.of([bill]))
       tx.update(b)
         .set(ok ? { completed: sql`${b.completed} + 1` } : { failed: sql`${b.failed} + 1` })
         .where(eq(b.id, batchId))

@@ -1,0 +1,223 @@
+import type { LedgerEntry } from './store.ts'
+
+/** Strings of a row, as indices into the batch's table of strings (-1 is null). */
+const REF_KIND = 0
+const REF_ORG = 1
+const REF_KEY = 2
+const REF_MODEL = 3
+const REF_NODE = 4
+const REF_BATCH = 5
+const REF_OUTCOME = 6
+const REFS = 7
+/** Numbers of a row. */
+const NUM_PROMPT = 0
+const NUM_COMPLETION = 1
+const NUM_STARTED = 2
+const NUM_ENDED = 3
+const NUMS = 4
+
+/** LedgerRows as plain data for postMessage: a few typed arrays, the strings and the request ids. */
+export interface LedgerRowsWire {
+  readonly n: number
+  /** The request ids, one per line (one string clones at a third of the cost of an array of them). */
+  readonly ids: string
+  readonly strings: string[]
+  readonly refs: Int32Array
+  readonly nums: Float64Array
+  readonly costs: BigInt64Array
+  readonly estimated: Uint8Array
+}
+
+const INT64_MIN = -(2n ** 63n)
+const INT64_MAX = 2n ** 63n - 1n
+
+/**
+ * Ledger rows waiting to be written, held in columns. A settled request adds its numbers to
+ * typed arrays and its organization, key, model, node and outcome as indices into a small table
+ * of strings (they repeat from row to row), so no object per request waits for the flush, and a
+ * flush crosses to the ledger thread as a few copied arrays instead of JSON text.
+ */
+export class LedgerRows {
+  private n = 0
+  private ids: string[] = []
+  private strings: string[] = []
+  private readonly index = new Map<string, number>()
+  private refs: Int32Array
+  private nums: Float64Array
+  private costs: BigInt64Array
+  private estimated: Uint8Array
+
+  constructor(capacity = 256) {
+    const cap = Math.max(1, capacity)
+    this.refs = new Int32Array(cap * REFS)
+    this.nums = new Float64Array(cap * NUMS)
+    this.costs = new BigInt64Array(cap)
+    this.estimated = new Uint8Array(cap)
+  }
+
+  static of(entries: readonly LedgerEntry[]): LedgerRows {
+    const rows = new LedgerRows(entries.length)
+    for (const e of entries) rows.push(e)
+    return rows
+  }
+
+  get length(): number {
+    return this.n
+  }
+
+  push(e: LedgerEntry): void {
+    // Money is kept within signed 64 bits everywhere (MAX_AMOUNT_NANO); a wider value is a bug.
+    if (e.costNano < INT64_MIN || e.costNano > INT64_MAX)
+      throw new RangeError(`ledger amount out of range: ${e.costNano}`)
+    // Request ids are Tropa's own (letters, digits, '_' and '-'); a line break would split one in two.
+    if (e.requestId.includes('\n')) throw new RangeError('a ledger request id has a line break')
+    const i = this.n
+    if (i === this.costs.length) this.grow(Math.max(16, i * 2))
+    this.ids.push(e.requestId)
+    const r = i * REFS
+    const refs = this.refs
+    refs[r + REF_KIND] = this.ref(e.kind)
+    refs[r + REF_ORG] = this.ref(e.orgId)
+    refs[r + REF_KEY] = this.ref(e.keyId)
+    refs[r + REF_MODEL] = this.ref(e.model)
+    refs[r + REF_NODE] = this.ref(e.node)
+    refs[r + REF_BATCH] = this.ref(e.batchId)
+    refs[r + REF_OUTCOME] = this.ref(e.outcome)
+    const m = i * NUMS
+    this.nums[m + NUM_PROMPT] = e.promptTokens
+    this.nums[m + NUM_COMPLETION] = e.completionTokens
+    this.nums[m + NUM_STARTED] = e.startedAtMs
+    this.nums[m + NUM_ENDED] = e.endedAtMs
+    this.costs[i] = e.costNano
+    this.estimated[i] = e.estimated ? 1 : 0
+    this.n = i + 1
+  }
+
+  /** Appends every row of `other` (a failed flush's rows go back in front of newer ones). */
+  append(other: LedgerRows): void {
+    for (let i = 0; i < other.n; i++) this.push(other.entry(i))
+  }
+
+  requestId(i: number): string {
+    return this.ids[i]!
+  }
+  kind(i: number): 'usage' | 'credit' {
+    return this.str(i, REF_KIND) as 'usage' | 'credit'
+  }
+  orgId(i: number): string {
+    return this.str(i, REF_ORG)!
+  }
+  keyId(i: number): string | null {
+    return this.str(i, REF_KEY)
+  }
+  model(i: number): string | null {
+    return this.str(i, REF_MODEL)
+  }
+  node(i: number): string | null {
+    return this.str(i, REF_NODE)
+  }
+  batchId(i: number): string | null {
+    return this.str(i, REF_BATCH)
+  }
+  outcome(i: number): string {
+    return this.str(i, REF_OUTCOME)!
+  }
+  promptTokens(i: number): number {
+    return this.nums[i * NUMS + NUM_PROMPT]!
+  }
+  completionTokens(i: number): number {
+    return this.nums[i * NUMS + NUM_COMPLETION]!
+  }
+  startedAtMs(i: number): number {
+    return this.nums[i * NUMS + NUM_STARTED]!
+  }
+  endedAtMs(i: number): number {
+    return this.nums[i * NUMS + NUM_ENDED]!
+  }
+  costNano(i: number): bigint {
+    return this.costs[i]!
+  }
+  isEstimated(i: number): boolean {
+    return this.estimated[i] === 1
+  }
+
+  entry(i: number): LedgerEntry {
+    return {
+      requestId: this.requestId(i),
+      kind: this.kind(i),
+      orgId: this.orgId(i),
+      keyId: this.keyId(i),
+      model: this.model(i),
+      node: this.node(i),
+      promptTokens: this.promptTokens(i),
+      completionTokens: this.completionTokens(i),
+      costNano: this.costNano(i),
+      batchId: this.batchId(i),
+      startedAtMs: this.startedAtMs(i),
+      endedAtMs: this.endedAtMs(i),
+      outcome: this.outcome(i),
+      estimated: this.isEstimated(i),
+    }
+  }
+
+  entries(): LedgerEntry[] {
+    return Array.from({ length: this.n }, (_, i) => this.entry(i))
+  }
+
+  /** The rows for postMessage: the used part of each column (copied), and the strings. */
+  toWire(): LedgerRowsWire {
+    const n = this.n
+    return {
+      n,
+      ids: this.ids.join('\n'),
+      strings: this.strings,
+      refs: this.refs.slice(0, n * REFS),
+      nums: this.nums.slice(0, n * NUMS),
+      costs: this.costs.slice(0, n),
+      estimated: this.estimated.slice(0, n),
+    }
+  }
+
+  static fromWire(w: LedgerRowsWire): LedgerRows {
+    const rows = new LedgerRows(0)
+    rows.n = w.n
+    rows.ids = w.n === 0 ? [] : w.ids.split('\n')
+    rows.strings = w.strings
+    rows.refs = w.refs
+    rows.nums = w.nums
+    rows.costs = w.costs
+    rows.estimated = w.estimated
+    return rows
+  }
+
+  private str(i: number, col: number): string | null {
+    const ref = this.refs[i * REFS + col]!
+    return ref < 0 ? null : this.strings[ref]!
+  }
+
+  private ref(s: string | null): number {
+    if (s === null) return -1
+    let ref = this.index.get(s)
+    if (ref === undefined) {
+      ref = this.strings.length
+      this.strings.push(s)
+      this.index.set(s, ref)
+    }
+    return ref
+  }
+
+  private grow(cap: number): void {
+    const refs = new Int32Array(cap * REFS)
+    refs.set(this.refs)
+    this.refs = refs
+    const nums = new Float64Array(cap * NUMS)
+    nums.set(this.nums)
+    this.nums = nums
+    const costs = new BigInt64Array(cap)
+    costs.set(this.costs)
+    this.costs = costs
+    const estimated = new Uint8Array(cap)
+    estimated.set(this.estimated)
+    this.estimated = estimated
+  }
+}
