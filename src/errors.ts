@@ -144,6 +144,18 @@ export class SharedStateUnavailable extends TropaError {
   }
 }
 
+/**
+ * The client went away before its answer (it closed the connection or aborted the request):
+ * nobody reads this response; 499 is the status proxies log for it.
+ */
+export class ClientClosedRequest extends TropaError {
+  readonly status = 499
+  readonly type = 'invalid_request_error'
+  constructor() {
+    super('the client closed the request', 'client_closed_request')
+  }
+}
+
 export class InternalError extends TropaError {
   readonly status = 500
   readonly type = 'server_error'

@@ -1,5 +1,6 @@
 import { Elysia, type ValidationError } from 'elysia'
 import {
+  ClientClosedRequest,
   InternalError,
   InvalidJson,
   MethodNotAllowed,
@@ -42,6 +43,9 @@ export const errorMapper = (log: Log, allowedMethods: (path: string) => string[]
         allowedMethods(path).length > 0
           ? new MethodNotAllowed(request.method, path)
           : unknownPath(request.method, path)
+    } else if (request.signal.aborted) {
+      // The client left mid-request, and what was waiting on it gave up with the abort's reason.
+      err = new ClientClosedRequest()
     } else {
       log('error', 'unhandled error', {
         requestId,

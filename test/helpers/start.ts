@@ -5,7 +5,7 @@ import OpenAI from 'openai'
 import { createApp } from '../../src/app.ts'
 import { loadConfig } from '../../src/config/load.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
-import { buildServices, consoleLog, type Services } from '../../src/services.ts'
+import { buildServices, consoleLog, type Log, type Services } from '../../src/services.ts'
 import { type SimNode, type SimNodeOptions, startSimFleet } from '../../src/simulator/index.ts'
 import { openStore } from '../../src/storage/open.ts'
 import { freshPgDatabase } from './pg.ts'
@@ -25,6 +25,8 @@ export interface TropaOptions {
   extra?: Record<string, unknown>
   /** Run on a fresh PostgreSQL database instead of a SQLite file. */
   postgres?: boolean
+  /** Where Tropa's log lines go (default: errors to stderr). */
+  log?: Log
 }
 
 export interface Tropa {
@@ -104,7 +106,7 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
   )
   const config = loadConfig({ configPath }, {})
   const store = await openStore(config.storage)
-  const svc = await buildServices(config, store, consoleLog('error'))
+  const svc = await buildServices(config, store, opts.log ?? consoleLog('error'))
   const app = createApp(svc).listen({ port: 0, hostname: '127.0.0.1' })
   const url = `http://127.0.0.1:${app.server!.port}`
   const admin = (path: string, body?: unknown, method = body === undefined ? 'GET' : 'POST') =>
