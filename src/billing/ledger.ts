@@ -19,6 +19,8 @@ export function storeSink(store: Pick<Store, 'recordLedger'>): LedgerSink {
  */
 export class LedgerWriter {
   private queue = new LedgerRows()
+  /** The previous flush's rows, emptied: the next flush queues into them (no new arrays per flush). */
+  private spare: LedgerRows | undefined
   private timer: ReturnType<typeof setInterval> | undefined
   private flushing: Promise<void> = Promise.resolve()
   /** Rows of the write under way (neither queued nor written yet). */
@@ -57,10 +59,13 @@ export class LedgerWriter {
     this.flushing = this.flushing.then(async () => {
       if (this.queue.length === 0) return
       const batch = this.queue
-      this.queue = new LedgerRows(batch.length)
+      this.queue = this.spare ?? new LedgerRows(batch.length)
+      this.spare = undefined
       this.writing = batch.length
       try {
         await this.store.writeRows(batch)
+        batch.clear()
+        this.spare = batch
       } catch (err) {
         // Keep the rows: the next flush retries them, and the store skips any already written.
         batch.append(this.queue)

@@ -16,6 +16,28 @@ const NUM_STARTED = 2
 const NUM_ENDED = 3
 const NUMS = 4
 
+/** The ledger's columns in the order `LedgerRows.bind` puts a row's values. */
+export const LEDGER_COLUMN_NAMES = [
+  'request_id',
+  'kind',
+  'org_id',
+  'key_id',
+  'model',
+  'node',
+  'prompt_tokens',
+  'completion_tokens',
+  'cost_nano',
+  'batch_id',
+  'started_at_ms',
+  'ended_at_ms',
+  'outcome',
+  'estimated',
+] as const
+
+export type SqlValue = string | number | bigint | null
+
+const strAt = (strings: readonly string[], ref: number): string | null => (ref < 0 ? null : strings[ref]!)
+
 /** LedgerRows as plain data for postMessage: a few typed arrays, the strings and the request ids. */
 export interface LedgerRowsWire {
   readonly n: number
@@ -93,6 +115,14 @@ export class LedgerRows {
     this.n = i + 1
   }
 
+  /** Empties the rows, keeping the arrays for the next batch. */
+  clear(): void {
+    this.n = 0
+    this.ids = []
+    this.strings = []
+    this.index.clear()
+  }
+
   /** Appends every row of `other` (a failed flush's rows go back in front of newer ones). */
   append(other: LedgerRows): void {
     for (let i = 0; i < other.n; i++) this.push(other.entry(i))
@@ -139,6 +169,29 @@ export class LedgerRows {
   }
   isEstimated(i: number): boolean {
     return this.estimated[i] === 1
+  }
+
+  /** Puts row `i`'s values at `at` in `args`, in the order of LEDGER_COLUMN_NAMES (for an INSERT). */
+  bind(args: SqlValue[], at: number, i: number): void {
+    const refs = this.refs
+    const strings = this.strings
+    const nums = this.nums
+    const r = i * REFS
+    const m = i * NUMS
+    args[at] = this.ids[i]!
+    args[at + 1] = strAt(strings, refs[r + REF_KIND]!)
+    args[at + 2] = strAt(strings, refs[r + REF_ORG]!)
+    args[at + 3] = strAt(strings, refs[r + REF_KEY]!)
+    args[at + 4] = strAt(strings, refs[r + REF_MODEL]!)
+    args[at + 5] = strAt(strings, refs[r + REF_NODE]!)
+    args[at + 6] = nums[m + NUM_PROMPT]!
+    args[at + 7] = nums[m + NUM_COMPLETION]!
+    args[at + 8] = this.costs[i]!
+    args[at + 9] = strAt(strings, refs[r + REF_BATCH]!)
+    args[at + 10] = nums[m + NUM_STARTED]!
+    args[at + 11] = nums[m + NUM_ENDED]!
+    args[at + 12] = strAt(strings, refs[r + REF_OUTCOME]!)
+    args[at + 13] = this.estimated[i]!
   }
 
   entry(i: number): LedgerEntry {
@@ -191,8 +244,7 @@ export class LedgerRows {
   }
 
   private str(i: number, col: number): string | null {
-    const ref = this.refs[i * REFS + col]!
-    return ref < 0 ? null : this.strings[ref]!
+    return strAt(this.strings, this.refs[i * REFS + col]!)
   }
 
   private ref(s: string | null): number {

@@ -121,6 +121,15 @@ describe('ledger rows posted to the ledger thread', () => {
     expect(LedgerRows.of(entries).entries()).toEqual(entries)
   })
 
+  test('emptied rows are reused: only what was pushed after clear() remains', () => {
+    const rows = LedgerRows.of(Array.from({ length: 40 }, (_, i) => usage(i)))
+    rows.clear()
+    expect(rows.length).toBe(0)
+    const later = [usage(100), { ...usage(101), orgId: 'a-new-org', keyId: null }]
+    for (const e of later) rows.push(e)
+    expect(LedgerRows.fromWire(structuredClone(rows.toWire())).entries()).toEqual(later)
+  })
+
   test('a failed flush puts its rows back in front of newer ones', () => {
     const failed = LedgerRows.of([usage(1), usage(2)])
     const newer = LedgerRows.of([usage(3)])

@@ -3,7 +3,7 @@ import { mkdirSync } from 'node:fs'
 import { dirname } from 'node:path'
 import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
-import { LedgerRows } from '../ledger-rows.ts'
+import { LEDGER_COLUMN_NAMES, LedgerRows, type SqlValue } from '../ledger-rows.ts'
 import type {
   BatchLine,
   BatchPatch,
@@ -22,27 +22,9 @@ import * as schema from './schema.ts'
 
 type Db = BunSQLiteDatabase<typeof schema>
 
-const LEDGER_COLUMNS = 14
+const LEDGER_COLUMNS = LEDGER_COLUMN_NAMES.length
 /** Rows per multi-row INSERT of a flush: past about ten, more rows per statement gained nothing. */
 const LEDGER_ROWS_PER_INSERT = 16
-
-/** Puts row `i`'s values at `at` in `args`, in the column order of the ledger INSERTs. */
-function bindLedgerRow(args: (string | number | bigint | null)[], at: number, rows: LedgerRows, i: number) {
-  args[at] = rows.requestId(i)
-  args[at + 1] = rows.kind(i)
-  args[at + 2] = rows.orgId(i)
-  args[at + 3] = rows.keyId(i)
-  args[at + 4] = rows.model(i)
-  args[at + 5] = rows.node(i)
-  args[at + 6] = rows.promptTokens(i)
-  args[at + 7] = rows.completionTokens(i)
-  args[at + 8] = rows.costNano(i)
-  args[at + 9] = rows.batchId(i)
-  args[at + 10] = rows.startedAtMs(i)
-  args[at + 11] = rows.endedAtMs(i)
-  args[at + 12] = rows.outcome(i)
-  args[at + 13] = rows.isEstimated(i) ? 1 : 0
-}
 
 /** Opens (creating if needed) a SQLite file in WAL mode and applies the embedded migrations. */
 export function openSqliteStore(path: string): SqliteStore {
@@ -151,7 +133,7 @@ export class SqliteStore implements Store {
     one: Statement
     org: Statement
     key: Statement
-    args: (string | number | bigint | null)[]
+    args: SqlValue[]
   }
 
   async recordLedger(entries: readonly LedgerEntry[]) {
@@ -166,8 +148,7 @@ export class SqliteStore implements Store {
   private writeLedger(rows: LedgerRows) {
     const n = rows.length
     if (n === 0) return
-    const cols = `request_id, kind, org_id, key_id, model, node, prompt_tokens, completion_tokens,
-      cost_nano, batch_id, started_at_ms, ended_at_ms, outcome, estimated`
+    const cols = LEDGER_COLUMN_NAMES.join(', ')
     const tuple = `(${Array.from({ length: LEDGER_COLUMNS }, () => '?').join(',')})`
     this.ledgerStatements ??= {
       // A plain INSERT: a row already present (a replay) fails the statement, which SQLite undoes
@@ -203,13 +184,13 @@ export class SqliteStore implements Store {
         }
       }
       const one = (i: number) => {
-        bindLedgerRow(args, 0, rows, i)
+        rows.bind(args, 0, i)
         // Already billed (a replay after a crash): nothing to count.
         if (st.one.run(args.slice(0, LEDGER_COLUMNS)).changes === 1) counted(i)
       }
       let i = 0
       for (; i + LEDGER_ROWS_PER_INSERT <= n; i += LEDGER_ROWS_PER_INSERT) {
-        for (let j = 0; j < LEDGER_ROWS_PER_INSERT; j++) bindLedgerRow(args, j * LEDGER_COLUMNS, rows, i + j)
+        for (let j = 0; j < LEDGER_ROWS_PER_INSERT; j++) rows.bind(args, j * LEDGER_COLUMNS, i + j)
         try {
           // One array binds its values by position (spreading hundreds of arguments cost more).
           st.chunk.run(args)
