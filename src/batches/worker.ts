@@ -58,7 +58,7 @@ self.onmessage = (ev: MessageEvent<ToWorker | { t: 'init'; init: WorkerInit }>) 
 
 async function start(i: WorkerInit) {
   cfg = i
-  store = await openStore(cfg.storage)
+  store = await openStore(cfg.storage, 'thread')
   files = new FilesService(store, new LocalFileStore(cfg.filesDir), { maxBytes: 0, maxLines: 0 })
   models = new Map(cfg.models.map((m) => [m.id, m]))
   await loadTokenizer()

@@ -12,7 +12,7 @@ let store: SqliteStore | undefined
 self.onmessage = async (ev: MessageEvent<ToLedgerThread>) => {
   const m = ev.data
   if (m.t === 'init') {
-    store = openSqliteStore(m.path)
+    store = openSqliteStore(m.path, 'thread')
     return
   }
   const reply = (error?: string) =>

@@ -26,8 +26,22 @@ const LEDGER_COLUMNS = LEDGER_COLUMN_NAMES.length
 /** Rows per multi-row INSERT of a flush: past about ten, more rows per statement gained nothing. */
 const LEDGER_ROWS_PER_INSERT = 16
 
+/**
+ * When a connection checkpoints the write-ahead log (copies it into the database file, with an
+ * fsync): after its own commit, once the log holds this many pages. The ledger thread and the
+ * batch workers do it every 8,000 pages (32 MiB; a checkpoint there takes tens of ms and stalls
+ * no request): against SQLite's default 1,000, the ledger's insert costs about 15% less, since a
+ * page rewritten by many commits is copied once. The event loop's own connection would stall
+ * every request for as long, so its bound is a safety net it never reaches while the threads
+ * write (256 MiB).
+ */
+export const WAL_CHECKPOINT_PAGES = { thread: 8_000, eventLoop: 64_000 } as const
+
 /** Opens (creating if needed) a SQLite file in WAL mode and applies the embedded migrations. */
-export function openSqliteStore(path: string): SqliteStore {
+export function openSqliteStore(
+  path: string,
+  role: keyof typeof WAL_CHECKPOINT_PAGES = 'eventLoop',
+): SqliteStore {
   if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true })
   const client = new Database(path, { create: true, safeIntegers: true, strict: true })
   client.run('PRAGMA journal_mode = WAL')
@@ -36,6 +50,7 @@ export function openSqliteStore(path: string): SqliteStore {
   client.run('PRAGMA synchronous = NORMAL')
   client.run('PRAGMA busy_timeout = 5000')
   client.run('PRAGMA foreign_keys = ON')
+  client.run(`PRAGMA wal_autocheckpoint = ${WAL_CHECKPOINT_PAGES[role]}`)
   const db = drizzle({ client, schema })
   // Drizzle's migrator reads a folder; inside the executable the SQL is embedded, so hand the
   // same records to the dialect directly.
