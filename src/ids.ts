@@ -48,7 +48,13 @@ export function randomBase62(len: number): string {
 }
 
 let prefixMs = -1
-let prefix = ''
+const BASE62_CODES = Array.from(BASE62, (c) => c.charCodeAt(0))
+const prefixCodes = new Uint8Array(8)
+const idCodes = new Uint8Array(24)
+// ASCII only, so 'latin1' (windows-1252 to WHATWG) decodes each byte to the same character.
+const ascii = new TextDecoder('latin1')
+const pool = new Uint8Array(4096)
+let poolAt = pool.length
 
 /**
  * A request or completion id (not secret, only unique): 24 base62 characters, the first 8 the
@@ -59,12 +65,22 @@ export function requestId(nowMs = Date.now()): string {
   if (nowMs !== prefixMs) {
     prefixMs = nowMs
     let t = nowMs
-    let p = ''
-    for (let i = 0; i < 8; i++) {
-      p = BASE62[t % 62]! + p
+    for (let i = 7; i >= 0; i--) {
+      prefixCodes[i] = BASE62_CODES[t % 62]!
       t = Math.floor(t / 62)
     }
-    prefix = p
   }
-  return prefix + randomBase62(16)
+  idCodes.set(prefixCodes)
+  // One id per request: random bytes come from the CSPRNG 4 KiB at a time (an id is unique, not
+  // secret), and the characters become one flat string at once, not 24 concatenations.
+  let n = 8
+  while (n < 24) {
+    if (poolAt === pool.length) {
+      crypto.getRandomValues(pool)
+      poolAt = 0
+    }
+    const b = pool[poolAt++]!
+    if (b < 248) idCodes[n++] = BASE62_CODES[b % 62]!
+  }
+  return ascii.decode(idCodes)
 }
