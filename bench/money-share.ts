@@ -1,26 +1,36 @@
 /**
- * `bun run bench:money`: what the money path (admission with reservation, settlement, ledger)
- * costs the router, measured more tightly than the one wrk run per contestant of `bun run
- * bench`: Tropa with billing and Tropa with billing off run side by side on one simulated
- * fleet, and wrk alternates between them (on, off, on, off, ...) so that drifts of a noisy
- * machine fall on both. Two measures of the per-request cost: 1 / throughput (which also pays
- * for wrk and the fleet on a small machine) and the router process's own CPU time (all its
- * threads, from /proc) per request answered; the money path's share is cost(on) / cost(off) - 1,
- * from the medians. `--rounds N` (default 7), `--seconds S` (default
- * 5), `--build` compiles the working tree instead of using dist/tropa.
+ * `bun run bench:money`: what the money path (admission with reservation, settlement, the
+ * ledger row) costs the router. Tropa with billing and Tropa with billing off run side by side
+ * on one simulated fleet, and wrk alternates between them round after round (on, off, off, on,
+ * ...) so that drifts of a noisy machine fall on both.
+ *
+ * Measures, per request answered: throughput (1 / RPS also pays for wrk and the fleet), the
+ * router process's CPU time (all its threads, from /proc), and the same per thread. The money
+ * path's share is cost(on) / cost(off) - 1, from the medians and from each round's pair. On a
+ * small shared machine that difference of two noisy figures moves by several percent from run
+ * to run (`--aa` runs billing on against itself to show how much), so the money path is also
+ * put together from parts measured directly: the ledger thread's CPU per request (a thread only
+ * billing has, read straight from /proc) plus the event loop's money calls, timed in-process by
+ * money-loop.ts.
+ *
+ * `--rounds N` (default 21), `--seconds S` (default 4), `--build` compiles the working tree
+ * instead of using dist/tropa, `--pin` puts Tropa on CPU 0 and everything else on the others
+ * (steadier, but the ledger thread then shares the event loop's core, which a deployment does
+ * not), `--aa` (both billing on), `--json FILE` (default .bench/results/money-<time>.json).
  */
-import { mkdirSync, mkdtempSync, readFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
-import { join, resolve } from 'node:path'
+import { dirname, join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 import { chatBody } from './load.ts'
+import { measureEventLoopMoneyPath } from './money-loop.ts'
 import { killAll } from './proc.ts'
 import { type RunContext, startContestant, startFleet, tropaExecutable } from './targets.ts'
 import { runWrk, wrkPath } from './wrk.ts'
 
 const repoRoot = resolve(import.meta.dir, '..')
 
-/** CPU time a process has used (all its threads, user + system), in microseconds. */
+/** CPU time a process has used (all its threads, or one), user + system, in microseconds. */
 function cpuUs(pid: number, thread?: number): number {
   // Fields after the command name: utime and stime are the 12th and 13th (clock ticks, 100/s).
   const stat = readFileSync(
@@ -30,28 +40,84 @@ function cpuUs(pid: number, thread?: number): number {
   const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
   return (Number(f[11]) + Number(f[12])) * 10_000
 }
+
+/** CPU time per thread name (a thread's `comm`; the event loop is the thread whose id is the pid). */
+function cpuByThread(pid: number): Map<string, number> {
+  const out = new Map<string, number>()
+  let tids: string[] = []
+  try {
+    tids = readdirSync(`/proc/${pid}/task`)
+  } catch {
+    return out
+  }
+  for (const tid of tids) {
+    try {
+      const name =
+        Number(tid) === pid ? 'event loop' : readFileSync(`/proc/${pid}/task/${tid}/comm`, 'utf8').trim()
+      out.set(name, (out.get(name) ?? 0) + cpuUs(pid, Number(tid)))
+    } catch {
+      // the thread ended between the listing and the read
+    }
+  }
+  return out
+}
+
+/** Sets the CPUs of a process and all its threads (threads it starts later inherit them). */
+function pin(pid: number, cpus: string): void {
+  const r = Bun.spawnSync(['taskset', '-a', '-p', '-c', cpus, String(pid)], {
+    stdout: 'ignore',
+    stderr: 'pipe',
+  })
+  if (r.exitCode !== 0) throw new Error(`taskset failed for ${pid}: ${r.stderr.toString()}`)
+}
+
 const log = (m: string) => console.error(`[money] ${m}`)
+const median = (xs: readonly number[]) => {
+  const s = [...xs].sort((a, b) => a - b)
+  if (s.length === 0) return Number.NaN
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
+}
+const pct = (x: number) => `${(x * 100).toFixed(1)}%`
+
+type Side = 'on' | 'off'
 
 async function main() {
   const { values } = parseArgs({
-    options: { rounds: { type: 'string' }, seconds: { type: 'string' }, build: { type: 'boolean' } },
+    options: {
+      rounds: { type: 'string' },
+      seconds: { type: 'string' },
+      build: { type: 'boolean' },
+      aa: { type: 'boolean' },
+      pin: { type: 'boolean' },
+      json: { type: 'string' },
+    },
   })
   if (!wrkPath()) throw new Error('wrk is not installed (apt-get install wrk)')
-  const rounds = Number(values.rounds ?? 7)
-  const seconds = Number(values.seconds ?? 5)
+  const rounds = Number(values.rounds ?? 21)
+  const seconds = Number(values.seconds ?? 4)
+  const pinned = values.pin === true && os.availableParallelism() >= 2 && Bun.which('taskset') !== null
+  if (pinned) pin(process.pid, `1-${os.availableParallelism() - 1}`)
   const dir = mkdtempSync(join(os.tmpdir(), 'tropa-money-'))
   const logDir = join(dir, 'logs')
   mkdirSync(logDir)
+
+  // The event loop's part, in-process, before anything else runs.
+  log('timing the money calls on the event loop in-process (money-loop.ts) ...')
+  const loop = await measureEventLoopMoneyPath()
+
   const exe = await tropaExecutable(repoRoot, dir, log, values.build === true)
   const fleet = await startFleet(repoRoot, dir, logDir, { nodesPerFleet: 3, streamItlMs: 5, holdItlMs: 1000 })
   const ctx: RunContext = { repoRoot, dir, logDir, fleet: fleet.urls, fleetPid: fleet.child.pid }
   const on = await startContestant('tropa', ctx, exe.path, '')
-  const off = await startContestant('tropa-nobill', ctx, exe.path, '')
-  const rps: Record<'on' | 'off', number[]> = { on: [], off: [] }
-  // The router's own cost: its process's CPU time per request answered (wrk's and the fleet's excluded).
-  const cpu: Record<'on' | 'off', number[]> = { on: [], off: [] }
-  // The event loop's thread alone (its thread id is the process id): the request path itself.
-  const main: Record<'on' | 'off', number[]> = { on: [], off: [] }
+  // --aa: both with billing on, an A/A run that shows the measure's own noise.
+  const off = await startContestant(values.aa ? 'tropa' : 'tropa-nobill', ctx, exe.path, '')
+  if (pinned) for (const c of [on, off]) pin(c.pid, '0')
+  log(
+    `${values.aa ? 'A/A run (both with billing on)' : 'billing on against billing off'}; ${pinned ? 'Tropa pinned to CPU 0, fleet and wrk to the others' : 'not pinned'}; ${rounds} rounds of ${seconds} s`,
+  )
+  const rps: Record<Side, number[]> = { on: [], off: [] }
+  const cpu: Record<Side, number[]> = { on: [], off: [] }
+  const byThread: Record<Side, Map<string, number[]>> = { on: new Map(), off: new Map() }
   try {
     const wrk = (c: typeof on) =>
       runWrk({
@@ -62,56 +128,94 @@ async function main() {
         threads: 1,
         durationS: seconds,
       })
+    const measure = async (which: Side, round: number) => {
+      const c = which === 'on' ? on : off
+      const before = cpuUs(c.pid)
+      const threadsBefore = cpuByThread(c.pid)
+      const r = await wrk(c)
+      const n = Math.max(1, r.requests)
+      const after = cpuByThread(c.pid)
+      for (const name of new Set([...threadsBefore.keys(), ...after.keys()])) {
+        const list = byThread[which].get(name) ?? []
+        list.push(((after.get(name) ?? 0) - (threadsBefore.get(name) ?? 0)) / n)
+        byThread[which].set(name, list)
+      }
+      const perRequest = (cpuUs(c.pid) - before) / n
+      if (r.errors > 0) log(`round ${round + 1} ${which}: ${r.errors} errors`)
+      rps[which].push(r.rps)
+      cpu[which].push(perRequest)
+      log(
+        `round ${round + 1} billing ${which}: ${Math.round(r.rps)} RPS, p99 ${r.p99.toFixed(2)} ms, ${perRequest.toFixed(1)} us CPU per request`,
+      )
+    }
     // Warm both (JIT, tokenizer, connection pools) before measuring.
     await wrk(on)
     await wrk(off)
-    for (let i = 0; i < rounds; i++) {
+    for (let i = 0; i < rounds; i++)
       // Alternate which goes first, so neither always follows the other.
-      const order = i % 2 === 0 ? (['on', 'off'] as const) : (['off', 'on'] as const)
-      for (const which of order) {
-        const c = which === 'on' ? on : off
-        const before = cpuUs(c.pid)
-        const mainBefore = cpuUs(c.pid, c.pid)
-        const r = await wrk(c)
-        const perRequest = (cpuUs(c.pid) - before) / Math.max(1, r.requests)
-        main[which].push((cpuUs(c.pid, c.pid) - mainBefore) / Math.max(1, r.requests))
-        if (r.errors > 0) log(`round ${i + 1} ${which}: ${r.errors} errors`)
-        rps[which].push(r.rps)
-        cpu[which].push(perRequest)
-        log(
-          `round ${i + 1} billing ${which}: ${Math.round(r.rps)} RPS, p99 ${r.p99.toFixed(2)} ms, ${perRequest.toFixed(1)} us CPU per request`,
-        )
-      }
-    }
+      for (const which of i % 2 === 0 ? (['on', 'off'] as const) : (['off', 'on'] as const))
+        await measure(which, i)
   } finally {
     await on.stop()
     await off.stop()
     await fleet.child.stop()
   }
-  const median = (xs: number[]) => {
-    const s = [...xs].sort((a, b) => a - b)
-    return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
-  }
-  const mOn = median(rps.on)
-  const mOff = median(rps.off)
-  const share = mOff / mOn - 1
-  const perPair = rps.on.map((x, i) => rps.off[i]! / x - 1).sort((a, b) => a - b)
+
+  const paired = (xs: Record<Side, number[]>, invert = false) =>
+    xs.on.map((x, i) => (invert ? xs.off[i]! / x : x / xs.off[i]!) - 1).sort((a, b) => a - b)
+  const threadMedian = (side: Side, name: string) => median(byThread[side].get(name) ?? [0])
   const cOn = median(cpu.on)
   const cOff = median(cpu.off)
-  const tOn = median(main.on)
-  const tOff = median(main.off)
-  console.log(
-    [
-      `| | median RPS | 1 / RPS, us | Tropa CPU per request, us (median) | runs (RPS) |`,
-      `| --- | --- | --- | --- | --- |`,
-      `| Tropa, billing on | ${Math.round(mOn)} | ${(1e6 / mOn).toFixed(1)} | ${cOn.toFixed(1)} | ${rps.on.map(Math.round).join(', ')} |`,
-      `| Tropa, billing off | ${Math.round(mOff)} | ${(1e6 / mOff).toFixed(1)} | ${cOff.toFixed(1)} | ${rps.off.map(Math.round).join(', ')} |`,
-      '',
-      `money path, throughput: ${(share * 100).toFixed(1)}% of the per-request cost (per round ${(perPair[0]! * 100).toFixed(1)}% to ${(perPair[perPair.length - 1]! * 100).toFixed(1)}%, median ${(median(perPair) * 100).toFixed(1)}%)`,
-      `money path, the router's own CPU (all its threads): ${((cOn / cOff - 1) * 100).toFixed(1)}% (${(cOn - cOff).toFixed(1)} us of ${cOff.toFixed(1)} us per request); target under 5%`,
-      `money path, the event loop's thread alone: ${((tOn / tOff - 1) * 100).toFixed(1)}% (${tOn.toFixed(1)} against ${tOff.toFixed(1)} us per request)`,
-    ].join('\n'),
+  const cpuPairs = paired(cpu)
+  const rpsPairs = paired(rps, true)
+  // The ledger thread: Bun names a Worker's thread "Worker"; only billing starts one here.
+  const ledgerUs = threadMedian('on', 'Worker') - threadMedian('off', 'Worker')
+  const loopUs = loop.onUs - loop.offUs
+  const parts = (ledgerUs + loopUs) / cOff
+  const names = [...new Set([...byThread.on.keys(), ...byThread.off.keys()])].sort()
+  const lines = [
+    `| | median RPS | Tropa CPU per request, us (median) | runs (RPS) |`,
+    `| --- | --- | --- | --- |`,
+    `| Tropa, billing on | ${Math.round(median(rps.on))} | ${cOn.toFixed(1)} | ${rps.on.map(Math.round).join(', ')} |`,
+    `| Tropa, billing ${values.aa ? 'on (A/A)' : 'off'} | ${Math.round(median(rps.off))} | ${cOff.toFixed(1)} | ${rps.off.map(Math.round).join(', ')} |`,
+    '',
+    '| thread | billing on, us per request | billing off, us per request |',
+    '| --- | --- | --- |',
+    ...names.map(
+      (name) =>
+        `| ${name} | ${threadMedian('on', name).toFixed(1)} | ${threadMedian('off', name).toFixed(1)} |`,
+    ),
+    '',
+    `money path, from its parts: ${pct(parts)} of the router's CPU per request (${(ledgerUs + loopUs).toFixed(1)} of ${cOff.toFixed(1)} us): ledger thread ${ledgerUs.toFixed(2)} us + event loop ${loopUs.toFixed(2)} us (in-process: ${loop.onUs.toFixed(2)} on, ${loop.offUs.toFixed(2)} off); target under 5%`,
+    `money path, CPU on minus off (all threads): ${pct(cOn / cOff - 1)} from the medians; per round median ${pct(median(cpuPairs))}, from ${pct(cpuPairs[0]!)} to ${pct(cpuPairs[cpuPairs.length - 1]!)}`,
+    `money path, throughput: ${pct(median(rps.off) / median(rps.on) - 1)} from the medians; per round median ${pct(median(rpsPairs))}, from ${pct(rpsPairs[0]!)} to ${pct(rpsPairs[rpsPairs.length - 1]!)}`,
+  ]
+  console.log(lines.join('\n'))
+  const stamp = new Date().toISOString().replace(/[:.]/g, '-')
+  const jsonPath = resolve(values.json ?? join(repoRoot, '.bench', 'results', `money-${stamp}.json`))
+  mkdirSync(dirname(jsonPath), { recursive: true })
+  writeFileSync(
+    jsonPath,
+    JSON.stringify(
+      {
+        date: new Date().toISOString(),
+        aa: values.aa === true,
+        pinned,
+        rounds,
+        seconds,
+        rps,
+        cpu,
+        threads: Object.fromEntries(
+          names.map((n) => [n, { on: byThread.on.get(n), off: byThread.off.get(n) }]),
+        ),
+        eventLoop: loop,
+        summary: lines,
+      },
+      null,
+      2,
+    ),
   )
+  log(`wrote ${jsonPath}`)
 }
 
 process.on('exit', killAll)
