@@ -288,10 +288,12 @@ export function checkTargets(h: Record<string, number | null>): TargetCheck[] {
       health === null ? 'n/a' : `${f(health, 0)} ms to /health (/ready, tokenizer built: ${f(ready, 0)} ms)`,
       health === null ? null : health < 150,
     ),
+    // One 5 s wrk sample per contestant cannot resolve a few percent on a shared machine (runs
+    // here gave -10.6% and -10.5%): the measure is `bun run bench:money`, shown for reference only.
     check(
-      'Money path under 5% of the router cost (wrk, billing on vs off)',
-      money === null ? 'n/a' : `${f(money * 100, 1)}%`,
-      money === null ? null : money < 0.05,
+      'Money path under 5% of the router cost (measured by `bun run bench:money`)',
+      money === null ? 'n/a' : `${f(money * 100, 1)}% here (one wrk sample each, billing on vs off)`,
+      null,
     ),
     check(
       'PostgreSQL + Redis added p50 under 2x the embedded default (2,000 RPS)',
