@@ -8,11 +8,13 @@ import type { IdentityService } from '../identity/service.ts'
 import { requestId } from '../ids.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
 import type { Log } from '../services.ts'
-import type { BatchRecord, Store } from '../storage/store.ts'
+import type { BatchRecord, BatchStatus, Store } from '../storage/store.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 
 /** A finalization claimed longer ago than this is taken over by another node (or after a restart). */
 const FINALIZE_STALE_S = 30
+/** The statuses a batch has until it is finished. */
+const UNFINISHED: readonly BatchStatus[] = ['validating', 'in_progress', 'finalizing', 'cancelling']
 
 export interface BatchSettings {
   readonly workers: number
@@ -43,6 +45,8 @@ export class BatchScheduler {
   /** Lines holding a node slot and a reservation, per worker and its request number. */
   private readonly admitted = new Map<Worker, Map<number, Admitted>>()
   private readonly busy = new Set<string>() // batches with a validation or finalization under way
+  /** Finalizations this node claimed and handed to a worker: the claim's stamp, per batch. */
+  private readonly claims = new Map<string, number>()
   private timer: ReturnType<typeof setInterval> | undefined
   private turn = 0
 
@@ -228,11 +232,25 @@ export class BatchScheduler {
         this.busy.delete(b.id)
         return
       }
+      this.claims.set(b.id, now)
     } catch (err) {
       this.busy.delete(b.id)
       throw err
     }
     this.send({ t: 'finalize', batchId: b.id, status })
+  }
+
+  /**
+   * A worker failed to write a batch this node claimed: give the claim back, so that the next
+   * tick (here or on another node) tries again at once instead of after FINALIZE_STALE_S. Only
+   * our own claim is cleared: one stamped later belongs to a node that took over meanwhile.
+   */
+  private async releaseClaim(batchId: string, stampedAt: number) {
+    await this.store
+      .claimFinalize(batchId, UNFINISHED, { finalizingAt: 0 }, stampedAt + 1)
+      .catch((err) =>
+        this.log('error', 'batch finalization claim not released', { batch: batchId, error: String(err) }),
+      )
   }
 
   private onMessage(w: Worker, m: FromWorker) {
@@ -258,11 +276,19 @@ export class BatchScheduler {
         return
       case 'finalized':
         this.busy.delete(m.batchId)
+        this.claims.delete(m.batchId)
         this.log('info', 'batch finished', { batch: m.batchId })
         return
       case 'error':
         // The job is tried again at the next tick.
-        if (m.batchId) this.busy.delete(m.batchId)
+        if (m.batchId) {
+          const claim = this.claims.get(m.batchId)
+          this.claims.delete(m.batchId)
+          // Released before the batch counts as free, so the next tick's claim succeeds.
+          if (claim !== undefined)
+            void this.releaseClaim(m.batchId, claim).finally(() => this.busy.delete(m.batchId!))
+          else this.busy.delete(m.batchId)
+        }
         this.log('error', 'batch worker', { batch: m.batchId, error: m.message })
         return
     }

@@ -1,4 +1,6 @@
 import { afterEach, describe, expect, test } from 'bun:test'
+import { renameSync, rmSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
 import OpenAI, { toFile } from 'openai'
 import { startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -36,6 +38,46 @@ const linesOf = async (client: OpenAI, fileId: string | null | undefined) =>
     : []
 
 describe('batch lifecycle', () => {
+  test('a finalization that fails is tried again at the next tick, not after the 30 s claim window', async () => {
+    const errors: string[] = []
+    t = await startTropa({
+      ...slowFleet(),
+      extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } },
+      log: (level, msg) => {
+        if (level === 'error') errors.push(msg)
+      },
+    })
+    const client = t.client()
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(jsonl(12)), 'f.jsonl'),
+      purpose: 'batch',
+    })
+    const created = await client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    })
+    await until(client, created.id, ['in_progress'])
+    // The input is read; now the results cannot be written: a plain file where the directory was.
+    const filesDir = join(t.dir, 'files')
+    renameSync(filesDir, `${filesDir}.away`)
+    writeFileSync(filesDir, '')
+    try {
+      for (let i = 0; i < 400 && !errors.includes('batch worker'); i++) await Bun.sleep(25)
+      expect(errors).toContain('batch worker') // the worker failed to write the result files
+    } finally {
+      rmSync(filesDir)
+      renameSync(`${filesDir}.away`, filesDir)
+    }
+    const repaired = Date.now()
+    const b = await until(client, created.id, ['completed', 'failed'], 45_000)
+    const waited = Date.now() - repaired
+    expect(b.status).toBe('completed')
+    expect((await linesOf(client, b.output_file_id)).length).toBe(12)
+    // Before, the claim of the failed attempt held the batch for FINALIZE_STALE_S (30 s).
+    expect(waited).toBeLessThan(5_000)
+  }, 60_000)
+
   test('the key is revoked mid-batch: it fails now (not at expiry), finished lines delivered, the rest key_revoked', async () => {
     t = await startTropa({ ...slowFleet(), extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } } })
     const res = await t.fetch('/v1/keys', {
