@@ -234,9 +234,28 @@ export class IdentityService {
 
   /** Adds to an organization's balance, with a ledger row of its own; written before it counts. */
   async credit(org: LiveOrg, amountNano: NanoRub): Promise<void> {
-    // A balance stays within what both stores hold exactly (see MAX_AMOUNT_NANO).
-    if (org.balanceNano + amountNano > MAX_AMOUNT_NANO)
+    // A balance stays within what both stores hold exactly (see MAX_AMOUNT_NANO), counting the
+    // credits this node is still writing (they count only once written).
+    const inFlight = this.creditsInFlight.get(org.id) ?? 0n
+    if (org.balanceNano + inFlight + amountNano > MAX_AMOUNT_NANO)
       throw new InvalidValue(`the balance would exceed ${MAX_AMOUNT_RUB} roubles`, 'amount_rub')
+    this.creditsInFlight.set(org.id, inFlight + amountNano)
+    try {
+      await this.writeCredit(org, amountNano)
+    } finally {
+      const left = (this.creditsInFlight.get(org.id) ?? 0n) - amountNano
+      if (left === 0n) this.creditsInFlight.delete(org.id)
+      else this.creditsInFlight.set(org.id, left)
+    }
+    org.balanceNano += amountNano
+    this.meter?.credited?.(org, amountNano)
+    if (this.bus) void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId }).catch(() => {})
+  }
+
+  /** Credits being written, per organization. */
+  private readonly creditsInFlight = new Map<string, NanoRub>()
+
+  private async writeCredit(org: LiveOrg, amountNano: NanoRub): Promise<void> {
     const now = Date.now()
     await this.store.recordLedger([
       {
@@ -256,9 +275,6 @@ export class IdentityService {
         estimated: false,
       },
     ])
-    org.balanceNano += amountNano
-    this.meter?.credited?.(org, amountNano)
-    if (this.bus) void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId }).catch(() => {})
   }
 
   async createKey(org: LiveOrg, kind: KeyKind, k: NewKey): Promise<{ key: LiveKey; secret: string }> {

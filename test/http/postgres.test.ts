@@ -38,6 +38,20 @@ describe('on PostgreSQL', () => {
     ).toBeInstanceOf(OpenAI.AuthenticationError)
   })
 
+  test('concurrent credits cannot take a balance past one billion roubles (the write awaits PostgreSQL)', async () => {
+    const res = await t.admin('/v1/admin/organizations', { name: 'credit-race', balance_rub: 0 })
+    const { id } = (await res.json()) as { id: string }
+    const answers = await Promise.all(
+      Array.from({ length: 12 }, () =>
+        t.admin(`/v1/admin/organizations/${id}/credit`, { amount_rub: 200_000_000 }),
+      ),
+    )
+    expect(answers.filter((a) => a.status === 200)).toHaveLength(5)
+    expect(answers.filter((a) => a.status === 400)).toHaveLength(7)
+    const stored = (await t.svc.store.loadOrgs()).find((o) => o.id === id)
+    expect(stored?.balanceNano).toBe(1_000_000_000n * 1_000_000_000n)
+  })
+
   test('a batch runs through worker threads that open PostgreSQL themselves', async () => {
     const client = t.client()
     const lines = Array.from({ length: 20 }, (_, i) =>
