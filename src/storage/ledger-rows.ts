@@ -90,12 +90,15 @@ export class LedgerRows {
   }
 
   push(e: LedgerEntry): void {
+    // Checked before anything is written, so a refused row leaves the columns as they were.
     // Money is kept within signed 64 bits everywhere (MAX_AMOUNT_NANO); a wider value is a bug.
-    if (e.costNano < INT64_MIN || e.costNano > INT64_MAX)
-      throw new RangeError(`ledger amount out of range: ${e.costNano}`)
+    if (typeof e.costNano !== 'bigint' || e.costNano < INT64_MIN || e.costNano > INT64_MAX)
+      throw new RangeError(`ledger amount not a 64-bit bigint: ${e.costNano}`)
+    // The ledger's NOT NULL columns: a row without them would be skipped by the INSERT.
+    if (typeof e.requestId !== 'string' || typeof e.orgId !== 'string' || typeof e.outcome !== 'string')
+      throw new TypeError('a ledger row needs a request id, an organization and an outcome')
     const i = this.n
     if (i === this.costs.length) this.grow(Math.max(16, i * 2))
-    this.ids.push(e.requestId)
     const r = i * REFS
     const refs = this.refs
     refs[r + REF_KIND] = this.ref(e.kind)
@@ -112,6 +115,7 @@ export class LedgerRows {
     this.nums[m + NUM_ENDED] = e.endedAtMs
     this.costs[i] = e.costNano
     this.estimated[i] = e.estimated ? 1 : 0
+    this.ids.push(e.requestId)
     this.n = i + 1
   }
 

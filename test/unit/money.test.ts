@@ -145,6 +145,16 @@ describe('ledger rows posted to the ledger thread', () => {
     expect(LedgerRows.fromWire(structuredClone(rows.toWire())).entries()).toEqual(later)
   })
 
+  test('a refused row leaves the columns as they were: ids and amounts stay paired', () => {
+    const rows = new LedgerRows()
+    rows.push(usage(1))
+    expect(() => rows.push({ ...usage(2), costNano: 20 as unknown as bigint })).toThrow(RangeError)
+    expect(() => rows.push({ ...usage(3), orgId: null as unknown as string })).toThrow(TypeError)
+    rows.push(usage(4))
+    const back = LedgerRows.fromWire(structuredClone(rows.toWire())).entries()
+    expect(back).toEqual([usage(1), usage(4)])
+  })
+
   test('a failed flush puts its rows back in front of newer ones', () => {
     const failed = LedgerRows.of([usage(1), usage(2)])
     const newer = LedgerRows.of([usage(3)])

@@ -178,9 +178,7 @@ export class SqliteStore implements Store {
       // The rows one INSERT added have consecutive rowids ending at its last (SQLite gives a new
       // row the largest rowid + 1, and this connection holds the write lock).
       insertedIds: this.client.prepare('SELECT request_id FROM ledger WHERE rowid BETWEEN ?1 AND ?2'),
-      one: this.client.prepare(
-        `INSERT INTO ledger (${cols}) VALUES ${tuple} ON CONFLICT (request_id) DO NOTHING`,
-      ),
+      one: this.client.prepare(`INSERT OR IGNORE INTO ledger (${cols}) VALUES ${tuple}`),
       org: this.client.prepare('UPDATE orgs SET balance_nano = balance_nano + ?1 WHERE id = ?2'),
       key: this.client.prepare(
         'UPDATE keys SET spent_nano = spent_nano + ?1, last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE id = ?3',
