@@ -43,8 +43,12 @@ export const errorMapper = (log: Log, allowedMethods: (path: string) => string[]
         allowedMethods(path).length > 0
           ? new MethodNotAllowed(request.method, path)
           : unknownPath(request.method, path)
-    } else if (request.signal.aborted) {
-      // The client left mid-request, and what was waiting on it gave up with the abort's reason.
+    } else if (
+      request.signal.aborted &&
+      (error === request.signal.reason || (error as Error)?.name === 'AbortError')
+    ) {
+      // The client left mid-request, and what was waiting on it gave up with the abort's reason
+      // (any other error is still a bug, and logged below).
       err = new ClientClosedRequest()
     } else {
       log('error', 'unhandled error', {
