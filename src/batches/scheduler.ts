@@ -47,6 +47,8 @@ export class BatchScheduler {
   private readonly busy = new Set<string>() // batches with a validation or finalization under way
   /** Finalizations this node claimed and handed to a worker: the claim's stamp, per batch. */
   private readonly claims = new Map<string, number>()
+  /** Batches whose failed finalization already had its claim given back once. */
+  private readonly releasedOnce = new Set<string>()
   private timer: ReturnType<typeof setInterval> | undefined
   private turn = 0
 
@@ -242,8 +244,9 @@ export class BatchScheduler {
 
   /**
    * A worker failed to write a batch this node claimed: give the claim back, so that the next
-   * tick (here or on another node) tries again at once instead of after FINALIZE_STALE_S. Only
-   * our own claim is cleared: one stamped later belongs to a node that took over meanwhile.
+   * tick (here or on another node) tries again at once instead of after FINALIZE_STALE_S (once
+   * per batch). Only our own claim is cleared: one stamped later belongs to a node that took
+   * over meanwhile.
    */
   private async releaseClaim(batchId: string, stampedAt: number) {
     await this.store
@@ -277,17 +280,22 @@ export class BatchScheduler {
       case 'finalized':
         this.busy.delete(m.batchId)
         this.claims.delete(m.batchId)
+        this.releasedOnce.delete(m.batchId)
         this.log('info', 'batch finished', { batch: m.batchId })
         return
       case 'error':
         // The job is tried again at the next tick.
         if (m.batchId) {
-          const claim = this.claims.get(m.batchId)
-          this.claims.delete(m.batchId)
-          // Released before the batch counts as free, so the next tick's claim succeeds.
-          if (claim !== undefined)
-            void this.releaseClaim(m.batchId, claim).finally(() => this.busy.delete(m.batchId!))
-          else this.busy.delete(m.batchId)
+          const batchId = m.batchId
+          const claim = this.claims.get(batchId)
+          this.claims.delete(batchId)
+          // A failed finalization gives its claim back once, before the batch counts as free, so
+          // the next tick's claim succeeds; if it fails again the claim stands for the stale
+          // window (a lasting fault is not retried every tick).
+          if (claim !== undefined && !this.releasedOnce.has(batchId)) {
+            this.releasedOnce.add(batchId)
+            void this.releaseClaim(batchId, claim).finally(() => this.busy.delete(batchId))
+          } else this.busy.delete(batchId)
         }
         this.log('error', 'batch worker', { batch: m.batchId, error: m.message })
         return

@@ -78,6 +78,40 @@ describe('batch lifecycle', () => {
     expect(waited).toBeLessThan(5_000)
   }, 60_000)
 
+  test('a finalization that keeps failing is retried once at once, then only after the claim window', async () => {
+    const errors: string[] = []
+    t = await startTropa({
+      ...slowFleet(),
+      extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } },
+      log: (level, msg) => {
+        if (level === 'error') errors.push(msg)
+      },
+    })
+    const client = t.client()
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(jsonl(4)), 'f.jsonl'),
+      purpose: 'batch',
+    })
+    const created = await client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    })
+    await until(client, created.id, ['in_progress'])
+    const filesDir = join(t.dir, 'files')
+    renameSync(filesDir, `${filesDir}.away`)
+    writeFileSync(filesDir, '')
+    try {
+      for (let i = 0; i < 400 && !errors.includes('batch worker'); i++) await Bun.sleep(25)
+      await Bun.sleep(2_000) // forty ticks
+      // The first failure and the one immediate retry; a retry at every tick would be dozens.
+      expect(errors.filter((e) => e === 'batch worker')).toHaveLength(2)
+    } finally {
+      rmSync(filesDir)
+      renameSync(`${filesDir}.away`, filesDir)
+    }
+  }, 60_000)
+
   test('the key is revoked mid-batch: it fails now (not at expiry), finished lines delivered, the rest key_revoked', async () => {
     t = await startTropa({ ...slowFleet(), extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } } })
     const res = await t.fetch('/v1/keys', {
