@@ -38,7 +38,12 @@ const linesOf = async (client: OpenAI, fileId: string | null | undefined) =>
     : []
 
 describe('batch lifecycle', () => {
-  test('a finalization that fails is tried again at the next tick, not after the 30 s claim window', async () => {
+  /**
+   * A running batch of `n` lines whose results cannot be written: once its input is read, a plain
+   * file takes the files directory's place (`repair` puts it back). `errors` collects the error
+   * log lines.
+   */
+  async function batchThatCannotFinish(n: number) {
     const errors: string[] = []
     t = await startTropa({
       ...slowFleet(),
@@ -49,7 +54,7 @@ describe('batch lifecycle', () => {
     })
     const client = t.client()
     const file = await client.files.create({
-      file: await toFile(Buffer.from(jsonl(12)), 'f.jsonl'),
+      file: await toFile(Buffer.from(jsonl(n)), 'f.jsonl'),
       purpose: 'batch',
     })
     const created = await client.batches.create({
@@ -58,19 +63,29 @@ describe('batch lifecycle', () => {
       completion_window: '24h',
     })
     await until(client, created.id, ['in_progress'])
-    // The input is read; now the results cannot be written: a plain file where the directory was.
     const filesDir = join(t.dir, 'files')
     renameSync(filesDir, `${filesDir}.away`)
     writeFileSync(filesDir, '')
-    try {
-      for (let i = 0; i < 400 && !errors.includes('batch worker'); i++) await Bun.sleep(25)
-      expect(errors).toContain('batch worker') // the worker failed to write the result files
-    } finally {
+    const repair = () => {
       rmSync(filesDir)
       renameSync(`${filesDir}.away`, filesDir)
     }
+    const firstFailure = async () => {
+      for (let i = 0; i < 400 && !errors.includes('batch worker'); i++) await Bun.sleep(25)
+      expect(errors).toContain('batch worker') // the worker failed to write the result files
+    }
+    return { client, id: created.id, errors, repair, firstFailure }
+  }
+
+  test('a finalization that fails is tried again at the next tick, not after the 30 s claim window', async () => {
+    const { client, id, repair, firstFailure } = await batchThatCannotFinish(12)
+    try {
+      await firstFailure()
+    } finally {
+      repair()
+    }
     const repaired = Date.now()
-    const b = await until(client, created.id, ['completed', 'failed'], 45_000)
+    const b = await until(client, id, ['completed', 'failed'], 45_000)
     const waited = Date.now() - repaired
     expect(b.status).toBe('completed')
     expect((await linesOf(client, b.output_file_id)).length).toBe(12)
@@ -79,36 +94,14 @@ describe('batch lifecycle', () => {
   }, 60_000)
 
   test('a finalization that keeps failing is retried once at once, then only after the claim window', async () => {
-    const errors: string[] = []
-    t = await startTropa({
-      ...slowFleet(),
-      extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } },
-      log: (level, msg) => {
-        if (level === 'error') errors.push(msg)
-      },
-    })
-    const client = t.client()
-    const file = await client.files.create({
-      file: await toFile(Buffer.from(jsonl(4)), 'f.jsonl'),
-      purpose: 'batch',
-    })
-    const created = await client.batches.create({
-      input_file_id: file.id,
-      endpoint: '/v1/chat/completions',
-      completion_window: '24h',
-    })
-    await until(client, created.id, ['in_progress'])
-    const filesDir = join(t.dir, 'files')
-    renameSync(filesDir, `${filesDir}.away`)
-    writeFileSync(filesDir, '')
+    const { errors, repair, firstFailure } = await batchThatCannotFinish(4)
     try {
-      for (let i = 0; i < 400 && !errors.includes('batch worker'); i++) await Bun.sleep(25)
+      await firstFailure()
       await Bun.sleep(2_000) // forty ticks
       // The first failure and the one immediate retry; a retry at every tick would be dozens.
       expect(errors.filter((e) => e === 'batch worker')).toHaveLength(2)
     } finally {
-      rmSync(filesDir)
-      renameSync(`${filesDir}.away`, filesDir)
+      repair()
     }
   }, 60_000)
 
