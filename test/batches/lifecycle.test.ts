@@ -29,6 +29,18 @@ async function until(client: OpenAI, id: string, statuses: string[], ms = 20_000
     await Bun.sleep(25)
   }
 }
+/** Uploads `n` chat lines and creates a batch of them (24 h window). */
+async function createBatch(client: OpenAI, n: number) {
+  const file = await client.files.create({
+    file: await toFile(Buffer.from(jsonl(n)), 'b.jsonl'),
+    purpose: 'batch',
+  })
+  return client.batches.create({
+    input_file_id: file.id,
+    endpoint: '/v1/chat/completions',
+    completion_window: '24h',
+  })
+}
 const linesOf = async (client: OpenAI, fileId: string | null | undefined) =>
   fileId
     ? (await (await client.files.content(fileId)).text())
@@ -53,15 +65,7 @@ describe('batch lifecycle', () => {
       },
     })
     const client = t.client()
-    const file = await client.files.create({
-      file: await toFile(Buffer.from(jsonl(n)), 'f.jsonl'),
-      purpose: 'batch',
-    })
-    const created = await client.batches.create({
-      input_file_id: file.id,
-      endpoint: '/v1/chat/completions',
-      completion_window: '24h',
-    })
+    const created = await createBatch(client, n)
     await until(client, created.id, ['in_progress'])
     const filesDir = join(t.dir, 'files')
     renameSync(filesDir, `${filesDir}.away`)
@@ -114,15 +118,7 @@ describe('batch lifecycle', () => {
     })
     const doomed = (await res.json()) as { key_id: string; key: string }
     const client = t.client(doomed.key)
-    const file = await client.files.create({
-      file: await toFile(Buffer.from(jsonl(60)), 'r.jsonl'),
-      purpose: 'batch',
-    })
-    const created = await client.batches.create({
-      input_file_id: file.id,
-      endpoint: '/v1/chat/completions',
-      completion_window: '24h',
-    })
+    const created = await createBatch(client, 60)
     const owner = t.client(t.apiKey)
     for (let b = await until(owner, created.id, ['in_progress']); (b.request_counts?.completed ?? 0) < 5; ) {
       await Bun.sleep(20)
@@ -143,15 +139,7 @@ describe('batch lifecycle', () => {
   test('cancel: cancelling -> cancelled, finished lines delivered, the rest in the error file', async () => {
     t = await startTropa({ ...slowFleet(), extra: { batches: { tick_ms: 50, workers: 1, concurrency: 4 } } })
     const client = t.client()
-    const file = await client.files.create({
-      file: await toFile(Buffer.from(jsonl(60)), 'c.jsonl'),
-      purpose: 'batch',
-    })
-    const created = await client.batches.create({
-      input_file_id: file.id,
-      endpoint: '/v1/chat/completions',
-      completion_window: '24h',
-    })
+    const created = await createBatch(client, 60)
     for (let b = await until(client, created.id, ['in_progress']); (b.request_counts?.completed ?? 0) < 5; ) {
       await Bun.sleep(20)
       b = await client.batches.retrieve(created.id)
@@ -178,15 +166,7 @@ describe('batch lifecycle', () => {
       extra: { batches: { tick_ms: 50, workers: 1, concurrency: 2, window_sec: 1 } },
     })
     const client = t.client()
-    const file = await client.files.create({
-      file: await toFile(Buffer.from(jsonl(80)), 'e.jsonl'),
-      purpose: 'batch',
-    })
-    const created = await client.batches.create({
-      input_file_id: file.id,
-      endpoint: '/v1/chat/completions',
-      completion_window: '24h',
-    })
+    const created = await createBatch(client, 80)
     expect(created.expires_at! - created.created_at).toBe(1)
     const b = await until(client, created.id, ['expired'])
     expect(b.expired_at).toBeGreaterThan(0)
@@ -200,15 +180,7 @@ describe('batch lifecycle', () => {
   test('a completed batch cannot be cancelled: 409', async () => {
     t = await startTropa()
     const client = t.client()
-    const file = await client.files.create({
-      file: await toFile(Buffer.from(jsonl(2)), 'd.jsonl'),
-      purpose: 'batch',
-    })
-    const created = await client.batches.create({
-      input_file_id: file.id,
-      endpoint: '/v1/chat/completions',
-      completion_window: '24h',
-    })
+    const created = await createBatch(client, 2)
     await until(client, created.id, ['completed'])
     const err = await client.batches.cancel(created.id).catch((e) => e)
     expect(err).toBeInstanceOf(OpenAI.ConflictError)
