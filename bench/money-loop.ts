@@ -5,7 +5,7 @@
  * billing off, in one process, alternating. CPU time of this thread only (the ledger thread
  * writes the rows on its own thread, measured in the router by `bun run bench:money`).
  */
-import { mkdtempSync, readFileSync } from 'node:fs'
+import { mkdtempSync } from 'node:fs'
 import os from 'node:os'
 import { join, resolve } from 'node:path'
 import { LedgerWriter } from '../src/billing/ledger.ts'
@@ -15,13 +15,7 @@ import { costNano, formatRub } from '../src/billing/money.ts'
 import { LiveKey, LiveOrg } from '../src/identity/live.ts'
 import { requestId } from '../src/ids.ts'
 import { openSqliteStore } from '../src/storage/sqlite/store.ts'
-
-/** CPU time of the calling (main) thread, microseconds. */
-function mainThreadCpuUs(): number {
-  const stat = readFileSync(`/proc/${process.pid}/task/${process.pid}/stat`, 'utf8')
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-  return (Number(f[11]) + Number(f[12])) * 10_000
-}
+import { cpuUs } from './proc.ts'
 
 export interface EventLoopMoneyCost {
   /** Event-loop CPU per request, microseconds (medians over rounds). */
@@ -86,7 +80,7 @@ export async function measureEventLoopMoneyPath(
   const perFlush = 650
   const run = async (which: 'on' | 'off') => {
     const meter = which === 'on' ? on : off
-    const before = mainThreadCpuUs()
+    const before = cpuUs(process.pid, process.pid)
     for (let i = 0; i < requestsPerRound; i++) {
       request(meter)
       // As in the router: a flush starts and the loop goes on; the thread's answer arrives later.
@@ -96,7 +90,7 @@ export async function measureEventLoopMoneyPath(
         await new Promise((r) => setImmediate(r))
       }
     }
-    perRound[which].push((mainThreadCpuUs() - before) / requestsPerRound)
+    perRound[which].push((cpuUs(process.pid, process.pid) - before) / requestsPerRound)
     await writer.flush()
   }
   await run('on')

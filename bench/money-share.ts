@@ -24,22 +24,11 @@ import { dirname, join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 import { chatBody } from './load.ts'
 import { measureEventLoopMoneyPath } from './money-loop.ts'
-import { killAll } from './proc.ts'
+import { cpuUs, killAll } from './proc.ts'
 import { type RunContext, startContestant, startFleet, tropaExecutable } from './targets.ts'
 import { runWrk, wrkPath } from './wrk.ts'
 
 const repoRoot = resolve(import.meta.dir, '..')
-
-/** CPU time a process has used (all its threads, or one), user + system, in microseconds. */
-function cpuUs(pid: number, thread?: number): number {
-  // Fields after the command name: utime and stime are the 12th and 13th (clock ticks, 100/s).
-  const stat = readFileSync(
-    thread === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${thread}/stat`,
-    'utf8',
-  )
-  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-  return (Number(f[11]) + Number(f[12])) * 10_000
-}
 
 /** CPU time per thread name (a thread's `comm`; the event loop is the thread whose id is the pid). */
 function cpuByThread(pid: number): Map<string, number> {

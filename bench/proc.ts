@@ -179,3 +179,14 @@ export async function fdLimit(): Promise<number> {
   const n = Number(t)
   return Number.isFinite(n) ? n : 1024
 }
+
+/** CPU time a process has used (all its threads, or one), user + system, in microseconds. */
+export function cpuUs(pid: number, thread?: number): number {
+  // Fields after the command name: utime and stime are the 12th and 13th (clock ticks, 100/s).
+  const stat = readFileSync(
+    thread === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${thread}/stat`,
+    'utf8',
+  )
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+  return (Number(f[11]) + Number(f[12])) * 10_000
+}
