@@ -1,4 +1,4 @@
-import { LedgerRows } from '../storage/ledger-rows.ts'
+import { type LedgerRowBase, LedgerRows } from '../storage/ledger-rows.ts'
 import type { LedgerEntry, Store } from '../storage/store.ts'
 
 /** Where flushed rows go: the store itself, or a thread writing to it (ledger-sink.ts). */
@@ -52,6 +52,11 @@ export class LedgerWriter {
   /** Queues a row: its fields are copied into the queue's columns (see LedgerRows). */
   push(entry: LedgerEntry): void {
     this.queue.push(entry)
+  }
+
+  /** Queues a settled request's usage row (no entry object built: see LedgerRows.pushRow). */
+  pushUsage(s: LedgerRowBase, orgId: string, keyId: string, costNano: bigint, outcome: string): void {
+    this.queue.pushRow(s, 'usage', orgId, keyId, costNano, outcome)
   }
 
   /** Writes everything queued so far; concurrent calls are serialised. */

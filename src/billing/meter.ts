@@ -93,13 +93,6 @@ export function charge(ledger: LedgerWriter, r: Reservation, s: Settlement): Nan
   r.key.spentNano += charged
   r.org.balanceNano -= charged
   r.key.lastUsedAt = Math.floor(s.endedAtMs / 1000)
-  ledger.push({
-    ...s,
-    kind: 'usage',
-    orgId: r.org.id,
-    keyId: r.key.id,
-    costNano: charged,
-    outcome: charged < s.costNano ? `${s.outcome}:capped` : s.outcome,
-  })
+  ledger.pushUsage(s, r.org.id, r.key.id, charged, charged < s.costNano ? `${s.outcome}:capped` : s.outcome)
   return charged
 }

@@ -33,8 +33,12 @@ export const LEDGER_COLUMN_NAMES = [
   'outcome',
   'estimated',
 ] as const
+export const LEDGER_COLUMNS = LEDGER_COLUMN_NAMES.length
 
 export type SqlValue = string | number | bigint | null
+
+/** A row's own fields: everything but what the settling side adds (see LedgerRows.pushRow). */
+export type LedgerRowBase = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'costNano' | 'outcome'>
 
 const strAt = (strings: readonly string[], ref: number): string | null => (ref < 0 ? null : strings[ref]!)
 
@@ -90,32 +94,47 @@ export class LedgerRows {
   }
 
   push(e: LedgerEntry): void {
+    this.pushRow(e, e.kind, e.orgId, e.keyId, e.costNano, e.outcome)
+  }
+
+  /**
+   * A row from a settlement and the fields it lacks, given apart so that settling a request
+   * builds no entry object only for its fields to be copied here (charge() in meter.ts).
+   */
+  pushRow(
+    s: LedgerRowBase,
+    kind: LedgerEntry['kind'],
+    orgId: string,
+    keyId: string | null,
+    costNano: bigint,
+    outcome: string,
+  ): void {
     // Checked before anything is written, so a refused row leaves the columns as they were.
     // Money is kept within signed 64 bits everywhere (MAX_AMOUNT_NANO); a wider value is a bug.
-    if (typeof e.costNano !== 'bigint' || e.costNano < INT64_MIN || e.costNano > INT64_MAX)
-      throw new RangeError(`ledger amount not a 64-bit bigint: ${e.costNano}`)
+    if (typeof costNano !== 'bigint' || costNano < INT64_MIN || costNano > INT64_MAX)
+      throw new RangeError(`ledger amount not a 64-bit bigint: ${costNano}`)
     // The ledger's NOT NULL columns: a row without them would be skipped by the INSERT.
-    if (typeof e.requestId !== 'string' || typeof e.orgId !== 'string' || typeof e.outcome !== 'string')
+    if (typeof s.requestId !== 'string' || typeof orgId !== 'string' || typeof outcome !== 'string')
       throw new TypeError('a ledger row needs a request id, an organization and an outcome')
     const i = this.n
     if (i === this.costs.length) this.grow(Math.max(16, i * 2))
     const r = i * REFS
     const refs = this.refs
-    refs[r + REF_KIND] = this.ref(e.kind)
-    refs[r + REF_ORG] = this.ref(e.orgId)
-    refs[r + REF_KEY] = this.ref(e.keyId)
-    refs[r + REF_MODEL] = this.ref(e.model)
-    refs[r + REF_NODE] = this.ref(e.node)
-    refs[r + REF_BATCH] = this.ref(e.batchId)
-    refs[r + REF_OUTCOME] = this.ref(e.outcome)
+    refs[r + REF_KIND] = this.ref(kind)
+    refs[r + REF_ORG] = this.ref(orgId)
+    refs[r + REF_KEY] = this.ref(keyId)
+    refs[r + REF_MODEL] = this.ref(s.model)
+    refs[r + REF_NODE] = this.ref(s.node)
+    refs[r + REF_BATCH] = this.ref(s.batchId)
+    refs[r + REF_OUTCOME] = this.ref(outcome)
     const m = i * NUMS
-    this.nums[m + NUM_PROMPT] = e.promptTokens
-    this.nums[m + NUM_COMPLETION] = e.completionTokens
-    this.nums[m + NUM_STARTED] = e.startedAtMs
-    this.nums[m + NUM_ENDED] = e.endedAtMs
-    this.costs[i] = e.costNano
-    this.estimated[i] = e.estimated ? 1 : 0
-    this.ids.push(e.requestId)
+    this.nums[m + NUM_PROMPT] = s.promptTokens
+    this.nums[m + NUM_COMPLETION] = s.completionTokens
+    this.nums[m + NUM_STARTED] = s.startedAtMs
+    this.nums[m + NUM_ENDED] = s.endedAtMs
+    this.costs[i] = costNano
+    this.estimated[i] = s.estimated ? 1 : 0
+    this.ids.push(s.requestId)
     this.n = i + 1
   }
 
