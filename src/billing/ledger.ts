@@ -8,8 +8,8 @@ export interface LedgerSink {
 }
 
 /** A store written from the event loop (PostgreSQL, over the network; SQLite in memory). */
-export function storeSink(store: Pick<Store, 'recordLedger'>): LedgerSink {
-  return { writeRows: (rows) => store.recordLedger(rows.entries()) }
+export function storeSink(store: Pick<Store, 'recordLedgerRows'>): LedgerSink {
+  return { writeRows: (rows) => store.recordLedgerRows(rows) }
 }
 
 /**

@@ -1,4 +1,5 @@
 import type { NanoRub } from '../billing/money.ts'
+import type { LedgerRows } from './ledger-rows.ts'
 
 export type KeyKind = 'api' | 'master'
 export type KeyStatus = 'active' | 'disabled' | 'revoked'
@@ -162,6 +163,8 @@ export interface Store {
    * skipped, so replaying a batch never bills twice.
    */
   recordLedger(entries: readonly LedgerEntry[]): Promise<void>
+  /** The same for a ledger writer's flush, bound from its columns (no object per row). */
+  recordLedgerRows(rows: LedgerRows): Promise<void>
   ledgerForOrg(orgId: string, fromMs: number, toMs: number): Promise<LedgerEntry[]>
   /** Billed usage (credits excluded) grouped by key, model and UTC day, ordered by day. */
   usageByKeyModelDay(orgId: string, fromMs: number, toMs: number): Promise<UsageRow[]>

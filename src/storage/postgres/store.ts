@@ -1,6 +1,7 @@
 import { SQL } from 'bun'
 import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLDatabase, drizzle } from 'drizzle-orm/bun-sql'
+import { LEDGER_COLUMN_NAMES, LEDGER_COLUMNS, LedgerRows, type SqlValue } from '../ledger-rows.ts'
 import { schemaNotAhead } from '../sqlite/migrations.ts'
 import type {
   BatchLine,
@@ -83,6 +84,22 @@ function redact(url: string): string {
 
 /** Rows per INSERT statement of a ledger flush (14 parameters each; PostgreSQL allows 65,535). */
 const LEDGER_ROWS_PER_INSERT = 1000
+const COST_COLUMN = LEDGER_COLUMN_NAMES.indexOf('cost_nano')
+
+/** `($1,...,$14),($15,...)` for `rows` ledger rows, kept for the sizes seen (a full chunk repeats). */
+const tuplesBySize = new Map<number, string>()
+function ledgerTuples(rows: number): string {
+  let text = tuplesBySize.get(rows)
+  if (text === undefined) {
+    text = Array.from(
+      { length: rows },
+      (_, r) =>
+        `(${Array.from({ length: LEDGER_COLUMNS }, (_, c) => `$${r * LEDGER_COLUMNS + c + 1}`).join(',')})`,
+    ).join(',')
+    if (tuplesBySize.size < 64) tuplesBySize.set(rows, text)
+  }
+  return text
+}
 
 export class PostgresStore implements Store {
   constructor(
@@ -159,62 +176,55 @@ export class PostgresStore implements Store {
     return this.db.select().from(schema.orgs)
   }
 
-  /**
-   * A flush of ledger rows in one transaction: one multi-row INSERT (rows already present, a
-   * replay, are skipped and reported back), then one UPDATE per organization and per key with
-   * the summed effect of the rows that went in. Plain SQL: building a Drizzle query per row cost
-   * more CPU than the round trips.
-   */
+  /** Ledger rows given as entries (credits, batch lines): see recordLedgerRows. */
   async recordLedger(entries: readonly LedgerEntry[]) {
-    if (entries.length === 0) return
+    await this.recordLedgerRows(LedgerRows.of(entries))
+  }
+
+  /**
+   * A flush of ledger rows in one transaction: one multi-row INSERT bound straight from the
+   * columns (rows already present, a replay, are skipped and reported back), then one UPDATE per
+   * organization and per key with the summed effect of the rows that went in. Plain SQL: building
+   * a Drizzle query per row cost more CPU than the round trips.
+   */
+  async recordLedgerRows(rows: LedgerRows) {
+    const n = rows.length
+    if (n === 0) return
     await this.client.begin(async (tx) => {
-      const byId = new Map<string, LedgerEntry>()
-      for (const e of entries) byId.set(e.requestId, e)
-      const rows = [...byId.values()]
-      const inserted: LedgerEntry[] = []
-      for (let start = 0; start < rows.length; start += LEDGER_ROWS_PER_INSERT) {
-        const chunk = rows.slice(start, start + LEDGER_ROWS_PER_INSERT)
-        const params: unknown[] = []
-        const tuples = chunk.map((e) => {
-          const n = params.length
-          params.push(
-            e.requestId,
-            e.kind,
-            e.orgId,
-            e.keyId,
-            e.model,
-            e.node,
-            e.promptTokens,
-            e.completionTokens,
-            e.costNano.toString(),
-            e.batchId,
-            e.startedAtMs,
-            e.endedAtMs,
-            e.outcome,
-            e.estimated ? 1 : 0,
-          )
-          return `(${Array.from({ length: 14 }, (_, i) => `$${n + i + 1}`).join(',')})`
-        })
+      // A request id twice in one flush is one row (the later one, at the earlier one's place).
+      const byId = new Map<string, number>()
+      for (let i = 0; i < n; i++) byId.set(rows.requestId(i), i)
+      const order = [...byId.values()]
+      const inserted: number[] = []
+      for (let start = 0; start < order.length; start += LEDGER_ROWS_PER_INSERT) {
+        const chunk = order.slice(start, start + LEDGER_ROWS_PER_INSERT)
+        const params: SqlValue[] = new Array(chunk.length * LEDGER_COLUMNS)
+        for (let j = 0; j < chunk.length; j++) {
+          const at = j * LEDGER_COLUMNS
+          rows.bind(params, at, chunk[j]!)
+          // As text, cast by the column: 64-bit amounts sent exactly whatever the driver does with bigint.
+          params[at + COST_COLUMN] = String(params[at + COST_COLUMN])
+        }
         const done = (await tx.unsafe(
-          `INSERT INTO ledger (request_id, kind, org_id, key_id, model, node, prompt_tokens, completion_tokens,
-             cost_nano, batch_id, started_at_ms, ended_at_ms, outcome, estimated)
-           VALUES ${tuples.join(',')} ON CONFLICT (request_id) DO NOTHING RETURNING request_id`,
+          `INSERT INTO ledger (${LEDGER_COLUMN_NAMES.join(', ')})
+           VALUES ${ledgerTuples(chunk.length)} ON CONFLICT (request_id) DO NOTHING RETURNING request_id`,
           params,
         )) as { request_id: string }[]
         for (const r of done) inserted.push(byId.get(r.request_id)!)
       }
       const orgDelta = new Map<string, bigint>()
       const keyDelta = new Map<string, { spent: bigint; usedAt: number }>()
-      for (const e of inserted) {
-        orgDelta.set(
-          e.orgId,
-          (orgDelta.get(e.orgId) ?? 0n) + (e.kind === 'credit' ? e.costNano : -e.costNano),
-        )
-        if (e.kind === 'usage' && e.keyId) {
-          const k = keyDelta.get(e.keyId) ?? { spent: 0n, usedAt: 0 }
-          k.spent += e.costNano
-          k.usedAt = Math.max(k.usedAt, Math.floor(e.endedAtMs / 1000))
-          keyDelta.set(e.keyId, k)
+      for (const i of inserted) {
+        const orgId = rows.orgId(i)
+        const cost = rows.costNano(i)
+        const usage = rows.kind(i) === 'usage'
+        orgDelta.set(orgId, (orgDelta.get(orgId) ?? 0n) + (usage ? -cost : cost))
+        const keyId = rows.keyId(i)
+        if (usage && keyId) {
+          const k = keyDelta.get(keyId) ?? { spent: 0n, usedAt: 0 }
+          k.spent += cost
+          k.usedAt = Math.max(k.usedAt, Math.floor(rows.endedAtMs(i) / 1000))
+          keyDelta.set(keyId, k)
         }
       }
       for (const [id, delta] of orgDelta)

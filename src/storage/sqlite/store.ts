@@ -3,7 +3,7 @@ import { mkdirSync } from 'node:fs'
 import { dirname } from 'node:path'
 import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
-import { LEDGER_COLUMN_NAMES, LedgerRows, type SqlValue } from '../ledger-rows.ts'
+import { LEDGER_COLUMN_NAMES, LEDGER_COLUMNS, LedgerRows, type SqlValue } from '../ledger-rows.ts'
 import type {
   BatchLine,
   BatchPatch,
@@ -22,7 +22,6 @@ import * as schema from './schema.ts'
 
 type Db = BunSQLiteDatabase<typeof schema>
 
-const LEDGER_COLUMNS = LEDGER_COLUMN_NAMES.length
 /** Rows per multi-row INSERT of a flush: past about ten, more rows per statement gained nothing. */
 const LEDGER_ROWS_PER_INSERT = 16
 
