@@ -303,3 +303,27 @@ export class LedgerRows {
     this.estimated = estimated
   }
 }
+
+/**
+ * What written ledger rows move, summed per flush: each organization's balance (a usage row takes
+ * its cost off, a credit adds it) and each key's spend and last use (usage rows only). Both stores
+ * add the rows their INSERT actually wrote (not replays) and apply one UPDATE per entry.
+ */
+export class LedgerEffects {
+  readonly orgs = new Map<string, bigint>()
+  readonly keys = new Map<string, { spent: bigint; usedAt: number }>()
+
+  add(rows: LedgerRows, i: number): void {
+    const orgId = rows.orgId(i)
+    const cost = rows.costNano(i)
+    const usage = rows.kind(i) === 'usage'
+    this.orgs.set(orgId, (this.orgs.get(orgId) ?? 0n) + (usage ? -cost : cost))
+    const keyId = rows.keyId(i)
+    if (usage && keyId) {
+      const k = this.keys.get(keyId) ?? { spent: 0n, usedAt: 0 }
+      k.spent += cost
+      k.usedAt = Math.max(k.usedAt, Math.floor(rows.endedAtMs(i) / 1000))
+      this.keys.set(keyId, k)
+    }
+  }
+}

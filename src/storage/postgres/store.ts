@@ -1,7 +1,13 @@
 import { SQL } from 'bun'
 import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLDatabase, drizzle } from 'drizzle-orm/bun-sql'
-import { LEDGER_COLUMN_NAMES, LEDGER_COLUMNS, LedgerRows, type SqlValue } from '../ledger-rows.ts'
+import {
+  LEDGER_COLUMN_NAMES,
+  LEDGER_COLUMNS,
+  LedgerEffects,
+  LedgerRows,
+  type SqlValue,
+} from '../ledger-rows.ts'
 import { schemaNotAhead } from '../sqlite/migrations.ts'
 import type {
   BatchLine,
@@ -212,27 +218,14 @@ export class PostgresStore implements Store {
         )) as { request_id: string }[]
         for (const r of done) inserted.push(byId.get(r.request_id)!)
       }
-      const orgDelta = new Map<string, bigint>()
-      const keyDelta = new Map<string, { spent: bigint; usedAt: number }>()
-      for (const i of inserted) {
-        const orgId = rows.orgId(i)
-        const cost = rows.costNano(i)
-        const usage = rows.kind(i) === 'usage'
-        orgDelta.set(orgId, (orgDelta.get(orgId) ?? 0n) + (usage ? -cost : cost))
-        const keyId = rows.keyId(i)
-        if (usage && keyId) {
-          const k = keyDelta.get(keyId) ?? { spent: 0n, usedAt: 0 }
-          k.spent += cost
-          k.usedAt = Math.max(k.usedAt, Math.floor(rows.endedAtMs(i) / 1000))
-          keyDelta.set(keyId, k)
-        }
-      }
-      for (const [id, delta] of orgDelta)
+      const effects = new LedgerEffects()
+      for (const i of inserted) effects.add(rows, i)
+      for (const [id, delta] of effects.orgs)
         await tx.unsafe('UPDATE orgs SET balance_nano = balance_nano + $1::bigint WHERE id = $2', [
           delta.toString(),
           id,
         ])
-      for (const [id, k] of keyDelta)
+      for (const [id, k] of effects.keys)
         await tx.unsafe(
           'UPDATE keys SET spent_nano = spent_nano + $1::bigint, last_used_at = greatest(coalesce(last_used_at, 0), $2) WHERE id = $3',
           [k.spent.toString(), k.usedAt, id],

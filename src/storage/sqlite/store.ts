@@ -3,7 +3,13 @@ import { mkdirSync } from 'node:fs'
 import { dirname } from 'node:path'
 import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
-import { LEDGER_COLUMN_NAMES, LEDGER_COLUMNS, LedgerRows, type SqlValue } from '../ledger-rows.ts'
+import {
+  LEDGER_COLUMN_NAMES,
+  LEDGER_COLUMNS,
+  LedgerEffects,
+  LedgerRows,
+  type SqlValue,
+} from '../ledger-rows.ts'
 import type {
   BatchLine,
   BatchPatch,
@@ -187,21 +193,8 @@ export class SqliteStore implements Store {
     const st = this.ledgerStatements
     const args = st.args
     this.client.transaction(() => {
-      const orgDelta = new Map<string, bigint>()
-      const keyDelta = new Map<string, { spent: bigint; usedAt: number }>()
-      const counted = (i: number) => {
-        const orgId = rows.orgId(i)
-        const cost = rows.costNano(i)
-        const usage = rows.kind(i) === 'usage'
-        orgDelta.set(orgId, (orgDelta.get(orgId) ?? 0n) + (usage ? -cost : cost))
-        const keyId = rows.keyId(i)
-        if (usage && keyId) {
-          const k = keyDelta.get(keyId) ?? { spent: 0n, usedAt: 0 }
-          k.spent += cost
-          k.usedAt = Math.max(k.usedAt, Math.floor(rows.endedAtMs(i) / 1000))
-          keyDelta.set(keyId, k)
-        }
-      }
+      const effects = new LedgerEffects()
+      const counted = (i: number) => effects.add(rows, i)
       const one = (i: number) => {
         rows.bind(args, 0, i)
         // Already billed (a replay after a crash): nothing to count.
@@ -224,8 +217,8 @@ export class SqliteStore implements Store {
         for (let j = i; j < i + LEDGER_ROWS_PER_INSERT; j++) if (added.delete(rows.requestId(j))) counted(j)
       }
       for (; i < n; i++) one(i)
-      for (const [id, delta] of orgDelta) st.org.run(delta, id)
-      for (const [id, k] of keyDelta) st.key.run(k.spent, k.usedAt, id)
+      for (const [id, delta] of effects.orgs) st.org.run(delta, id)
+      for (const [id, k] of effects.keys) st.key.run(k.spent, k.usedAt, id)
     })()
   }
 
