@@ -14,7 +14,7 @@ export type FromLedgerThread = { t: 'done'; id: number; error?: string }
  * Writes ledger rows to the SQLite file from a thread of its own. A commit on the event loop
  * costs little, but every few thousand pages SQLite checkpoints its write-ahead log in the
  * committing thread, with an fsync: tens of ms, the router's p99. Here those stalls happen off the
- * loop (the event loop's connection leaves checkpoints to the threads: WAL_CHECKPOINT_PAGES). The
+ * loop (the event loop's connection leaves checkpoints to the threads: WAL_CHECKPOINT_BYTES). The
  * thread starts with the first flush that has rows, so an idle router never pays for it.
  */
 export class ThreadLedgerSink implements LedgerSink {

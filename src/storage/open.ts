@@ -5,7 +5,7 @@ import type { Store } from './store.ts'
 
 /**
  * The store the config names: the embedded SQLite file, or PostgreSQL shared by several nodes.
- * `role` is who uses the connection: the event loop, or a thread (see WAL_CHECKPOINT_PAGES).
+ * `role` is who uses the connection: the event loop, or a thread (see WAL_CHECKPOINT_BYTES).
  */
 export async function openStore(
   s: Config['storage'],

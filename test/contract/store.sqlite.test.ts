@@ -4,7 +4,7 @@ import { readdirSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { EMBEDDED_MIGRATION_TAGS } from '../../src/storage/sqlite/migrations.ts'
-import { openSqliteStore, WAL_CHECKPOINT_PAGES } from '../../src/storage/sqlite/store.ts'
+import { openSqliteStore, pageSizeOf, WAL_CHECKPOINT_BYTES } from '../../src/storage/sqlite/store.ts'
 import { storeContract } from './store.contract.ts'
 
 let n = 0
@@ -40,8 +40,8 @@ test('a file whose schema is newer than this executable is refused with a clear 
   expect(() => openSqliteStore(path)).toThrow(/schema newer than this executable knows/)
 })
 
-test('checkpoints are left to the threads: the event loop connection lets the log grow past 8,000 pages, a thread does not', async () => {
-  const walPages = async (role: 'eventLoop' | 'thread') => {
+test('checkpoints are left to the threads: the event loop connection lets the log grow past 32 MiB, a thread does not', async () => {
+  const walBytes = async (role: 'eventLoop' | 'thread') => {
     const path = join(tmpdir(), `tropa-wal-${role}-${process.pid}-${Date.now()}`, 'tropa.db')
     const store = openSqliteStore(path, role)
     await store.insertOrg({ id: 'o', name: 'o', balanceNano: 10n ** 18n, createdAt: 1 })
@@ -64,10 +64,40 @@ test('checkpoints are left to the threads: the event loop connection lets the lo
           estimated: false,
         })),
       )
-    const pages = statSync(`${path}-wal`).size / 4096
+    const bytes = statSync(`${path}-wal`).size
     await store.close()
-    return pages
+    return bytes
   }
-  expect(await walPages('eventLoop')).toBeGreaterThan(WAL_CHECKPOINT_PAGES.thread * 1.2)
-  expect(await walPages('thread')).toBeLessThan(WAL_CHECKPOINT_PAGES.thread * 1.1)
+  expect(await walBytes('eventLoop')).toBeGreaterThan(WAL_CHECKPOINT_BYTES.thread * 1.2)
+  expect(await walBytes('thread')).toBeLessThan(WAL_CHECKPOINT_BYTES.thread * 1.1)
+})
+
+test('a new file gets 16 KiB pages; a file of 4 KiB pages keeps them, with its checkpoint bound in its own pages', async () => {
+  const dir = join(tmpdir(), `tropa-pages-${process.pid}-${Date.now()}`)
+  const fresh = openSqliteStore(join(dir, 'new.db'), 'thread')
+  const freshClient = (fresh as unknown as { client: Database }).client
+  expect(pageSizeOf(freshClient)).toBe(16_384)
+  expect(
+    Number(
+      (freshClient.query('PRAGMA wal_autocheckpoint').get() as { wal_autocheckpoint: bigint })
+        .wal_autocheckpoint,
+    ),
+  ).toBe(WAL_CHECKPOINT_BYTES.thread / 16_384)
+  await fresh.close()
+  // A file an earlier version created, with SQLite's default page size.
+  const oldPath = join(dir, 'old.db')
+  const old = new Database(oldPath, { create: true })
+  old.run('PRAGMA page_size = 4096')
+  old.run('PRAGMA journal_mode = WAL')
+  old.run('CREATE TABLE t (x)')
+  old.close()
+  const reopened = openSqliteStore(oldPath, 'thread')
+  const client = (reopened as unknown as { client: Database }).client
+  expect(pageSizeOf(client)).toBe(4096)
+  expect(
+    Number(
+      (client.query('PRAGMA wal_autocheckpoint').get() as { wal_autocheckpoint: bigint }).wal_autocheckpoint,
+    ),
+  ).toBe(WAL_CHECKPOINT_BYTES.thread / 4096)
+  await reopened.close()
 })

@@ -33,29 +33,39 @@ const LEDGER_ROWS_PER_INSERT = 16
 
 /**
  * When a connection checkpoints the write-ahead log (copies it into the database file, with an
- * fsync): after its own commit, once the log holds this many pages. The ledger thread and the
- * batch workers do it every 8,000 pages (32 MiB; a checkpoint there takes tens of ms and stalls
- * no request): against SQLite's default 1,000, the ledger's insert costs about 15% less, since a
- * page rewritten by many commits is copied once. The event loop's own connection would stall
- * every request for as long, so its bound is a safety net it never reaches while the threads
- * write (256 MiB).
+ * fsync): after its own commit, once the log holds this many bytes. The ledger thread and the
+ * batch workers do it at 32 MiB (a checkpoint there takes tens of ms and stalls no request):
+ * against SQLite's default of 1,000 pages, the ledger's insert costs about 15% less, since a page
+ * rewritten by many commits is copied once. The event loop's own connection would stall every
+ * request for as long, so its bound is a safety net it never reaches while the threads write
+ * (256 MiB).
  */
-export const WAL_CHECKPOINT_PAGES = { thread: 8_000, eventLoop: 64_000 } as const
+export const WAL_CHECKPOINT_BYTES = { thread: 32 * 1024 * 1024, eventLoop: 256 * 1024 * 1024 } as const
+
+/**
+ * The page size of a new database file: 16 KiB instead of SQLite's 4 KiB. A flush of a few
+ * hundred ledger rows touches and logs a quarter as many pages, and the B-trees are shallower
+ * (about 12% less CPU per row in a micro-benchmark of the ledger thread's write). A file created
+ * by an earlier version keeps its page size (changing it needs a VACUUM outside WAL mode).
+ */
+const NEW_FILE_PAGE_SIZE = 16_384
 
 /** Opens (creating if needed) a SQLite file in WAL mode and applies the embedded migrations. */
 export function openSqliteStore(
   path: string,
-  role: keyof typeof WAL_CHECKPOINT_PAGES = 'eventLoop',
+  role: keyof typeof WAL_CHECKPOINT_BYTES = 'eventLoop',
 ): SqliteStore {
   if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true })
   const client = new Database(path, { create: true, safeIntegers: true, strict: true })
+  // Only takes effect on an empty file, before anything (the WAL switch included) writes it.
+  client.run(`PRAGMA page_size = ${NEW_FILE_PAGE_SIZE}`)
   client.run('PRAGMA journal_mode = WAL')
   // NORMAL is durable against a process kill (the WAL is in the OS cache); only a power loss can
   // lose the last commits, which the crash-safety guarantee in docs/ does not cover.
   client.run('PRAGMA synchronous = NORMAL')
   client.run('PRAGMA busy_timeout = 5000')
   client.run('PRAGMA foreign_keys = ON')
-  client.run(`PRAGMA wal_autocheckpoint = ${WAL_CHECKPOINT_PAGES[role]}`)
+  client.run(`PRAGMA wal_autocheckpoint = ${Math.ceil(WAL_CHECKPOINT_BYTES[role] / pageSizeOf(client))}`)
   // Statement journals (the pages a multi-row statement touched, kept to undo it alone) in memory
   // instead of a temporary file: one write() per page was most of such a statement's cost.
   client.run('PRAGMA temp_store = MEMORY')
@@ -80,6 +90,12 @@ export function openSqliteStore(
   schemaNotAhead(last?.at ?? null, migrations, path)
   internals.dialect.migrate(migrations, internals.session, { migrationsFolder: '(embedded)' })
   return new SqliteStore(client, db)
+}
+
+/** The file's page size in bytes. */
+export function pageSizeOf(client: Database): number {
+  const row = client.query('PRAGMA page_size').get() as { page_size: number | bigint }
+  return Number(row.page_size)
 }
 
 export class SqliteStore implements Store {
