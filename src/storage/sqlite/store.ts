@@ -45,7 +45,7 @@ export const WAL_CHECKPOINT_BYTES = { thread: 32 * 1024 * 1024, eventLoop: 256 *
 /**
  * The page size of a new database file: 16 KiB instead of SQLite's 4 KiB. A flush of a few
  * hundred ledger rows touches and logs a quarter as many pages, and the B-trees are shallower
- * (about 12% less CPU per row in a micro-benchmark of the ledger thread's write). A file created
+ * (about 11% less CPU per row in a micro-benchmark of the ledger thread's write). A file created
  * by an earlier version keeps its page size (changing it needs a VACUUM outside WAL mode).
  */
 const NEW_FILE_PAGE_SIZE = 16_384
