@@ -215,26 +215,26 @@ export class BatchScheduler {
   /**
    * Finalizes a batch whose lines are all done. With several nodes on one store each may see
    * that at once: the store hands the finalization to one of them (a claim stamped in
-   * `finalizing_at`); another node takes it over only once the claim is older than
-   * FINALIZE_STALE_S (its node died writing the files).
+   * `finalizing_at` by the store's clock, so the nodes' own clocks do not matter); another node
+   * takes it over only once the claim is older than FINALIZE_STALE_S (its node died writing the
+   * files).
    */
   private async finalize(b: BatchRecord, status: 'completed' | 'expired' | 'cancelled' | 'failed') {
     this.busy.add(b.id)
     try {
       // The batch's cost is the sum of its ledger rows: write the queued ones first.
       await this.ledger.flush()
-      const now = Math.floor(Date.now() / 1000)
       const claimed = await this.store.claimFinalize(
         b.id,
         [b.status],
-        { status: status === 'completed' ? 'finalizing' : b.status, finalizingAt: now },
-        now - FINALIZE_STALE_S,
+        { status: status === 'completed' ? 'finalizing' : b.status },
+        FINALIZE_STALE_S,
       )
-      if (!claimed) {
+      if (claimed === undefined) {
         this.busy.delete(b.id)
         return
       }
-      this.claims.set(b.id, now)
+      this.claims.set(b.id, claimed)
     } catch (err) {
       this.busy.delete(b.id)
       throw err
@@ -245,12 +245,12 @@ export class BatchScheduler {
   /**
    * A worker failed to write a batch this node claimed: give the claim back, so that the next
    * tick (here or on another node) tries again at once instead of after FINALIZE_STALE_S (once
-   * per batch). Only our own claim is cleared: one stamped later belongs to a node that took
-   * over meanwhile.
+   * per batch). Only our own claim is cleared (its exact stamp): another stamp belongs to a node
+   * that took over meanwhile.
    */
   private async releaseClaim(batchId: string, stampedAt: number) {
     await this.store
-      .claimFinalize(batchId, UNFINISHED, { finalizingAt: 0 }, stampedAt + 1)
+      .releaseFinalize(batchId, UNFINISHED, stampedAt)
       .catch((err) =>
         this.log('error', 'batch finalization claim not released', { batch: batchId, error: String(err) }),
       )

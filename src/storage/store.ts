@@ -180,16 +180,20 @@ export interface Store {
   /** Updates a batch only if it is in one of `from` (when given); returns whether it did. */
   updateBatch(id: string, patch: BatchPatch, from?: readonly BatchStatus[]): Promise<boolean>
   /**
-   * Claims a batch's finalization for the caller (one node of several): applies `patch` (which
-   * stamps `finalizingAt`) only if the batch is in one of `from` and no finalization was claimed
-   * since `staleBeforeSec`. Only the caller that gets true writes the result files.
+   * Claims a batch's finalization for the caller (one node of several): applies `patch` and
+   * stamps `finalizingAt` with the store's own clock, only if the batch is in one of `from` and
+   * no claim was stamped in the last `staleAfterSec` seconds by that same clock (so the nodes'
+   * clocks do not matter). Returns the stamp; only the caller that gets one writes the result
+   * files. Undefined: another caller holds the claim, or the batch is in no status of `from`.
    */
   claimFinalize(
     id: string,
     from: readonly BatchStatus[],
-    patch: BatchPatch & { readonly finalizingAt: number },
-    staleBeforeSec: number,
-  ): Promise<boolean>
+    patch: BatchPatch,
+    staleAfterSec: number,
+  ): Promise<number | undefined>
+  /** Gives back the claim stamped `stampedAt`, if it is still that one and the batch in `from`. */
+  releaseFinalize(id: string, from: readonly BatchStatus[], stampedAt: number): Promise<void>
   batchesInStatus(statuses: readonly BatchStatus[]): Promise<BatchRecord[]>
   /** Adds the validated lines of a batch to the queue (all pending); lines already there are kept (validating twice is harmless). */
   enqueueLines(lines: readonly BatchLine[]): Promise<void>

@@ -294,20 +294,27 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       await store.recordLedger([{ ...usage('batch_1-2', 'o1', 'k1', 500n), batchId: 'batch_1' }])
       expect(await store.batchCostNano('batch_1')).toBe(500n)
       expect((await store.batchesInStatus(['in_progress'])).map((x) => x.id)).toEqual(['batch_1'])
-      // Finalization is claimed by one caller; another takes it over only once the claim is stale.
-      const claim = (at: number) =>
-        store.claimFinalize(
-          'batch_1',
-          ['in_progress', 'finalizing'],
-          { status: 'finalizing', finalizingAt: at },
-          at - 30,
-        )
-      expect(await store.claimFinalize('batch_1', ['cancelling'], { finalizingAt: 100 }, 70)).toBe(false)
-      expect(await claim(100)).toBe(true)
-      expect(await claim(101)).toBe(false)
-      expect(await claim(129)).toBe(false)
-      expect(await claim(131)).toBe(true)
-      expect((await store.getBatch('batch_1'))!.finalizingAt).toBe(131)
+      // Finalization is claimed by one caller, stamped by the store's clock; another takes it over
+      // only once the claim is stale by that same clock.
+      const claim = (staleAfterSec: number) =>
+        store.claimFinalize('batch_1', ['in_progress', 'finalizing'], { status: 'finalizing' }, staleAfterSec)
+      expect(await store.claimFinalize('batch_1', ['cancelling'], {}, 30)).toBeUndefined()
+      const before = Math.floor(Date.now() / 1000)
+      const first = await claim(30)
+      expect(first).toBeGreaterThanOrEqual(before - 1)
+      expect(first).toBeLessThanOrEqual(Math.floor(Date.now() / 1000) + 1)
+      expect((await store.getBatch('batch_1'))!.status).toBe('finalizing')
+      expect(await claim(30)).toBeUndefined()
+      // Stale (older than -1 s, which every claim is): taken over, with a stamp of its own.
+      const second = await claim(-1)
+      expect(second).toBeGreaterThanOrEqual(first!)
+      expect((await store.getBatch('batch_1'))!.finalizingAt).toBe(second!)
+      // Only the current claim can be given back; then the next claim succeeds at once.
+      await store.releaseFinalize('batch_1', ['finalizing'], second! - 100)
+      expect(await claim(30)).toBeUndefined()
+      await store.releaseFinalize('batch_1', ['finalizing'], second!)
+      expect((await store.getBatch('batch_1'))!.finalizingAt).toBeNull()
+      expect(await claim(30)).toBeNumber()
       await store.updateBatch('batch_1', { status: 'in_progress', finalizingAt: null })
       expect((await store.listBatches('o1', undefined, 10)).map((x) => x.id)).toEqual(['batch_1'])
     })

@@ -347,25 +347,30 @@ export class PostgresStore implements Store {
     return rows.length > 0
   }
 
-  async claimFinalize(
-    id: string,
-    from: readonly BatchStatus[],
-    patch: BatchPatch & { readonly finalizingAt: number },
-    staleBeforeSec: number,
-  ) {
+  async claimFinalize(id: string, from: readonly BatchStatus[], patch: BatchPatch, staleAfterSec: number) {
     const b = schema.batches
+    const now = sql<number>`floor(extract(epoch from clock_timestamp()))::bigint`
     const rows = await this.db
       .update(b)
-      .set(patch)
+      .set({ ...patch, finalizingAt: now })
       .where(
         and(
           eq(b.id, id),
           inArray(b.status, [...from]),
-          or(isNull(b.finalizingAt), lt(b.finalizingAt, staleBeforeSec)),
+          or(isNull(b.finalizingAt), lt(b.finalizingAt, sql`${now} - ${staleAfterSec}`)),
         ),
       )
-      .returning({ id: b.id })
-    return rows.length > 0
+      .returning({ at: b.finalizingAt })
+    const at = rows[0]?.at
+    return at === undefined || at === null ? undefined : Number(at)
+  }
+
+  async releaseFinalize(id: string, from: readonly BatchStatus[], stampedAt: number) {
+    const b = schema.batches
+    await this.db
+      .update(b)
+      .set({ finalizingAt: null })
+      .where(and(eq(b.id, id), inArray(b.status, [...from]), eq(b.finalizingAt, stampedAt)))
   }
 
   async batchesInStatus(statuses: readonly BatchStatus[]) {

@@ -331,26 +331,30 @@ export class SqliteStore implements Store {
     return row !== undefined
   }
 
-  async claimFinalize(
-    id: string,
-    from: readonly BatchStatus[],
-    patch: BatchPatch & { readonly finalizingAt: number },
-    staleBeforeSec: number,
-  ) {
+  async claimFinalize(id: string, from: readonly BatchStatus[], patch: BatchPatch, staleAfterSec: number) {
     const b = schema.batches
-    const row = this.db
+    const now = sql<number>`CAST(strftime('%s', 'now') AS INTEGER)`
+    const rows = await this.db
       .update(b)
-      .set(patch)
+      .set({ ...patch, finalizingAt: now })
       .where(
         and(
           eq(b.id, id),
           inArray(b.status, [...from]),
-          or(isNull(b.finalizingAt), lt(b.finalizingAt, staleBeforeSec)),
+          or(isNull(b.finalizingAt), lt(b.finalizingAt, sql`${now} - ${staleAfterSec}`)),
         ),
       )
-      .returning({ id: b.id })
-      .get()
-    return row !== undefined
+      .returning({ at: b.finalizingAt })
+    const at = rows[0]?.at
+    return at === undefined || at === null ? undefined : Number(at)
+  }
+
+  async releaseFinalize(id: string, from: readonly BatchStatus[], stampedAt: number) {
+    const b = schema.batches
+    await this.db
+      .update(b)
+      .set({ finalizingAt: null })
+      .where(and(eq(b.id, id), inArray(b.status, [...from]), eq(b.finalizingAt, stampedAt)))
   }
 
   async batchesInStatus(statuses: readonly BatchStatus[]) {
