@@ -79,7 +79,7 @@ async function pump() {
     let leased: BatchLine[] = []
     if (room > 0) {
       try {
-        leased = await store.leaseLines(Date.now(), cfg.leaseMs, room)
+        leased = await store.leaseLines(cfg.leaseMs, room)
       } catch (err) {
         post({ t: 'error', message: `lease failed: ${String(err)}` })
       }
@@ -123,12 +123,7 @@ async function runLine(line: BatchLine) {
   })) as AdmitReply & { reqId: number }
   if (reply.kind !== 'go') {
     // No node had room, or the batch stopped: the line goes back, and this was no attempt.
-    await store.retryLine(
-      line.batchId,
-      line.line,
-      Date.now() + (reply.kind === 'wait' ? reply.ms : 1000),
-      true,
-    )
+    await store.retryLine(line.batchId, line.line, reply.kind === 'wait' ? reply.ms : 1000, true)
     return
   }
   // From here the main thread holds a node slot and money for this line: whatever happens,
@@ -287,7 +282,7 @@ async function transient(
 ): Promise<Extract<FromWorker, { t: 'settle' }>> {
   const settle = { t: 'settle', reqId, usage: null, nodeOk: false, outcome: 'upstream_error' } as const
   if (line.attempts < cfg.maxAttempts) {
-    await store.retryLine(line.batchId, line.line, Date.now() + Math.min(30_000, 250 * 2 ** line.attempts))
+    await store.retryLine(line.batchId, line.line, Math.min(30_000, 250 * 2 ** line.attempts))
     return settle
   }
   await store.finishLine(

@@ -198,21 +198,23 @@ export interface Store {
   /** Adds the validated lines of a batch to the queue (all pending); lines already there are kept (validating twice is harmless). */
   enqueueLines(lines: readonly BatchLine[]): Promise<void>
   /**
-   * Leases up to `limit` runnable lines of in-progress batches: pending ones whose back-off is
-   * over, and running ones whose lease expired (their worker died). Atomic: two workers never
-   * lease the same line.
+   * Leases up to `limit` runnable lines of in-progress batches for `leaseMs`: pending ones whose
+   * back-off is over, and running ones whose lease expired (their worker died). Atomic: two
+   * workers never lease the same line. Leases and back-offs are timed by the store's clock, so
+   * nodes whose clocks disagree still agree on when a lease has expired.
    */
-  leaseLines(nowMs: number, leaseMs: number, limit: number): Promise<BatchLine[]>
+  leaseLines(leaseMs: number, limit: number): Promise<BatchLine[]>
   /**
    * Returns every leased line to the queue. Only for a store that one router node owns (SQLite),
    * at start: its leases can only belong to workers of a process that died.
    */
   releaseAllLeases(): Promise<number>
   /**
-   * Returns a leased line to the queue to be retried at `notBeforeMs`. `notAnAttempt`: the line
-   * never reached an upstream (no node had room), so its lease does not count as an attempt.
+   * Returns a leased line to the queue, to be retried `delayMs` from now (the store's clock).
+   * `notAnAttempt`: the line never reached an upstream (no node had room), so its lease does not
+   * count as an attempt.
    */
-  retryLine(batchId: string, line: number, notBeforeMs: number, notAnAttempt?: boolean): Promise<void>
+  retryLine(batchId: string, line: number, delayMs: number, notAnAttempt?: boolean): Promise<void>
   /** Writes a line's final result once and counts it in its batch; false if it was already final. */
   finishLine(
     batchId: string,

@@ -257,23 +257,23 @@ export function storeContract(name: string, open: () => Promise<Store>) {
         { batchId: 'batch_1', line: 1, customId: 'c1', body: '{"again":1}', attempts: 0 },
       ])
       expect(await store.openLineCount('batch_1')).toBe(4)
-      expect(await store.leaseLines(1000, 100, 10)).toHaveLength(0) // not in progress yet
+      expect(await store.leaseLines(60_000, 10)).toHaveLength(0) // not in progress yet
       expect(await store.updateBatch('batch_1', { status: 'in_progress', total: 4 }, ['completed'])).toBe(
         false,
       )
       expect(await store.updateBatch('batch_1', { status: 'in_progress', total: 4 }, ['validating'])).toBe(
         true,
       )
-      const leased = await store.leaseLines(1000, 100, 3)
+      const leased = await store.leaseLines(60_000, 3)
       expect(leased.map((l) => [l.line, l.attempts])).toEqual([
         [1, 1],
         [2, 1],
         [3, 1],
       ])
-      await store.retryLine('batch_1', 3, 5000)
-      expect((await store.leaseLines(1000, 100, 10)).map((l) => l.line)).toEqual([4]) // 3 waits for its back-off
+      await store.retryLine('batch_1', 3, 60_000) // back off for a minute
+      expect((await store.leaseLines(60_000, 10)).map((l) => l.line)).toEqual([4]) // 3 waits for its back-off
       await store.retryLine('batch_1', 4, 0, true) // never reached an upstream: not an attempt
-      expect((await store.leaseLines(1000, 100, 10)).map((l) => [l.line, l.attempts])).toEqual([[4, 1]])
+      expect((await store.leaseLines(60_000, 10)).map((l) => [l.line, l.attempts])).toEqual([[4, 1]])
       expect(await store.finishLine('batch_1', 2, true, '{"r":2}')).toBe(true)
       expect(await store.finishLine('batch_1', 2, true, '{"r":"again"}')).toBe(false) // written once
       expect(await store.finishLine('batch_1', 1, false, '{"e":1}')).toBe(true)

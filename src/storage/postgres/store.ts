@@ -90,6 +90,8 @@ function redact(url: string): string {
 
 /** Rows per INSERT statement of a ledger flush (14 parameters each; PostgreSQL allows 65,535). */
 const LEDGER_ROWS_PER_INSERT = 1000
+/** The time in ms by PostgreSQL's clock (now() is the statement's start in autocommit). */
+const NOW_MS = '(extract(epoch from now()) * 1000)::bigint'
 const COST_COLUMN = LEDGER_COLUMN_NAMES.indexOf('cost_nano')
 
 /** `($1,...,$14),($15,...)` for `rows` ledger rows, kept for the sizes seen (a full chunk repeats). */
@@ -390,14 +392,15 @@ export class PostgresStore implements Store {
     })
   }
 
-  async leaseLines(nowMs: number, leaseMs: number, limit: number) {
-    // SKIP LOCKED: several router nodes lease from one queue without waiting on each other.
+  async leaseLines(leaseMs: number, limit: number) {
+    // SKIP LOCKED: several router nodes lease from one queue without waiting on each other. The
+    // time is PostgreSQL's (now(): one instant through the statement), not the node's.
     const rows = (await this.client`
-      UPDATE batch_lines l SET status = 'running', lease_until_ms = ${nowMs + leaseMs}, attempts = l.attempts + 1
+      UPDATE batch_lines l SET status = 'running', lease_until_ms = (extract(epoch from now()) * 1000)::bigint + ${leaseMs}, attempts = l.attempts + 1
       FROM (
         SELECT x.batch_id, x.line FROM batch_lines x JOIN batches b ON b.id = x.batch_id
         WHERE b.status = 'in_progress'
-          AND ((x.status = 'pending' AND x.not_before_ms <= ${nowMs}) OR (x.status = 'running' AND x.lease_until_ms < ${nowMs}))
+          AND ((x.status = 'pending' AND x.not_before_ms <= (extract(epoch from now()) * 1000)::bigint) OR (x.status = 'running' AND x.lease_until_ms < (extract(epoch from now()) * 1000)::bigint))
         ORDER BY b.created_at, x.line
         LIMIT ${limit}
         FOR UPDATE OF x SKIP LOCKED
@@ -429,13 +432,13 @@ export class PostgresStore implements Store {
     return rows.length
   }
 
-  async retryLine(batchId: string, line: number, notBeforeMs: number, notAnAttempt = false) {
+  async retryLine(batchId: string, line: number, delayMs: number, notAnAttempt = false) {
     const l = schema.batchLines
     await this.db
       .update(l)
       .set({
         status: 'pending',
-        notBeforeMs,
+        notBeforeMs: sql`${sql.raw(NOW_MS)} + ${delayMs}`,
         leaseUntilMs: null,
         ...(notAnAttempt && { attempts: sql`greatest(${l.attempts} - 1, 0)` }),
       })

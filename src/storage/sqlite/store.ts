@@ -28,6 +28,9 @@ import * as schema from './schema.ts'
 
 type Db = BunSQLiteDatabase<typeof schema>
 
+/** The time in ms by SQLite's clock ('now' is one instant through a statement). */
+const NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+
 /** Rows per multi-row INSERT of a flush: past about ten, more rows per statement gained nothing. */
 const LEDGER_ROWS_PER_INSERT = 16
 
@@ -376,18 +379,18 @@ export class SqliteStore implements Store {
     })
   }
 
-  async leaseLines(nowMs: number, leaseMs: number, limit: number) {
+  async leaseLines(leaseMs: number, limit: number) {
     const rows = this.client
       .query(
-        `UPDATE batch_lines SET status = 'running', lease_until_ms = ?1, attempts = attempts + 1
+        `UPDATE batch_lines SET status = 'running', lease_until_ms = ${NOW_MS} + ?1, attempts = attempts + 1
          WHERE rowid IN (
            SELECT l.rowid FROM batch_lines l JOIN batches b ON b.id = l.batch_id
            WHERE b.status = 'in_progress'
-             AND ((l.status = 'pending' AND l.not_before_ms <= ?2) OR (l.status = 'running' AND l.lease_until_ms < ?2))
-           ORDER BY b.created_at, l.line LIMIT ?3)
+             AND ((l.status = 'pending' AND l.not_before_ms <= ${NOW_MS}) OR (l.status = 'running' AND l.lease_until_ms < ${NOW_MS}))
+           ORDER BY b.created_at, l.line LIMIT ?2)
          RETURNING batch_id, line, custom_id, body, attempts`,
       )
-      .all(nowMs + leaseMs, nowMs, limit) as {
+      .all(leaseMs, limit) as {
       batch_id: string
       line: bigint
       custom_id: string
@@ -414,13 +417,13 @@ export class SqliteStore implements Store {
     return rows.length
   }
 
-  async retryLine(batchId: string, line: number, notBeforeMs: number, notAnAttempt = false) {
+  async retryLine(batchId: string, line: number, delayMs: number, notAnAttempt = false) {
     const l = schema.batchLines
     this.db
       .update(l)
       .set({
         status: 'pending',
-        notBeforeMs,
+        notBeforeMs: sql`${sql.raw(NOW_MS)} + ${delayMs}`,
         leaseUntilMs: null,
         ...(notAnAttempt && { attempts: sql`max(${l.attempts} - 1, 0)` }),
       })
