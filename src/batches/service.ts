@@ -134,7 +134,8 @@ export class BatchService {
       created_at: b.createdAt,
       in_progress_at: b.inProgressAt,
       expires_at: b.expiresAt,
-      finalizing_at: b.finalizingAt,
+      // 0: a claim given back by a version before claims were cleared to null.
+      finalizing_at: b.finalizingAt || null,
       completed_at: b.completedAt,
       failed_at: b.failedAt,
       expired_at: b.expiredAt,

@@ -140,11 +140,15 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       await store.insertOrg(org('o1', 1_000_000n))
       await store.insertKey(key('k1', 'o1'))
       const rows = Array.from({ length: 20 }, (_, i) => usage(`dup-${i}`, 'o1', 'k1', 10n))
-      // dup-3 again inside the first chunk of sixteen, dup-17 again in the tail.
-      await store.recordLedger([...rows.slice(0, 10), rows[3]!, ...rows.slice(10), rows[17]!])
+      // dup-3 again inside the first chunk of sixteen, dup-17 again in the tail, each with another
+      // cost: the first row of an id is the one billed, in both stores.
+      const again = (i: number) => ({ ...rows[i]!, costNano: 1_000n })
+      await store.recordLedger([...rows.slice(0, 10), again(3), ...rows.slice(10), again(17)])
       expect((await store.getKey('k1'))!.spentNano).toBe(200n)
       expect((await store.getOrg('o1'))!.balanceNano).toBe(1_000_000n - 200n)
-      expect(await store.ledgerForOrg('o1', 0, 2_000_000_000_000)).toHaveLength(20)
+      const written = await store.ledgerForOrg('o1', 0, 2_000_000_000_000)
+      expect(written).toHaveLength(20)
+      expect(written.every((e) => e.costNano === 10n)).toBe(true)
     })
 
     test('usage groups by key, model and UTC day, without credits', async () => {

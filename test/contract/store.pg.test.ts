@@ -53,8 +53,10 @@ test('a database whose schema is newer than this executable is refused with a cl
 })
 
 let shared: Awaited<ReturnType<typeof openPostgresStore>>
+let sharedUrl = ''
 beforeAll(async () => {
-  shared = await openPostgresStore({ url: await freshDatabase() })
+  sharedUrl = await freshDatabase()
+  shared = await openPostgresStore({ url: sharedUrl })
 })
 afterAll(() => shared.close())
 
@@ -95,14 +97,19 @@ test('leasing with SKIP LOCKED: concurrent leases never hand out a line twice', 
       attempts: 0,
     })),
   )
-  // Leases of 3 s, timed by PostgreSQL's clock whatever the callers' clocks say.
-  const leases = await Promise.all(Array.from({ length: 12 }, () => shared.leaseLines(3000, 40)))
+  const leases = await Promise.all(Array.from({ length: 12 }, () => shared.leaseLines(60_000, 40)))
   const all = leases.flat().map((l) => l.line)
   expect(all.length).toBe(300)
   expect(new Set(all).size).toBe(300)
-  expect(await shared.leaseLines(3000, 10)).toHaveLength(0)
-  // an expired lease is taken over
-  await Bun.sleep(3100)
+  expect(await shared.leaseLines(60_000, 10)).toHaveLength(0)
+  // Leases are timed by PostgreSQL's clock, not the caller's: a minute later by that clock (the
+  // leases moved back a minute and a bit), every one has expired and is taken over.
+  const db = new SQL(sharedUrl)
+  try {
+    await db`UPDATE batch_lines SET lease_until_ms = lease_until_ms - 61000`
+  } finally {
+    await db.close()
+  }
   expect(await shared.leaseLines(60_000, 500)).toHaveLength(300)
   // twelve nodes finishing the batch at once: one of them writes the result files
   const claims = await Promise.all(

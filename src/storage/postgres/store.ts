@@ -199,9 +199,12 @@ export class PostgresStore implements Store {
     const n = rows.length
     if (n === 0) return
     await this.client.begin(async (tx) => {
-      // A request id twice in one flush is one row (the later one, at the earlier one's place).
+      // A request id twice in one flush is one row, the first (as SQLite's INSERT OR IGNORE keeps).
       const byId = new Map<string, number>()
-      for (let i = 0; i < n; i++) byId.set(rows.requestId(i), i)
+      for (let i = 0; i < n; i++) {
+        const id = rows.requestId(i)
+        if (!byId.has(id)) byId.set(id, i)
+      }
       const order = [...byId.values()]
       const inserted: number[] = []
       for (let start = 0; start < order.length; start += LEDGER_ROWS_PER_INSERT) {

@@ -29,7 +29,7 @@ import * as schema from './schema.ts'
 type Db = BunSQLiteDatabase<typeof schema>
 
 /** The time in ms by SQLite's clock ('now' is one instant through a statement). */
-const NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+const NOW_MS = "CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
 
 /** Rows per multi-row INSERT of a flush: past about ten, more rows per statement gained nothing. */
 const LEDGER_ROWS_PER_INSERT = 16
