@@ -1,5 +1,5 @@
 import { type LedgerRowBase, LedgerRows } from '../storage/ledger-rows.ts'
-import type { LedgerEntry, Store } from '../storage/store.ts'
+import type { Store } from '../storage/store.ts'
 
 /** Where flushed rows go: the store itself, or a thread writing to it (ledger-sink.ts). */
 export interface LedgerSink {
@@ -49,12 +49,7 @@ export class LedgerWriter {
     this.timer ??= setInterval(() => void this.flush(), this.flushIntervalMs)
   }
 
-  /** Queues a row: its fields are copied into the queue's columns (see LedgerRows). */
-  push(entry: LedgerEntry): void {
-    this.queue.push(entry)
-  }
-
-  /** Queues a settled request's usage row (no entry object built: see LedgerRows.pushRow). */
+  /** Queues a settled request's usage row: its fields are copied into the queue's columns (LedgerRows.pushRow). */
   pushUsage(s: LedgerRowBase, orgId: string, keyId: string, costNano: bigint, outcome: string): void {
     this.queue.pushRow(s, 'usage', orgId, keyId, costNano, outcome)
   }
