@@ -16,7 +16,8 @@
  * `--rounds N` (default 21), `--seconds S` (default 4), `--build` compiles the working tree
  * instead of using dist/tropa, `--pin` puts Tropa on CPU 0 and everything else on the others
  * (steadier, but the ledger thread then shares the event loop's core, which a deployment does
- * not), `--aa` (both billing on), `--json FILE` (default .bench/results/money-<time>.json).
+ * not), `--together` (both loaded at once, 32 connections each, so each round's pair shares the
+ * same moments of the machine), `--aa` (both billing on), `--json FILE` (default .bench/results/money-<time>.json).
  */
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
@@ -78,12 +79,14 @@ async function main() {
       build: { type: 'boolean' },
       aa: { type: 'boolean' },
       pin: { type: 'boolean' },
+      together: { type: 'boolean' },
       json: { type: 'string' },
     },
   })
   if (!wrkPath()) throw new Error('wrk is not installed (apt-get install wrk)')
   const rounds = Number(values.rounds ?? 21)
   const seconds = Number(values.seconds ?? 4)
+  const together = values.together === true
   const pinned = values.pin === true && os.availableParallelism() >= 2 && Bun.which('taskset') !== null
   if (pinned) pin(process.pid, `1-${os.availableParallelism() - 1}`)
   const dir = mkdtempSync(join(os.tmpdir(), 'tropa-money-'))
@@ -102,7 +105,7 @@ async function main() {
   const off = await startContestant(values.aa ? 'tropa' : 'tropa-nobill', ctx, exe.path, '')
   if (pinned) for (const c of [on, off]) pin(c.pid, '0')
   log(
-    `${values.aa ? 'A/A run (both with billing on)' : 'billing on against billing off'}; ${pinned ? 'Tropa pinned to CPU 0, fleet and wrk to the others' : 'not pinned'}; ${rounds} rounds of ${seconds} s`,
+    `${values.aa ? 'A/A run (both with billing on)' : 'billing on against billing off'}; ${pinned ? 'Tropa pinned to CPU 0, fleet and wrk to the others' : 'not pinned'}; ${rounds} rounds of ${seconds} s, ${together ? 'both loaded at once (32 connections each)' : 'one after the other'}`,
   )
   const rps: Record<Side, number[]> = { on: [], off: [] }
   const cpu: Record<Side, number[]> = { on: [], off: [] }
@@ -117,11 +120,11 @@ async function main() {
         threads: 1,
         durationS: seconds,
       })
-    const measure = async (which: Side, round: number) => {
+    const measure = async (which: Side, round: number, load = wrk) => {
       const c = which === 'on' ? on : off
       const before = cpuUs(c.pid)
       const threadsBefore = cpuByThread(c.pid)
-      const r = await wrk(c)
+      const r = await load(c)
       const n = Math.max(1, r.requests)
       const after = cpuByThread(c.pid)
       for (const name of new Set([...threadsBefore.keys(), ...after.keys()])) {
@@ -140,10 +143,24 @@ async function main() {
     // Warm both (JIT, tokenizer, connection pools) before measuring.
     await wrk(on)
     await wrk(off)
-    for (let i = 0; i < rounds; i++)
-      // Alternate which goes first, so neither always follows the other.
-      for (const which of i % 2 === 0 ? (['on', 'off'] as const) : (['off', 'on'] as const))
-        await measure(which, i)
+    if (together) {
+      // Both loaded over the same seconds, half the connections each: whatever the machine does
+      // meanwhile (another tenant, a slower moment) falls on both sides of the pair at once.
+      const half = (c: typeof on) =>
+        runWrk({
+          url: c.wrkUrl('fast'),
+          headers: c.endpoint('fast').headers,
+          body: chatBody(c.model('fast'), { stream: false, maxTokens: 16, seed: 1 }),
+          connections: 32,
+          threads: 1,
+          durationS: seconds,
+        })
+      for (let i = 0; i < rounds; i++) await Promise.all([measure('on', i, half), measure('off', i, half)])
+    } else
+      for (let i = 0; i < rounds; i++)
+        // Alternate which goes first, so neither always follows the other.
+        for (const which of i % 2 === 0 ? (['on', 'off'] as const) : (['off', 'on'] as const))
+          await measure(which, i)
   } finally {
     await on.stop()
     await off.stop()
@@ -192,6 +209,7 @@ async function main() {
         date: new Date().toISOString(),
         aa: values.aa === true,
         pinned,
+        together,
         rounds,
         seconds,
         rps,
