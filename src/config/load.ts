@@ -242,7 +242,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       postgresUrl: cfg.storage?.postgres_url,
       postgresMaxConnections: cfg.storage?.postgres_max_connections ?? 10,
       statementTimeoutMs: cfg.storage?.statement_timeout_ms ?? 10_000,
-      flushIntervalMs: cfg.storage?.flush_interval_ms ?? 50,
+      flushIntervalMs: cfg.storage?.flush_interval_ms ?? 250,
       ledgerQueueMax: cfg.storage?.ledger_queue_max ?? 100_000,
     },
     demo: { enabled: demoEnabled, nodes: cfg.demo?.nodes ?? 3, balanceNano: balance! },
