@@ -17,7 +17,9 @@
  * instead of using dist/tropa, `--pin` puts Tropa on CPU 0 and everything else on the others
  * (steadier, but the ledger thread then shares the event loop's core, which a deployment does
  * not), `--together` (both loaded at once, 32 connections each, so each round's pair shares the
- * same moments of the machine), `--aa` (both billing on), `--json FILE` (default .bench/results/money-<time>.json).
+ * same moments of the machine), `--repeat K` (K fresh pairs of routers one after the other, each
+ * for all the rounds, pooled: the mean of the pairs' mean ratios and its standard error), `--aa`
+ * (both billing on), `--json FILE` (default .bench/results/money-<time>.json).
  */
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
@@ -80,11 +82,13 @@ async function main() {
       aa: { type: 'boolean' },
       pin: { type: 'boolean' },
       together: { type: 'boolean' },
+      repeat: { type: 'string' },
       json: { type: 'string' },
     },
   })
   if (!wrkPath()) throw new Error('wrk is not installed (apt-get install wrk)')
   const rounds = Number(values.rounds ?? 21)
+  const repeats = Math.max(1, Number(values.repeat ?? 1))
   const seconds = Number(values.seconds ?? 4)
   const together = values.together === true
   const pinned = values.pin === true && os.availableParallelism() >= 2 && Bun.which('taskset') !== null
@@ -100,71 +104,88 @@ async function main() {
   const exe = await tropaExecutable(repoRoot, dir, log, values.build === true)
   const fleet = await startFleet(repoRoot, dir, logDir, { nodesPerFleet: 3, streamItlMs: 5, holdItlMs: 1000 })
   const ctx: RunContext = { repoRoot, dir, logDir, fleet: fleet.urls, fleetPid: fleet.child.pid }
-  const on = await startContestant('tropa', ctx, exe.path, '')
-  // --aa: both with billing on, an A/A run that shows the measure's own noise.
-  const off = await startContestant(values.aa ? 'tropa' : 'tropa-nobill', ctx, exe.path, '')
-  if (pinned) for (const c of [on, off]) pin(c.pid, '0')
   log(
-    `${values.aa ? 'A/A run (both with billing on)' : 'billing on against billing off'}; ${pinned ? 'Tropa pinned to CPU 0, fleet and wrk to the others' : 'not pinned'}; ${rounds} rounds of ${seconds} s, ${together ? 'both loaded at once (32 connections each)' : 'one after the other'}`,
+    `${values.aa ? 'A/A run (both with billing on)' : 'billing on against billing off'}; ${pinned ? 'Tropa pinned to CPU 0, fleet and wrk to the others' : 'not pinned'}; ${repeats > 1 ? `${repeats} pairs of routers, ` : ''}${rounds} rounds of ${seconds} s, ${together ? 'both loaded at once (32 connections each)' : 'one after the other'}`,
   )
   const rps: Record<Side, number[]> = { on: [], off: [] }
   const cpu: Record<Side, number[]> = { on: [], off: [] }
   const byThread: Record<Side, Map<string, number[]>> = { on: new Map(), off: new Map() }
+  /** Each pair of routers' mean of its rounds' CPU ratios (on / off - 1). */
+  const pairMeans: number[] = []
   try {
-    const wrk = (c: typeof on) =>
-      runWrk({
-        url: c.wrkUrl('fast'),
-        headers: c.endpoint('fast').headers,
-        body: chatBody(c.model('fast'), { stream: false, maxTokens: 16, seed: 1 }),
-        connections: 64,
-        threads: 1,
-        durationS: seconds,
-      })
-    const measure = async (which: Side, round: number, load = wrk) => {
-      const c = which === 'on' ? on : off
-      const before = cpuUs(c.pid)
-      const threadsBefore = cpuByThread(c.pid)
-      const r = await load(c)
-      const n = Math.max(1, r.requests)
-      const after = cpuByThread(c.pid)
-      for (const name of new Set([...threadsBefore.keys(), ...after.keys()])) {
-        const list = byThread[which].get(name) ?? []
-        list.push(((after.get(name) ?? 0) - (threadsBefore.get(name) ?? 0)) / n)
-        byThread[which].set(name, list)
-      }
-      const perRequest = (cpuUs(c.pid) - before) / n
-      if (r.errors > 0) log(`round ${round + 1} ${which}: ${r.errors} errors`)
-      rps[which].push(r.rps)
-      cpu[which].push(perRequest)
-      log(
-        `round ${round + 1} billing ${which}: ${Math.round(r.rps)} RPS, p99 ${r.p99.toFixed(2)} ms, ${perRequest.toFixed(1)} us CPU per request`,
-      )
+    for (let rep = 0; rep < repeats; rep++) {
+      const from = cpu.on.length
+      await onePair(rep)
+      const ratios = cpu.on.slice(from).map((x, i) => x / cpu.off[from + i]! - 1)
+      pairMeans.push(ratios.reduce((a, b) => a + b, 0) / Math.max(1, ratios.length))
+      if (repeats > 1)
+        log(`pair ${rep + 1} of ${repeats}: CPU on / off - 1, mean of its rounds ${pct(pairMeans[rep]!)}`)
     }
-    // Warm both (JIT, tokenizer, connection pools) before measuring.
-    await wrk(on)
-    await wrk(off)
-    if (together) {
-      // Both loaded over the same seconds, half the connections each: whatever the machine does
-      // meanwhile (another tenant, a slower moment) falls on both sides of the pair at once.
-      const half = (c: typeof on) =>
+  } finally {
+    await fleet.child.stop()
+  }
+
+  /** A fresh pair of routers (new processes, new data dirs) loaded for `rounds` rounds. */
+  async function onePair(rep: number) {
+    const on = await startContestant('tropa', ctx, exe.path, '')
+    // --aa: both with billing on, an A/A run that shows the measure's own noise.
+    const off = await startContestant(values.aa ? 'tropa' : 'tropa-nobill', ctx, exe.path, '')
+    if (pinned) for (const c of [on, off]) pin(c.pid, '0')
+    try {
+      const wrk = (c: typeof on) =>
         runWrk({
           url: c.wrkUrl('fast'),
           headers: c.endpoint('fast').headers,
           body: chatBody(c.model('fast'), { stream: false, maxTokens: 16, seed: 1 }),
-          connections: 32,
+          connections: 64,
           threads: 1,
           durationS: seconds,
         })
-      for (let i = 0; i < rounds; i++) await Promise.all([measure('on', i, half), measure('off', i, half)])
-    } else
-      for (let i = 0; i < rounds; i++)
-        // Alternate which goes first, so neither always follows the other.
-        for (const which of i % 2 === 0 ? (['on', 'off'] as const) : (['off', 'on'] as const))
-          await measure(which, i)
-  } finally {
-    await on.stop()
-    await off.stop()
-    await fleet.child.stop()
+      const measure = async (which: Side, round: number, load = wrk) => {
+        const c = which === 'on' ? on : off
+        const before = cpuUs(c.pid)
+        const threadsBefore = cpuByThread(c.pid)
+        const r = await load(c)
+        const n = Math.max(1, r.requests)
+        const after = cpuByThread(c.pid)
+        for (const name of new Set([...threadsBefore.keys(), ...after.keys()])) {
+          const list = byThread[which].get(name) ?? []
+          list.push(((after.get(name) ?? 0) - (threadsBefore.get(name) ?? 0)) / n)
+          byThread[which].set(name, list)
+        }
+        const perRequest = (cpuUs(c.pid) - before) / n
+        if (r.errors > 0) log(`round ${round + 1} ${which}: ${r.errors} errors`)
+        rps[which].push(r.rps)
+        cpu[which].push(perRequest)
+        log(
+          `${repeats > 1 ? `pair ${rep + 1} ` : ''}round ${round + 1} billing ${which}: ${Math.round(r.rps)} RPS, p99 ${r.p99.toFixed(2)} ms, ${perRequest.toFixed(1)} us CPU per request`,
+        )
+      }
+      // Warm both (JIT, tokenizer, connection pools) before measuring.
+      await wrk(on)
+      await wrk(off)
+      if (together) {
+        // Both loaded over the same seconds, half the connections each: whatever the machine does
+        // meanwhile (another tenant, a slower moment) falls on both sides of the pair at once.
+        const half = (c: typeof on) =>
+          runWrk({
+            url: c.wrkUrl('fast'),
+            headers: c.endpoint('fast').headers,
+            body: chatBody(c.model('fast'), { stream: false, maxTokens: 16, seed: 1 }),
+            connections: 32,
+            threads: 1,
+            durationS: seconds,
+          })
+        for (let i = 0; i < rounds; i++) await Promise.all([measure('on', i, half), measure('off', i, half)])
+      } else
+        for (let i = 0; i < rounds; i++)
+          // Alternate which goes first, so neither always follows the other.
+          for (const which of i % 2 === 0 ? (['on', 'off'] as const) : (['off', 'on'] as const))
+            await measure(which, i)
+    } finally {
+      await on.stop()
+      await off.stop()
+    }
   }
 
   const paired = (xs: Record<Side, number[]>, invert = false) =>
@@ -179,6 +200,15 @@ async function main() {
   const loopUs = loop.onUs - loop.offUs
   const parts = (ledgerUs + loopUs) / cOff
   const names = [...new Set([...byThread.on.keys(), ...byThread.off.keys()])].sort()
+  // Mean of every pair of routers' mean ratio, with its standard error (pairs of routers are
+  // independent; rounds of one pair are not quite, as a process keeps its own memory layout).
+  const grand = pairMeans.reduce((a, b) => a + b, 0) / pairMeans.length
+  const se =
+    pairMeans.length > 1
+      ? Math.sqrt(
+          pairMeans.reduce((a, b) => a + (b - grand) ** 2, 0) / (pairMeans.length - 1) / pairMeans.length,
+        )
+      : Number.NaN
   const lines = [
     `| | median RPS | Tropa CPU per request, us (median) | runs (RPS) |`,
     `| --- | --- | --- | --- |`,
@@ -196,6 +226,11 @@ async function main() {
       ? `A/A: the ledger thread on both sides (${threadMedian('on', 'Worker').toFixed(2)} and ${threadMedian('off', 'Worker').toFixed(2)} us per request); the differences below are the measure's noise`
       : `money path, from its parts: ${pct(parts)} of the router's CPU per request (${(ledgerUs + loopUs).toFixed(1)} of ${cOff.toFixed(1)} us): ledger thread ${ledgerUs.toFixed(2)} us + event loop ${loopUs.toFixed(2)} us (in-process: ${loop.onUs.toFixed(2)} on, ${loop.offUs.toFixed(2)} off); target under 5%`,
     `money path, CPU on minus off (all threads): ${pct(cOn / cOff - 1)} from the medians; per round median ${pct(median(cpuPairs))}, from ${pct(cpuPairs[0]!)} to ${pct(cpuPairs[cpuPairs.length - 1]!)}`,
+    ...(repeats > 1
+      ? [
+          `money path, CPU on minus off (all threads), pooled over ${repeats} pairs of routers: ${pct(grand)} +- ${pct(se)} (mean of the pairs' means +- its standard error); pairs: ${pairMeans.map(pct).join(', ')}`,
+        ]
+      : []),
     `money path, throughput: ${pct(median(rps.off) / median(rps.on) - 1)} from the medians; per round median ${pct(median(rpsPairs))}, from ${pct(rpsPairs[0]!)} to ${pct(rpsPairs[rpsPairs.length - 1]!)}`,
   ]
   console.log(lines.join('\n'))
@@ -210,6 +245,8 @@ async function main() {
         aa: values.aa === true,
         pinned,
         together,
+        repeats,
+        pairMeans,
         rounds,
         seconds,
         rps,
