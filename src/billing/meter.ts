@@ -51,11 +51,13 @@ export class Meter implements MoneyMeter {
     if (!this.enabled) return { key, org, amountNano: 0n, done: false }
     // The ledger cannot take more unwritten rows: serving now would spend without a record.
     if (this.ledger.full()) throw new SharedStateUnavailable()
-    if (key.limitNano !== null && key.spentNano + key.reservedNano + amountNano > key.limitNano)
-      throw keyLimitReached()
-    if (org.balanceNano - org.reservedNano - amountNano < 0n) throw insufficientBalance()
-    key.reservedNano += amountNano
-    org.reservedNano += amountNano
+    // Each bigint sum is a new heap number: the held totals are computed once, checked, then kept.
+    const keyHeld = key.reservedNano + amountNano
+    if (key.limitNano !== null && key.spentNano + keyHeld > key.limitNano) throw keyLimitReached()
+    const orgHeld = org.reservedNano + amountNano
+    if (orgHeld > org.balanceNano) throw insufficientBalance()
+    key.reservedNano = keyHeld
+    org.reservedNano = orgHeld
     return { key, org, amountNano, done: false }
   }
 

@@ -45,10 +45,10 @@ const strAt = (strings: readonly string[], ref: number): string | null => (ref <
 /** LedgerRows as plain data for postMessage: a few typed arrays, the strings and the request ids. */
 export interface LedgerRowsWire {
   readonly n: number
-  /** The request ids end to end (one string clones at a third of the cost of an array of them)... */
-  readonly ids: string
-  /** ...and the length of each. */
-  readonly idLengths: Uint32Array
+  /** The request ids' UTF-16 code units end to end... */
+  readonly idChars: Uint16Array
+  /** ...and where each ends. */
+  readonly idEnds: Uint32Array
   readonly strings: string[]
   readonly refs: Int32Array
   readonly nums: Float64Array
@@ -56,6 +56,7 @@ export interface LedgerRowsWire {
   readonly estimated: Uint8Array
 }
 
+const utf16 = new TextDecoder('utf-16le')
 const INT64_MIN = -(2n ** 63n)
 const INT64_MAX = 2n ** 63n - 1n
 
@@ -67,7 +68,16 @@ const INT64_MAX = 2n ** 63n - 1n
  */
 export class LedgerRows {
   private n = 0
-  private ids: string[] = []
+  /**
+   * The request ids, copied in as code units: holding the strings until the flush kept each
+   * request's id alive for up to a flush interval, long enough for the garbage collector to move
+   * it to the old generation, where only full collections free it.
+   */
+  private idChars: Uint16Array
+  private idEnds: Uint32Array
+  private idEnd = 0
+  /** All ids as one string, decoded when an id is first read (the ledger thread's bind). */
+  private idText: string | undefined
   private strings: string[] = []
   private readonly index = new Map<string, number>()
   private refs: Int32Array
@@ -81,6 +91,8 @@ export class LedgerRows {
     this.nums = new Float64Array(cap * NUMS)
     this.costs = new BigInt64Array(cap)
     this.estimated = new Uint8Array(cap)
+    this.idEnds = new Uint32Array(cap)
+    this.idChars = new Uint16Array(cap * 32)
   }
 
   static of(entries: readonly LedgerEntry[]): LedgerRows {
@@ -134,14 +146,27 @@ export class LedgerRows {
     this.nums[m + NUM_ENDED] = s.endedAtMs
     this.costs[i] = costNano
     this.estimated[i] = s.estimated ? 1 : 0
-    this.ids.push(s.requestId)
+    const id = s.requestId
+    const from = this.idEnd
+    const to = from + id.length
+    if (to > this.idChars.length) {
+      const chars = new Uint16Array(Math.max(to, this.idChars.length * 2))
+      chars.set(this.idChars)
+      this.idChars = chars
+    }
+    const chars = this.idChars
+    for (let k = 0; k < id.length; k++) chars[from + k] = id.charCodeAt(k)
+    this.idEnds[i] = to
+    this.idEnd = to
+    this.idText = undefined
     this.n = i + 1
   }
 
   /** Empties the rows, keeping the arrays for the next batch. */
   clear(): void {
     this.n = 0
-    this.ids = []
+    this.idEnd = 0
+    this.idText = undefined
     this.strings = []
     this.index.clear()
   }
@@ -152,7 +177,8 @@ export class LedgerRows {
   }
 
   requestId(i: number): string {
-    return this.ids[i]!
+    this.idText ??= utf16.decode(this.idChars.subarray(0, this.idEnd))
+    return this.idText.slice(i === 0 ? 0 : this.idEnds[i - 1]!, this.idEnds[i]!)
   }
   kind(i: number): 'usage' | 'credit' {
     return this.str(i, REF_KIND) as 'usage' | 'credit'
@@ -201,7 +227,7 @@ export class LedgerRows {
     const nums = this.nums
     const r = i * REFS
     const m = i * NUMS
-    args[at] = this.ids[i]!
+    args[at] = this.requestId(i)
     args[at + 1] = strAt(strings, refs[r + REF_KIND]!)
     args[at + 2] = strAt(strings, refs[r + REF_ORG]!)
     args[at + 3] = strAt(strings, refs[r + REF_KEY]!)
@@ -245,8 +271,8 @@ export class LedgerRows {
     const n = this.n
     return {
       n,
-      ids: this.ids.join(''),
-      idLengths: Uint32Array.from(this.ids, (id) => id.length),
+      idChars: this.idChars.slice(0, this.idEnd),
+      idEnds: this.idEnds.slice(0, n),
       strings: this.strings,
       refs: this.refs.slice(0, n * REFS),
       nums: this.nums.slice(0, n * NUMS),
@@ -258,13 +284,9 @@ export class LedgerRows {
   static fromWire(w: LedgerRowsWire): LedgerRows {
     const rows = new LedgerRows(0)
     rows.n = w.n
-    const ids: string[] = new Array(w.n)
-    for (let i = 0, at = 0; i < w.n; i++) {
-      const end = at + w.idLengths[i]!
-      ids[i] = w.ids.slice(at, end)
-      at = end
-    }
-    rows.ids = ids
+    rows.idChars = w.idChars
+    rows.idEnds = w.idEnds
+    rows.idEnd = w.idChars.length
     rows.strings = w.strings
     rows.refs = w.refs
     rows.nums = w.nums
@@ -301,6 +323,9 @@ export class LedgerRows {
     const estimated = new Uint8Array(cap)
     estimated.set(this.estimated)
     this.estimated = estimated
+    const idEnds = new Uint32Array(cap)
+    idEnds.set(this.idEnds)
+    this.idEnds = idEnds
   }
 }
 

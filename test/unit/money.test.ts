@@ -158,7 +158,10 @@ describe('ledger rows posted to the ledger thread', () => {
   test('a failed flush puts its rows back in front of newer ones', () => {
     const failed = LedgerRows.of([usage(1), usage(2)])
     const newer = LedgerRows.of([usage(3)])
+    // An id read before more rows arrive does not hide theirs (the decoded ids are re-read).
+    expect(failed.requestId(1)).toBe('r2')
     failed.append(newer)
+    expect(failed.requestId(2)).toBe('r3')
     expect(failed.entries().map((e) => e.requestId)).toEqual(['r1', 'r2', 'r3'])
   })
 
