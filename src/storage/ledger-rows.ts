@@ -69,9 +69,9 @@ const INT64_MAX = 2n ** 63n - 1n
 export class LedgerRows {
   private n = 0
   /**
-   * The request ids, copied in as code units: holding the strings until the flush kept each
-   * request's id alive for up to a flush interval, long enough for the garbage collector to move
-   * it to the old generation, where only full collections free it.
+   * The request ids, copied in as code units, so the queue holds no string of a request: held
+   * until the flush (up to 250 ms by default), a request's id string would outlive the young
+   * collections that free it otherwise and wait for a full one.
    */
   private idChars: Uint16Array
   private idEnds: Uint32Array
