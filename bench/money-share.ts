@@ -132,12 +132,12 @@ async function main() {
     const off = await startContestant(values.aa ? 'tropa' : 'tropa-nobill', ctx, exe.path, '')
     if (pinned) for (const c of [on, off]) pin(c.pid, '0')
     try {
-      const wrk = (c: typeof on) =>
+      const wrk = (c: typeof on, connections = 64) =>
         runWrk({
           url: c.wrkUrl('fast'),
           headers: c.endpoint('fast').headers,
           body: chatBody(c.model('fast'), { stream: false, maxTokens: 16, seed: 1 }),
-          connections: 64,
+          connections,
           threads: 1,
           durationS: seconds,
         })
@@ -167,15 +167,7 @@ async function main() {
       if (together) {
         // Both loaded over the same seconds, half the connections each: whatever the machine does
         // meanwhile (another tenant, a slower moment) falls on both sides of the pair at once.
-        const half = (c: typeof on) =>
-          runWrk({
-            url: c.wrkUrl('fast'),
-            headers: c.endpoint('fast').headers,
-            body: chatBody(c.model('fast'), { stream: false, maxTokens: 16, seed: 1 }),
-            connections: 32,
-            threads: 1,
-            durationS: seconds,
-          })
+        const half = (c: typeof on) => wrk(c, 32)
         for (let i = 0; i < rounds; i++) await Promise.all([measure('on', i, half), measure('off', i, half)])
       } else
         for (let i = 0; i < rounds; i++)
