@@ -216,7 +216,7 @@ async function main() {
     '',
     values.aa
       ? `A/A: the ledger thread on both sides (${threadMedian('on', 'Worker').toFixed(2)} and ${threadMedian('off', 'Worker').toFixed(2)} us per request); the differences below are the measure's noise`
-      : `money path, from its parts: ${pct(parts)} of the router's CPU per request (${(ledgerUs + loopUs).toFixed(1)} of ${cOff.toFixed(1)} us): ledger thread ${ledgerUs.toFixed(2)} us + event loop ${loopUs.toFixed(2)} us (in-process: ${loop.onUs.toFixed(2)} on, ${loop.offUs.toFixed(2)} off); target under 5%`,
+      : `money path, from its parts: ${pct(parts)} of the router's CPU per request (${(ledgerUs + loopUs).toFixed(1)} of ${cOff.toFixed(1)} us): ledger thread ${ledgerUs.toFixed(2)} us + event loop ${loopUs.toFixed(2)} us (timed in a tight loop: ${loop.onUs.toFixed(2)} on, ${loop.offUs.toFixed(2)} off, which understates the same calls inside the router; a lower bound, see BENCHMARKS.md); target under 5%`,
     `money path, CPU on minus off (all threads): ${pct(cOn / cOff - 1)} from the medians; per round median ${pct(median(cpuPairs))}, from ${pct(cpuPairs[0]!)} to ${pct(cpuPairs[cpuPairs.length - 1]!)}`,
     ...(repeats > 1
       ? [
