@@ -13,6 +13,7 @@ import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, Store } from '../storage/store.ts'
 import { sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
+import { endStamp } from './stamps.ts'
 import { priceLine, validateFile } from './validate.ts'
 
 declare const self: Worker
@@ -355,15 +356,7 @@ async function writeResults(batchId: string, asked: BatchStatus) {
     bad.length > 0
       ? await files.create(batch.orgId, `${batchId}_error.jsonl`, 'batch_output', `${bad.join('\n')}\n`)
       : undefined
-  const now = Math.floor(Date.now() / 1000)
-  const stamp =
-    status === 'completed'
-      ? { completedAt: now }
-      : status === 'expired'
-        ? { expiredAt: now }
-        : status === 'cancelled'
-          ? { cancelledAt: now }
-          : { failedAt: now }
+  const stamp = endStamp(status, Math.floor(Date.now() / 1000), batch.finalizingAt)
   // Files that did not become the batch's (the store failed, or another node finished first)
   // are removed, so a retry does not leave a second pair behind.
   const discard = async () => {

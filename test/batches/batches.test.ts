@@ -63,6 +63,8 @@ describe('batches through the official SDK', () => {
     expect(b.metadata).toEqual({ run: 'ci' })
     for (const stamp of ['in_progress_at', 'finalizing_at', 'completed_at'] as const)
       expect(b[stamp]).toBeGreaterThan(0)
+    expect(b.finalizing_at!).toBeGreaterThanOrEqual(b.in_progress_at!)
+    expect(b.completed_at!).toBeGreaterThanOrEqual(b.finalizing_at!)
     const text = await (await client.files.content(b.output_file_id!)).text()
     const out = text
       .trim()
