@@ -47,3 +47,4 @@ export const MasterKeyBody = T.Object(
   { name: T.String({ minLength: 1, maxLength: 128 }) },
   { additionalProperties: false },
 )
+export type MasterKeyBody = Static<typeof MasterKeyBody>

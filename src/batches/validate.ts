@@ -5,7 +5,8 @@ import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { TropaError } from '../errors.ts'
 import { fromValueError } from '../http/value-error.ts'
-import { checkMessages, outputBudget } from '../pipeline/chat.ts'
+import { MAX_JSON_DEPTH, nestedDeeperThan } from '../json-depth.ts'
+import { askedOutput, checkMessages, outputBudget } from '../pipeline/chat.ts'
 import { checkInputs } from '../pipeline/embeddings.ts'
 import { countChatPrompt, countTokens, reservedPromptTokens } from '../pipeline/tokens.ts'
 import type { BatchLine } from '../storage/store.ts'
@@ -18,6 +19,8 @@ export interface LineCost {
   readonly promptTokens: number
   /** Worst case at the batch price (half). */
   readonly worstNano: bigint
+  /** Chat: the output bound reserved for, sent upstream as max_tokens (and max_completion_tokens). */
+  readonly maxOut?: number
 }
 
 /**
@@ -49,9 +52,9 @@ export function priceLine(
     const req = body as ChatRequest
     checkMessages(req.messages)
     const promptTokens = countChatPrompt(req.messages, req.tools)
-    const maxOut = outputBudget(model, promptTokens, req.max_completion_tokens ?? req.max_tokens)
+    const maxOut = outputBudget(model, promptTokens, askedOutput(req))
     const worst = costNano(reservedPromptTokens(promptTokens), maxOut * (req.n ?? 1), model.price)
-    return { model, promptTokens, worstNano: batchCostNano(worst) }
+    return { model, promptTokens, worstNano: batchCostNano(worst), maxOut }
   }
   const req = body as EmbeddingRequest
   let promptTokens = 0
@@ -98,6 +101,8 @@ function checkLine(
     error: { code, line: lineNo, message, param },
   })
   let obj: { custom_id?: unknown; method?: unknown; url?: unknown; body?: unknown }
+  if (nestedDeeperThan(content, MAX_JSON_DEPTH))
+    return fail('invalid_json_line', `the line nests arrays or objects deeper than ${MAX_JSON_DEPTH} levels`)
   try {
     obj = JSON.parse(content)
   } catch {

@@ -14,7 +14,7 @@ import type { BatchLine, BatchRecord, BatchStatus, Store } from '../storage/stor
 import { sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
-import { priceLine, validateFile } from './validate.ts'
+import { type LineCost, priceLine, validateFile } from './validate.ts'
 
 declare const self: Worker
 let cfg: WorkerInit
@@ -148,7 +148,7 @@ async function callUpstream(
   line: BatchLine,
   batch: BatchRecord,
   body: Record<string, unknown>,
-  cost: { model: ModelConfig; promptTokens: number; worstNano: bigint },
+  cost: LineCost,
   reply: Extract<AdmitReply, { kind: 'go' }> & { reqId: number },
 ): Promise<Extract<FromWorker, { t: 'settle' }>> {
   const endpoint = batch.endpoint
@@ -170,7 +170,20 @@ async function callUpstream(
     const res = await fetch(`${reply.baseUrl}${path}`, {
       method: 'POST',
       headers,
-      body: JSON.stringify({ ...body, model: reply.upstreamModel, stream: false }),
+      // The bound reserved for goes upstream, as on the live path (one effective output bound).
+      body: JSON.stringify(
+        cost.maxOut === undefined
+          ? { ...body, model: reply.upstreamModel, stream: false }
+          : body.max_completion_tokens != null
+            ? {
+                ...body,
+                model: reply.upstreamModel,
+                stream: false,
+                max_tokens: cost.maxOut,
+                max_completion_tokens: cost.maxOut,
+              }
+            : { ...body, model: reply.upstreamModel, stream: false, max_tokens: cost.maxOut },
+      ),
       signal: controller.signal,
     })
     clearTimeout(timer)

@@ -37,7 +37,15 @@ export function requireReader(p: Principal): void {
 
 /** The organization whose keys the caller manages: a master key's own, or any for the admin. */
 export function keyManagerOrg(svc: Services, p: Principal, orgId: string | undefined): LiveOrg {
-  if (p.kind === 'master') return p.org
+  if (p.kind === 'master') {
+    // Not silently ignored: a master key that names another organization is told so.
+    if (orgId !== undefined && orgId !== p.org.id)
+      throw new InvalidValue(
+        "org_id is for the admin token; a master key manages its own organization's keys",
+        'org_id',
+      )
+    return p.org
+  }
   if (p.kind === 'admin') {
     if (!orgId) throw new InvalidValue('with the admin token, name the organization with org_id', 'org_id')
     return svc.identity.org(orgId)

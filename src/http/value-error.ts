@@ -33,11 +33,41 @@ function mostSpecific(e: ValueError): ValueError {
   return best ?? e
 }
 
-/** "one of a, b, c" for a union of literals, else TypeBox's message. */
+/** What one schema accepts, in words: "an integer", "null", "\"auto\"". */
+function kindOf(schema: { type?: unknown; const?: unknown; anyOf?: unknown[] }): string {
+  if (schema.const !== undefined) return JSON.stringify(schema.const)
+  switch (schema.type) {
+    case 'integer':
+      return 'an integer'
+    case 'number':
+      return 'a number'
+    case 'string':
+      return 'a string'
+    case 'boolean':
+      return 'a boolean'
+    case 'null':
+      return 'null'
+    case 'array':
+      return 'an array'
+    case 'object':
+      return 'an object'
+  }
+  return 'a valid value'
+}
+
+/**
+ * "must be one of a, b, c" for a union of literals, "must be an integer or null" for another
+ * union none of whose branches came close, else TypeBox's message.
+ */
 function describe(e: ValueError): string {
   const options = (e.schema as { anyOf?: { const?: unknown }[] }).anyOf
-  if (e.type === ValueErrorType.Union && options?.every((o) => o.const !== undefined))
-    return `must be one of ${options.map((o) => JSON.stringify(o.const)).join(', ')}`
+  if (e.type === ValueErrorType.Union && options) {
+    if (options.every((o) => o.const !== undefined))
+      return `must be one of ${options.map((o) => JSON.stringify(o.const)).join(', ')}`
+    const kinds = [...new Set(options.map(kindOf))]
+    const last = kinds.pop()
+    return `must be ${kinds.length > 0 ? `${kinds.join(', ')} or ${last}` : last}`
+  }
   return e.message.toLowerCase()
 }
 

@@ -51,7 +51,7 @@ export async function chatCompletion(
   checkMessages(body.messages)
   await loadTokenizer()
   const promptTokens = countChatPrompt(body.messages, body.tools)
-  const maxOut = outputBudget(model, promptTokens, body.max_completion_tokens ?? body.max_tokens)
+  const maxOut = outputBudget(model, promptTokens, askedOutput(body))
   const choices = body.n ?? 1
   const worst = costNano(reservedPromptTokens(promptTokens), maxOut * choices, model.price)
   const reservation = await deps.meter.reserve(payer.key, payer.org, worst)
@@ -77,14 +77,17 @@ export async function chatCompletion(
   const includeUsage = body.stream_options?.include_usage === true
   const completionId = `chatcmpl-${requestId}`
   // Only include_usage is forwarded in stream_options (billing reads the usage, and an option
-  // such as continuous_usage_stats changes what it means), and max_tokens always carries the
-  // reserved bound, since some upstreams read only max_tokens.
-  const bound = body.max_tokens ?? body.max_completion_tokens ?? maxOut
+  // such as continuous_usage_stats changes what it means). Both output bounds carry the reserved
+  // one: some upstreams read only max_tokens, others only max_completion_tokens.
+  const bounds =
+    body.max_completion_tokens != null
+      ? { max_tokens: maxOut, max_completion_tokens: maxOut }
+      : { max_tokens: maxOut }
   const upstreamBody = (upstreamModel: string) =>
     JSON.stringify(
       stream
-        ? { ...body, model: upstreamModel, max_tokens: bound, stream_options: { include_usage: true } }
-        : { ...body, model: upstreamModel, max_tokens: bound },
+        ? { ...body, model: upstreamModel, ...bounds, stream_options: { include_usage: true } }
+        : { ...body, model: upstreamModel, ...bounds },
     )
   const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
   const settle = (c: Candidate, usage: Usage | undefined, completionText: () => string, outcome: string) => {
@@ -172,6 +175,15 @@ export async function chatCompletion(
     deps.meter.release(reservation)
     throw err
   }
+}
+
+/** The output bound a request asks for: the smaller of max_tokens and max_completion_tokens. */
+export function askedOutput(
+  body: Pick<ChatRequest, 'max_tokens' | 'max_completion_tokens'>,
+): number | undefined {
+  const a = body.max_completion_tokens ?? undefined
+  const b = body.max_tokens ?? undefined
+  return a === undefined ? b : b === undefined ? a : Math.min(a, b)
 }
 
 /** Tokens the answer may use: asked for, or what the context leaves; 400 when it cannot fit. */

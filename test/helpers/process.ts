@@ -1,7 +1,7 @@
 import { join } from 'node:path'
 
 /** Tropa as a separate process from the sources (so a test can kill -9 it), ready when /ready answers. */
-export async function startRouterProcess(configPath: string, port: number) {
+export async function startRouterProcess(configPath: string, port: number, env: Record<string, string> = {}) {
   const proc = Bun.spawn(
     [
       process.execPath,
@@ -11,7 +11,7 @@ export async function startRouterProcess(configPath: string, port: number) {
       '--port',
       String(port),
     ],
-    { stdout: 'ignore', stderr: 'pipe', env: { PATH: process.env.PATH ?? '' } },
+    { stdout: 'ignore', stderr: 'pipe', env: { PATH: process.env.PATH ?? '', ...env } },
   )
   const url = `http://127.0.0.1:${port}`
   for (let i = 0; i < 500; i++) {

@@ -162,8 +162,9 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
 export async function newApiKey(
   t: Tropa,
   body: Record<string, unknown> = { name: 'extra' },
+  masterKey = t.masterKey,
 ): Promise<{ key: string; key_id: string }> {
-  const res = await t.fetch('/v1/keys', { method: 'POST', key: t.masterKey, body: JSON.stringify(body) })
+  const res = await t.fetch('/v1/keys', { method: 'POST', key: masterKey, body: JSON.stringify(body) })
   if (res.status !== 201) throw new Error(`key creation failed: ${res.status} ${await res.text()}`)
   return (await res.json()) as { key: string; key_id: string }
 }

@@ -2,7 +2,7 @@ import { Elysia, t } from 'elysia'
 import { CreateOrgBody, CreditBody, MasterKeyBody } from '../../api/keys.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, requireAdmin } from '../auth.ts'
-import { jsonBody } from '../body.ts'
+import { jsonBody, jsonRequestBody } from '../body.ts'
 import { keyView, orgView } from '../views.ts'
 import { limitOf } from './keys.ts'
 
@@ -10,14 +10,15 @@ const OrgParams = t.Object({ org_id: t.String() })
 
 /** Operator endpoints: organizations, balances, master keys. Admin token only. */
 export const adminRoutes = (svc: Services) => {
-  const parse = jsonBody(64 * 1024, authenticateFirst(svc))
+  const auth = authenticateFirst(svc)
   const tags = ['admin']
   return new Elysia()
     .derive(authenticate(svc))
     .onBeforeHandle(({ principal }) => requireAdmin(principal))
     .post(
       '/v1/admin/organizations',
-      async ({ body, set }) => {
+      async ({ body: raw, set }) => {
+        const body = raw as CreateOrgBody
         const balance = limitOf(body.balance_rub, 'balance_rub') ?? 0n
         const org = await svc.identity.createOrg(body.name)
         if (balance > 0n) await svc.identity.credit(org, balance)
@@ -29,9 +30,12 @@ export const adminRoutes = (svc: Services) => {
         return { ...orgView(org), master_key: secret, master_key_id: key.id }
       },
       {
-        parse,
-        body: CreateOrgBody,
-        detail: { tags, summary: 'Create an organization with a balance and a master key' },
+        parse: jsonBody(64 * 1024, CreateOrgBody, auth),
+        detail: {
+          tags,
+          summary: 'Create an organization with a balance and a master key',
+          requestBody: jsonRequestBody(CreateOrgBody),
+        },
       },
     )
     .get('/v1/admin/organizations/:org_id', ({ params }) => orgView(svc.identity.org(params.org_id)), {
@@ -42,14 +46,17 @@ export const adminRoutes = (svc: Services) => {
       '/v1/admin/organizations/:org_id/credit',
       async ({ params, body }) => {
         const org = svc.identity.org(params.org_id)
-        await svc.identity.credit(org, limitOf(body.amount_rub, 'amount_rub')!)
+        await svc.identity.credit(org, limitOf((body as CreditBody).amount_rub, 'amount_rub')!)
         return orgView(org)
       },
       {
-        parse,
+        parse: jsonBody(64 * 1024, CreditBody, auth),
         params: OrgParams,
-        body: CreditBody,
-        detail: { tags, summary: 'Top up a balance (ledger row kind credit)' },
+        detail: {
+          tags,
+          summary: 'Top up a balance (ledger row kind credit)',
+          requestBody: jsonRequestBody(CreditBody),
+        },
       },
     )
     .post(
@@ -57,17 +64,16 @@ export const adminRoutes = (svc: Services) => {
       async ({ params, body, set }) => {
         const org = svc.identity.org(params.org_id)
         const { key, secret } = await svc.identity.createKey(org, 'master', {
-          name: body.name,
+          name: (body as MasterKeyBody).name,
           limitNano: null,
         })
         set.status = 201
         return { ...keyView(key), key: secret }
       },
       {
-        parse,
+        parse: jsonBody(64 * 1024, MasterKeyBody, auth),
         params: OrgParams,
-        body: MasterKeyBody,
-        detail: { tags, summary: 'Issue another master key' },
+        detail: { tags, summary: 'Issue another master key', requestBody: jsonRequestBody(MasterKeyBody) },
       },
     )
     .get(

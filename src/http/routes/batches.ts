@@ -1,12 +1,13 @@
-import { Value } from '@sinclair/typebox/value'
+import { TypeCompiler } from '@sinclair/typebox/compiler'
 import { Elysia, t } from 'elysia'
 import { CreateBatchBody } from '../../api/batches.ts'
 import { InvalidValue } from '../../errors.ts'
 import type { Services } from '../../services.ts'
 import type { BatchRecord } from '../../storage/store.ts'
 import { authenticate, payerOf } from '../auth.ts'
-import { jsonBody } from '../body.ts'
+import { jsonRequestBody, readJson } from '../body.ts'
 import { queryInt } from '../query.ts'
+import { fromValueError } from '../value-error.ts'
 
 const Params = t.Object({ batch_id: t.String() })
 const FINAL = new Set(['completed', 'failed', 'expired', 'cancelled'])
@@ -14,7 +15,7 @@ const FINAL = new Set(['completed', 'failed', 'expired', 'cancelled'])
 /** The Batch API (API keys). POST takes OpenAI's JSON body, or a multipart form with the file inline. */
 export const batchRoutes = (svc: Services) => {
   const tags = ['batches']
-  const json = jsonBody(64 * 1024)
+  const check = TypeCompiler.Compile(CreateBatchBody)
   const origin = (request: Request) => new URL(request.url).origin
   // The cost of a running batch is the sum of its ledger rows so far.
   const withCost = async (b: BatchRecord) =>
@@ -40,12 +41,8 @@ export const batchRoutes = (svc: Services) => {
             completion_window: fields.completion_window ?? '24h',
             metadata,
           }
-        } else body = await json({ request })
-        if (!Value.Check(CreateBatchBody, body)) {
-          const first = Value.Errors(CreateBatchBody, body).First()
-          const param = first?.path.slice(1).replaceAll('/', '.') || null
-          throw new InvalidValue(`${param ?? 'body'}: ${first?.message.toLowerCase() ?? 'invalid'}`, param)
-        }
+        } else body = await readJson(request, 64 * 1024)
+        if (!check.Check(body)) throw fromValueError(check.Errors(body).First())
         const b = await svc.batches.create(payer.org.id, payer.key.id, {
           inputFileId: body.input_file_id,
           endpoint: body.endpoint,
@@ -56,7 +53,11 @@ export const batchRoutes = (svc: Services) => {
       },
       {
         parse: 'none',
-        detail: { tags, summary: 'Create a batch from an uploaded JSONL file (or inline multipart)' },
+        detail: {
+          tags,
+          summary: 'Create a batch from an uploaded JSONL file (or inline multipart)',
+          requestBody: jsonRequestBody(CreateBatchBody),
+        },
       },
     )
     .get(

@@ -3,7 +3,7 @@ import { ChatRequest } from '../../api/chat.ts'
 import { chatCompletion } from '../../pipeline/chat.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
-import { jsonBody } from '../body.ts'
+import { jsonBody, jsonRequestBody } from '../body.ts'
 
 export const chatRoutes = (svc: Services) =>
   new Elysia()
@@ -14,14 +14,17 @@ export const chatRoutes = (svc: Services) =>
         chatCompletion(
           svc.deps,
           payerOf(principal),
-          body,
+          body as ChatRequest,
           request.signal,
           set.headers['x-request-id'] as string,
           request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
         ),
       {
-        parse: jsonBody(svc.config.server.maxBodyBytes, authenticateFirst(svc)),
-        body: ChatRequest,
-        detail: { tags: ['chat'], summary: 'Chat completion (JSON, or SSE with stream: true)' },
+        parse: jsonBody(svc.config.server.maxBodyBytes, ChatRequest, authenticateFirst(svc)),
+        detail: {
+          tags: ['chat'],
+          summary: 'Chat completion (JSON, or SSE with stream: true)',
+          requestBody: jsonRequestBody(ChatRequest),
+        },
       },
     )

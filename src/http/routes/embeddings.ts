@@ -3,7 +3,7 @@ import { EmbeddingRequest } from '../../api/embeddings.ts'
 import { createEmbeddings } from '../../pipeline/embeddings.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
-import { jsonBody } from '../body.ts'
+import { jsonBody, jsonRequestBody } from '../body.ts'
 
 export const embeddingRoutes = (svc: Services) =>
   new Elysia()
@@ -14,13 +14,16 @@ export const embeddingRoutes = (svc: Services) =>
         createEmbeddings(
           svc.deps,
           payerOf(principal),
-          body,
+          body as EmbeddingRequest,
           request.signal,
           set.headers['x-request-id'] as string,
         ),
       {
-        parse: jsonBody(svc.config.server.maxBodyBytes, authenticateFirst(svc)),
-        body: EmbeddingRequest,
-        detail: { tags: ['embeddings'], summary: 'Embeddings of up to 2048 inputs' },
+        parse: jsonBody(svc.config.server.maxBodyBytes, EmbeddingRequest, authenticateFirst(svc)),
+        detail: {
+          tags: ['embeddings'],
+          summary: 'Embeddings of up to 2048 inputs',
+          requestBody: jsonRequestBody(EmbeddingRequest),
+        },
       },
     )

@@ -4,7 +4,7 @@ import { MAX_AMOUNT_NANO, MAX_AMOUNT_RUB, type NanoRub, rubNumberToNano } from '
 import { InvalidValue } from '../../errors.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, keyManagerOrg } from '../auth.ts'
-import { jsonBody } from '../body.ts'
+import { jsonBody, jsonRequestBody } from '../body.ts'
 import { queryEnum, queryInt } from '../query.ts'
 import { keyView } from '../views.ts'
 
@@ -31,13 +31,14 @@ export function limitOf(value: number | null | undefined, param = 'limit_rub'): 
 }
 
 export const keyRoutes = (svc: Services) => {
-  const parse = jsonBody(64 * 1024, authenticateFirst(svc))
+  const auth = authenticateFirst(svc)
   const tags = ['keys']
   return new Elysia()
     .derive(authenticate(svc))
     .post(
       '/v1/keys',
-      async ({ principal, body, set }) => {
+      async ({ principal, body: raw, set }) => {
+        const body = raw as CreateKeyBody
         const org = keyManagerOrg(svc, principal, body.org_id)
         const { key, secret } = await svc.identity.createKey(org, 'api', {
           name: body.name,
@@ -49,9 +50,12 @@ export const keyRoutes = (svc: Services) => {
         return { ...keyView(key), key: secret }
       },
       {
-        parse,
-        body: CreateKeyBody,
-        detail: { tags, summary: 'Create an API key (the secret is shown only here)' },
+        parse: jsonBody(64 * 1024, CreateKeyBody, auth),
+        detail: {
+          tags,
+          summary: 'Create an API key (the secret is shown only here)',
+          requestBody: jsonRequestBody(CreateKeyBody),
+        },
       },
     )
     .get(
@@ -94,7 +98,8 @@ export const keyRoutes = (svc: Services) => {
     )
     .patch(
       '/v1/keys/:key_id',
-      async ({ principal, params, body, query }) => {
+      async ({ principal, params, body: raw, query }) => {
+        const body = raw as PatchKeyBody
         const key = svc.identity.key(keyManagerOrg(svc, principal, query.org_id).id, params.key_id, 'api')
         const limitNano = limitOf(body.limit_rub)
         return keyView(
@@ -108,11 +113,14 @@ export const keyRoutes = (svc: Services) => {
         )
       },
       {
-        parse,
+        parse: jsonBody(64 * 1024, PatchKeyBody, auth),
         params: KeyParams,
         query: t.Object({ org_id: t.Optional(t.String()) }),
-        body: PatchKeyBody,
-        detail: { tags, summary: 'Rename, change the limit, disable or enable a key' },
+        detail: {
+          tags,
+          summary: 'Rename, change the limit, disable or enable a key',
+          requestBody: jsonRequestBody(PatchKeyBody),
+        },
       },
     )
     .delete(
