@@ -2,6 +2,11 @@
  * The one error tree of Tropa. Code throws these; only `http/error-mapper.ts` turns them into
  * responses (OpenAI's `{"error":{message,type,param,code}}` body). No HTTP imports here.
  */
+/** Client input in an error message is cut to 100 characters (an id may be megabytes long). */
+export const clipped = (input: string): string => (input.length > 100 ? `${input.slice(0, 100)}…` : input)
+/** Client input quoted in an error message: clipped and JSON-escaped. */
+export const quoted = (input: string): string => JSON.stringify(clipped(input))
+
 export abstract class TropaError extends Error {
   abstract readonly status: number
   /** OpenAI `error.type`. */
@@ -58,16 +63,13 @@ export class PayloadTooLarge extends InvalidRequest {
 export class UnsupportedMediaType extends InvalidRequest {
   override readonly status = 415
   constructor(contentType: string, expected = 'application/json') {
-    super(
-      `unsupported content type ${JSON.stringify(contentType)}; send ${expected}`,
-      'unsupported_media_type',
-    )
+    super(`unsupported content type ${quoted(contentType)}; send ${expected}`, 'unsupported_media_type')
   }
 }
 export class MethodNotAllowed extends InvalidRequest {
   override readonly status = 405
   constructor(method: string, path: string) {
-    super(`method ${method} is not allowed on ${path}`, 'method_not_allowed')
+    super(`method ${clipped(method)} is not allowed on ${clipped(path)}`, 'method_not_allowed')
   }
 }
 
@@ -103,12 +105,11 @@ export class NotFound extends TropaError {
   readonly type = 'not_found_error'
 }
 export const modelNotFound = (model: string) =>
-  new NotFound(`the model ${JSON.stringify(model)} does not exist`, 'model_not_found', 'model')
-export const keyNotFound = (id: string) => new NotFound(`no key ${JSON.stringify(id)}`, 'key_not_found')
-export const orgNotFound = (id: string) =>
-  new NotFound(`no organization ${JSON.stringify(id)}`, 'org_not_found')
+  new NotFound(`the model ${quoted(model)} does not exist`, 'model_not_found', 'model')
+export const keyNotFound = (id: string) => new NotFound(`no key ${quoted(id)}`, 'key_not_found')
+export const orgNotFound = (id: string) => new NotFound(`no organization ${quoted(id)}`, 'org_not_found')
 export const unknownPath = (method: string, path: string) =>
-  new NotFound(`no route ${method} ${path}`, 'unknown_path')
+  new NotFound(`no route ${clipped(method)} ${clipped(path)}`, 'unknown_path')
 
 export class Conflict extends TropaError {
   readonly status = 409

@@ -1,5 +1,5 @@
 import { nanoToRubNumber } from '../billing/money.ts'
-import { Conflict, InvalidValue, NotFound, PermissionDenied } from '../errors.ts'
+import { Conflict, InvalidValue, NotFound, PermissionDenied, quoted } from '../errors.ts'
 import type { FilesService } from '../files/service.ts'
 import { sortableId } from '../ids.ts'
 import type { BatchRecord, Store } from '../storage/store.ts'
@@ -7,7 +7,7 @@ import type { BatchScheduler } from './scheduler.ts'
 
 export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/embeddings'] as const
 
-export const batchNotFound = (id: string) => new NotFound(`no batch ${JSON.stringify(id)}`, 'batch_not_found')
+export const batchNotFound = (id: string) => new NotFound(`no batch ${quoted(id)}`, 'batch_not_found')
 
 export interface NewBatch {
   readonly inputFileId: string
@@ -55,7 +55,7 @@ export class BatchService {
     if (b.completionWindow !== '24h')
       throw new InvalidValue('completion_window must be "24h"', 'completion_window')
     const file = await this.files.get(orgId, b.inputFileId).catch(() => {
-      throw new NotFound(`no file ${JSON.stringify(b.inputFileId)}`, 'file_not_found', 'input_file_id')
+      throw new NotFound(`no file ${quoted(b.inputFileId)}`, 'file_not_found', 'input_file_id')
     })
     if (file.purpose !== 'batch')
       throw new InvalidValue('the input file must have purpose "batch"', 'input_file_id')

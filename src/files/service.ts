@@ -1,6 +1,6 @@
 import { pipeline, Readable } from 'node:stream'
 import busboy from 'busboy'
-import { InvalidValue, NotFound, PayloadTooLarge, UnsupportedMediaType } from '../errors.ts'
+import { InvalidValue, NotFound, PayloadTooLarge, quoted, UnsupportedMediaType } from '../errors.ts'
 import { sortableId } from '../ids.ts'
 import type { FileRecord, Store } from '../storage/store.ts'
 import type { FileStore } from './file-store.ts'
@@ -10,7 +10,7 @@ export interface FileLimits {
   readonly maxLines: number
 }
 
-export const fileNotFound = (id: string) => new NotFound(`no file ${JSON.stringify(id)}`, 'file_not_found')
+export const fileNotFound = (id: string) => new NotFound(`no file ${quoted(id)}`, 'file_not_found')
 
 /** An uploaded batch file: parsed fields and what was written. */
 interface Upload {
