@@ -191,5 +191,8 @@ describe('the compiled executable', () => {
       second.proc.kill('SIGTERM')
       await second.proc.exited
     }
+    const check = Bun.spawnSync([exe, 'store', 'check', '--data-dir', dataDir], { cwd: work })
+    expect(check.exitCode).toBe(0)
+    expect(check.stdout.toString()).toContain(`ok: ${join(dataDir, 'tropa.db')} is sound`)
   }, 60_000)
 })
