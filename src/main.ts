@@ -97,12 +97,13 @@ function parseFlags(args: string[]) {
 async function serve(base: Config): Promise<void> {
   const log = consoleLog(base.server.logLevel)
   mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
+  // The store first: a damaged one stops the start before anything is generated or started.
+  const store = await openStore(base.storage)
   const fleet =
     base.demo.enabled && base.models.length === 0 ? await startDemoFleet(base.demo.nodes) : undefined
   const models = fleet ? demoModels(fleet.nodes) : base.models
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
-  const store = await openStore(config.storage)
   const svc = await buildServices(config, store, log, threadEntries())
   const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`

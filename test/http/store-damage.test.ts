@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import {
   closeSync,
   copyFileSync,
+  existsSync,
   mkdirSync,
   mkdtempSync,
   openSync,
@@ -97,6 +98,8 @@ describe('a damaged SQLite store', () => {
       expect(r.err).toContain('backup')
       expect(r.err).toContain(`tropa store check --path ${file}`)
       expect(r.err).not.toMatch(/\n\s+at /) // no stack trace
+      // Refused before anything else: no admin token generated (it would never be shown).
+      expect(existsSync(join(dir, 'admin-token'))).toBe(false)
 
       const check = run(['store', 'check', '--data-dir', dir])
       expect(check.code).toBe(1)
