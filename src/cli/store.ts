@@ -17,7 +17,7 @@ Flags:
   --quick            PRAGMA quick_check (about 2 ms per MB) instead of the full
                      PRAGMA integrity_check (also checks every index against its table)
 
-Exit status: 0 sound, 1 damaged or missing, 2 bad usage or config.`
+Exit status: 0 sound, 1 damaged, missing or not a Tropa store, 2 bad usage or config.`
 
 /** `tropa store check`: runs SQLite's integrity check on the store's file and reports. */
 export function runStoreCommand(argv: string[]): void {
@@ -39,11 +39,16 @@ export function runStoreCommand(argv: string[]): void {
   const mode = values.quick ? 'quick' : 'full'
   const r = checkSqliteFile(path, mode)
   const check = mode === 'full' ? 'integrity_check' : 'quick_check'
-  if (r.ok) {
-    console.log(`ok: ${path} is sound (${check}, ${(r.bytes / 1e6).toFixed(1)} MB in ${r.ms} ms)`)
+  if (r.verdict === 'sound') {
+    const size = r.bytes < 1e6 ? `${Math.ceil(r.bytes / 1e3)} kB` : `${(r.bytes / 1e6).toFixed(1)} MB`
+    console.log(`ok: ${path} is sound (${check}, ${size} read in ${r.ms} ms)`)
     return
   }
-  if (r.missing) {
+  if (r.verdict === 'foreign') {
+    console.error(`not a store: ${path} is ${r.problems[0]}; is --path or --data-dir right?`)
+    process.exit(1)
+  }
+  if (r.verdict === 'missing') {
     console.error(`missing: there is no store at ${path} (a start there would create a new, empty one)`)
     process.exit(1)
   }

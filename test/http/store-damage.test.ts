@@ -108,7 +108,7 @@ describe('a damaged SQLite store', () => {
       expect(check.err).not.toMatch(/\n\s+at /)
     }, 60_000)
 
-  test('tropa store check reports ok on a sound store (full and quick), missing on none', () => {
+  test('tropa store check reports ok on a sound store (full and quick), missing on none, not a store on another database', () => {
     const { dir, file } = dataDirWith('sound', () => {})
     const full = run(['store', 'check', '--data-dir', dir])
     expect(full.code).toBe(0)
@@ -119,6 +119,13 @@ describe('a damaged SQLite store', () => {
     const none = run(['store', 'check', '--data-dir', join(work, 'nothing-here')])
     expect(none.code).toBe(1)
     expect(none.err).toContain('missing: there is no store at')
+    const other = join(work, 'other.db')
+    const db = new Database(other)
+    db.run('CREATE TABLE t (x INTEGER)')
+    db.close()
+    const foreign = run(['store', 'check', '--path', other])
+    expect(foreign.code).toBe(1)
+    expect(foreign.err).toContain(`not a store: ${other} is a SQLite database, but it holds no Tropa store`)
     // A check changes nothing: the sound store still opens and holds its rows.
     const store = openSqliteStore(file, 'eventLoop', 'quick')
     return store.getOrg('org_1999').then(async (org) => {

@@ -71,12 +71,15 @@ export function integrityProblems(client: Database, mode: Exclude<SqliteCheck, '
 }
 
 export interface CheckReport {
-  readonly ok: boolean
-  /** No file at the path (nothing to check: a start would create a new, empty store). */
-  readonly missing: boolean
+  /**
+   * `sound`; `damaged`; `missing` (no file: a start would create a new, empty store there);
+   * `foreign` (a sound SQLite database that holds no Tropa store).
+   */
+  readonly verdict: 'sound' | 'damaged' | 'missing' | 'foreign'
   readonly path: string
   readonly mode: Exclude<SqliteCheck, 'off'>
   readonly problems: readonly string[]
+  /** The file and its write-ahead log. */
   readonly bytes: number
   readonly ms: number
 }
@@ -87,25 +90,23 @@ export interface CheckReport {
  */
 export function checkSqliteFile(path: string, mode: Exclude<SqliteCheck, 'off'>): CheckReport {
   const started = performance.now()
-  const report = (problems: string[], missing = false): CheckReport => ({
-    ok: problems.length === 0,
-    missing,
+  const report = (problems: string[], verdict?: 'missing' | 'foreign'): CheckReport => ({
+    verdict: verdict ?? (problems.length === 0 ? 'sound' : 'damaged'),
     path,
     mode,
     problems,
-    bytes: existsSync(path) ? statSync(path).size : 0,
+    bytes: sizeOf(path) + sizeOf(`${path}-wal`),
     ms: Math.round(performance.now() - started),
   })
-  if (!existsSync(path)) return report(['the file does not exist'], true)
+  if (!existsSync(path)) return report(['the file does not exist'], 'missing')
   let client: Database | undefined
   try {
     client = new Database(path, { readonly: true })
     client.run('PRAGMA busy_timeout = 5000')
     const problems = integrityProblems(client, mode)
-    // quick_check does not read the migrations' table by name: a file with Tropa's tables
-    // missing is sound to SQLite yet not a store.
+    // A sound SQLite file without Tropa's tables is some other database (or an empty one).
     if (problems.length === 0 && !client.query("SELECT 1 FROM sqlite_master WHERE name = 'keys'").get())
-      problems.push('the file is a SQLite database but holds no Tropa store (no keys table)')
+      return report(['a SQLite database, but it holds no Tropa store (no keys table)'], 'foreign')
     return report(problems)
   } catch (err) {
     return report([describe(err)])
@@ -113,3 +114,5 @@ export function checkSqliteFile(path: string, mode: Exclude<SqliteCheck, 'off'>)
     client?.close()
   }
 }
+
+const sizeOf = (file: string) => (existsSync(file) ? statSync(file).size : 0)
