@@ -1,9 +1,9 @@
-import { swagger } from '@elysiajs/swagger'
 import { Elysia } from 'elysia'
 import { errorMapper } from './http/error-mapper.ts'
 import { adminRoutes } from './http/routes/admin.ts'
 import { batchRoutes } from './http/routes/batches.ts'
 import { chatRoutes } from './http/routes/chat.ts'
+import { docsRoutes } from './http/routes/docs.ts'
 import { embeddingRoutes } from './http/routes/embeddings.ts'
 import { fileRoutes } from './http/routes/files.ts'
 import { healthRoutes } from './http/routes/health.ts'
@@ -24,18 +24,7 @@ export function createApp(svc: Services) {
       set.headers['x-request-id'] = requestId()
     })
     .use(errorMapper(svc.log, allowedMethods))
-    .use(
-      swagger({
-        path: '/docs',
-        documentation: {
-          info: {
-            title: 'Tropa',
-            version: '0.1.0',
-            description: 'OpenAI-compatible model router billed in roubles',
-          },
-        },
-      }),
-    )
+    .use(docsRoutes())
     .use(healthRoutes(svc))
     .use(modelRoutes(svc))
     .use(chatRoutes(svc))

@@ -3,3 +3,14 @@ declare module '*.sql' {
   const text: string
   export default text
 }
+
+// The API reference viewer's files, imported `with { type: 'file' }`: their paths (inside the
+// executable, in Bun's embedded file system).
+declare module 'swagger-ui-dist/swagger-ui-bundle.js' {
+  const path: string
+  export default path
+}
+declare module '*.css' {
+  const path: string
+  export default path
+}

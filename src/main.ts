@@ -4,6 +4,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { createApp } from './app.ts'
 import { runBatchesCommand } from './cli/batches.ts'
+import { runStoreCommand } from './cli/store.ts'
 import { type Config, ConfigError, loadConfig } from './config/load.ts'
 import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
 import { randomBase62 } from './ids.ts'
@@ -11,6 +12,7 @@ import { loadTokenizer } from './pipeline/tokens.ts'
 import { buildServices, consoleLog, type ThreadEntries } from './services.ts'
 import { runSimCommand } from './simulator/cli.ts'
 import { openStore } from './storage/open.ts'
+import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
 
 const VERSION = '0.1.0'
 
@@ -20,6 +22,7 @@ Usage:
   tropa [serve] [flags]     start the router (the default subcommand)
   tropa sim [flags]         run simulated OpenAI-compatible upstream nodes (tropa sim --help)
   tropa batches watch <id>  follow a batch with a progress bar (tropa batches --help)
+  tropa store check         check the SQLite store's file for damage (tropa store --help)
   tropa help | --help       this text
   tropa version | --version
 
@@ -39,6 +42,7 @@ async function main(argv: string[]): Promise<void> {
   const [first, ...rest] = argv
   if (first === 'sim') return runSimCommand(rest)
   if (first === 'batches') return runBatchesCommand(rest)
+  if (first === 'store') return runStoreCommand(rest)
   if (first === 'help' || first === '--help' || first === '-h') return void console.log(HELP)
   if (first === 'version' || first === '--version') return void console.log(VERSION)
   const args = first === 'serve' ? rest : argv
@@ -93,12 +97,13 @@ function parseFlags(args: string[]) {
 async function serve(base: Config): Promise<void> {
   const log = consoleLog(base.server.logLevel)
   mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
+  // The store first: a damaged one stops the start before anything is generated or started.
+  const store = await openStore(base.storage)
   const fleet =
     base.demo.enabled && base.models.length === 0 ? await startDemoFleet(base.demo.nodes) : undefined
   const models = fleet ? demoModels(fleet.nodes) : base.models
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
-  const store = await openStore(config.storage)
   const svc = await buildServices(config, store, log, threadEntries())
   const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`
@@ -176,6 +181,11 @@ function adminTokenOf(cfg: Config): { token: string; generated: boolean } {
 
 if (import.meta.main) {
   main(process.argv.slice(2)).catch((err) => {
+    // A store Tropa will not use is an operator's matter, not a bug: the message says it all.
+    if (err instanceof SqliteStoreUnusable) {
+      console.error(`tropa: ${err.message}`)
+      process.exit(1)
+    }
     console.error(`tropa: ${(err as Error)?.stack ?? err}`)
     process.exit(1)
   })

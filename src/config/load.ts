@@ -63,6 +63,7 @@ export interface Config {
   readonly storage: {
     readonly kind: 'sqlite' | 'postgres'
     readonly sqlitePath: string
+    readonly sqliteStartupCheck: 'quick' | 'full' | 'off'
     readonly postgresUrl: string | undefined
     readonly postgresMaxConnections: number
     readonly statementTimeoutMs: number
@@ -239,6 +240,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
     storage: {
       kind: cfg.storage?.kind ?? 'sqlite',
       sqlitePath: sqlitePath === ':memory:' ? sqlitePath : resolve(dataDir, sqlitePath),
+      sqliteStartupCheck: cfg.storage?.sqlite_startup_check ?? 'quick',
       postgresUrl: cfg.storage?.postgres_url,
       postgresMaxConnections: cfg.storage?.postgres_max_connections ?? 10,
       statementTimeoutMs: cfg.storage?.statement_timeout_ms ?? 10_000,

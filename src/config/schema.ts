@@ -106,6 +106,8 @@ export const StorageSchema = T.Object(
     statement_timeout_ms: T.Optional(T.Integer({ minimum: 1 })),
     /** SQLite file; relative paths are inside data_dir. */
     sqlite_path: T.Optional(T.String({ minLength: 1 })),
+    /** How the SQLite file is read through at start; a damaged one stops the start. */
+    sqlite_startup_check: T.Optional(T.Union([T.Literal('quick'), T.Literal('full'), T.Literal('off')])),
     /** Ledger group commit: rows are written at most this long after a request ends. */
     flush_interval_ms: T.Optional(T.Integer({ minimum: 1, maximum: 1000 })),
     /** Ledger rows held in memory while the store is unreachable; beyond it billed requests get 503. */

@@ -17,5 +17,6 @@ export async function openStore(
       maxConnections: s.postgresMaxConnections,
       statementTimeoutMs: s.statementTimeoutMs,
     })
-  return openSqliteStore(s.sqlitePath, role)
+  // The event loop opens it first, at start, and reads it through; the threads open it after.
+  return openSqliteStore(s.sqlitePath, role, role === 'eventLoop' ? s.sqliteStartupCheck : 'off')
 }

@@ -66,6 +66,40 @@ describe('the compiled executable', () => {
     expect(r.stderr.toString()).toContain('Fix:')
   })
 
+  test('serves /docs and its viewer from inside the executable (no CDN, no node_modules)', async () => {
+    // The viewer's files are embedded by the build: the binary holds them, names no
+    // node_modules path, and serves the package's bytes from an empty directory.
+    const binary = await Bun.file(exe).bytes()
+    expect(Buffer.from(binary).includes('node_modules/swagger-ui-dist')).toBe(false)
+    const pkg = join(root, 'node_modules/swagger-ui-dist')
+    const demo = await startDemo(join(work, 'data-docs'))
+    try {
+      const base = demo.creds.base_url
+      const page = await fetch(`${base}/docs`)
+      expect(page.status).toBe(200)
+      expect(page.headers.get('content-security-policy')).toContain("script-src 'self'")
+      const html = await page.text()
+      const refs = [...html.matchAll(/(?:src|href)="(\/docs\/assets\/[^"]+)"/g)].map((m) => m[1]!)
+      expect(refs.length).toBe(3)
+      const served = new Map<string, Uint8Array>()
+      for (const ref of refs) {
+        const r = await fetch(`${base}${ref}`)
+        expect(r.status).toBe(200)
+        served.set(ref.replace(/^\/docs\/assets\/([\w-]+)\..*$/, '$1'), await r.bytes())
+      }
+      const bundle = readFileSync(join(pkg, 'swagger-ui-bundle.js'))
+      const css = readFileSync(join(pkg, 'swagger-ui.css'))
+      expect(Buffer.from(served.get('swagger-ui-bundle')!).equals(bundle)).toBe(true)
+      expect(Buffer.from(served.get('swagger-ui')!).equals(css)).toBe(true)
+      expect(Buffer.from(binary).includes(bundle.subarray(0, 4096))).toBe(true)
+      const doc = (await (await fetch(`${base}/docs/json`)).json()) as { paths: Record<string, unknown> }
+      expect(Object.keys(doc.paths)).toContain('/v1/chat/completions')
+    } finally {
+      demo.proc.kill('SIGTERM')
+      await demo.proc.exited
+    }
+  }, 30_000)
+
   test('demo: banner, one chat, one stream; a restart reuses the organization and keys', async () => {
     const dataDir = join(work, 'data')
     const first = await startDemo(dataDir)
@@ -157,5 +191,8 @@ describe('the compiled executable', () => {
       second.proc.kill('SIGTERM')
       await second.proc.exited
     }
+    const check = Bun.spawnSync([exe, 'store', 'check', '--data-dir', dataDir], { cwd: work })
+    expect(check.exitCode).toBe(0)
+    expect(check.stdout.toString()).toContain(`ok: ${join(dataDir, 'tropa.db')} is sound`)
   }, 60_000)
 })

@@ -126,6 +126,20 @@ describe('config', () => {
     expect(found.join('\n')).toContain(name.includes('TROPA_') ? 'environment' : dir)
   })
 
+  test('storage.sqlite_startup_check: quick by default, full or off, nothing else', () => {
+    expect(loadConfig({ configPath: write(GOOD) }, { ACME_KEY: 'k' }).storage.sqliteStartupCheck).toBe(
+      'quick',
+    )
+    const full = loadConfig(
+      { configPath: write(`[storage]\nsqlite_startup_check = "full"\n${GOOD}`) },
+      { ACME_KEY: 'k' },
+    )
+    expect(full.storage.sqliteStartupCheck).toBe('full')
+    expect(
+      problems(`[storage]\nsqlite_startup_check = "fast"\n${GOOD}`, { ACME_KEY: 'k' }).join('\n'),
+    ).toContain('sqlite_startup_check')
+  })
+
   test('a file that does not parse', () => {
     expect(problems('[server\nport=')[0]).toMatch(/cannot parse/)
   })

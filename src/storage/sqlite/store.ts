@@ -1,5 +1,5 @@
-import { Database, type Statement } from 'bun:sqlite'
-import { mkdirSync } from 'node:fs'
+import { Database, SQLiteError, type Statement } from 'bun:sqlite'
+import { existsSync, mkdirSync, statSync } from 'node:fs'
 import { dirname } from 'node:path'
 import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
@@ -23,6 +23,7 @@ import type {
   OrgRecord,
   Store,
 } from '../store.ts'
+import { describe, integrityProblems, isDamage, type SqliteCheck, SqliteStoreUnusable } from './check.ts'
 import { embeddedMigrations, schemaNotAhead } from './migrations.ts'
 import * as schema from './schema.ts'
 
@@ -53,20 +54,48 @@ export const WAL_CHECKPOINT_BYTES = { thread: 32 * 1024 * 1024, eventLoop: 256 *
  */
 const NEW_FILE_PAGE_SIZE = 16_384
 
-/** Opens (creating if needed) a SQLite file in WAL mode and applies the embedded migrations. */
+/**
+ * Opens (creating if needed) a SQLite file in WAL mode and applies the embedded migrations.
+ * An existing file is first read through with `check` (the event loop's open at start; the
+ * threads that open it after pass 'off'). A damaged or unopenable file throws
+ * SqliteStoreUnusable, naming the file, what SQLite found and how to recover.
+ */
 export function openSqliteStore(
   path: string,
   role: keyof typeof WAL_CHECKPOINT_BYTES = 'eventLoop',
+  check: SqliteCheck = 'off',
 ): SqliteStore {
   if (path !== ':memory:') mkdirSync(dirname(path), { recursive: true })
-  const client = new Database(path, { create: true, safeIntegers: true, strict: true })
+  const existed = path !== ':memory:' && existsSync(path) && statSync(path).size > 0
+  let client: Database | undefined
+  try {
+    client = new Database(path, { create: true, safeIntegers: true, strict: true })
+    client.run('PRAGMA busy_timeout = 5000')
+    if (existed && check !== 'off') {
+      const problems = integrityProblems(client, check)
+      if (problems.length > 0) throw new SqliteStoreUnusable(path, problems, true)
+    }
+    return configureAndMigrate(client, path, role)
+  } catch (err) {
+    client?.close()
+    if (err instanceof SqliteStoreUnusable) throw err
+    if (isDamage(err)) throw new SqliteStoreUnusable(path, [describe(err)], true)
+    if (err instanceof SQLiteError) throw new SqliteStoreUnusable(path, [describe(err)], false)
+    throw err
+  }
+}
+
+function configureAndMigrate(
+  client: Database,
+  path: string,
+  role: keyof typeof WAL_CHECKPOINT_BYTES,
+): SqliteStore {
   // Only takes effect on an empty file, before anything (the WAL switch included) writes it.
   client.run(`PRAGMA page_size = ${NEW_FILE_PAGE_SIZE}`)
   client.run('PRAGMA journal_mode = WAL')
   // NORMAL is durable against a process kill (the WAL is in the OS cache); only a power loss can
   // lose the last commits, which the crash-safety guarantee in docs/ does not cover.
   client.run('PRAGMA synchronous = NORMAL')
-  client.run('PRAGMA busy_timeout = 5000')
   client.run('PRAGMA foreign_keys = ON')
   client.run(`PRAGMA wal_autocheckpoint = ${Math.ceil(WAL_CHECKPOINT_BYTES[role] / pageSizeOf(client))}`)
   // Statement journals (the pages a multi-row statement touched, kept to undo it alone) in memory
