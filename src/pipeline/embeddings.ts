@@ -3,7 +3,7 @@ import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import { ContextLengthExceeded, InvalidValue, TooManyInputs, UpstreamFailed } from '../errors.ts'
 import type { ChatDeps, Payer } from './chat.ts'
 import { dispatch, finishAttempt, readBody } from './dispatch.ts'
-import { countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
+import { loadTokenizer, PromptCounter, reservedPromptTokens } from './tokens.ts'
 
 const USAGE = /"usage"\s*:\s*(\{[^{}]*\})/
 
@@ -24,16 +24,24 @@ export async function createEmbeddings(
   if (body.dimensions !== undefined && model.dimensions !== undefined && body.dimensions > model.dimensions)
     throw new InvalidValue(`dimensions must be at most ${model.dimensions} for ${model.id}`, 'dimensions')
   await loadTokenizer()
-  let promptTokens = 0
-  inputs.forEach((input, i) => {
-    const n = typeof input === 'string' ? countTokens(input) : input.length
+  // Counted a slice at a time (the event loop runs between), each input up to the context.
+  const counter = new PromptCounter()
+  for (let i = 0; i < inputs.length; i++) {
+    const input = inputs[i]!
+    const before = counter.n
+    if (typeof input === 'string') {
+      counter.limit = before + model.contextLength
+      const slow = counter.add(input)
+      if (slow) await slow
+    } else counter.n += input.length
+    const n = counter.n - before
     if (n > model.contextLength)
       throw new ContextLengthExceeded(
         `input[${i}] has ${n} tokens; ${model.id} takes at most ${model.contextLength}`,
         'input',
       )
-    promptTokens += n
-  })
+  }
+  const promptTokens = counter.n
   const reservation = await deps.meter.reserve(
     payer.key,
     payer.org,
