@@ -44,6 +44,8 @@ export interface Config {
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
     readonly billing: boolean
     readonly secret: string | undefined
+    /** The base of links Tropa hands out, without a trailing slash; undefined: the listen address. */
+    readonly publicUrl: string | undefined
   }
   readonly upstream: {
     readonly connectTimeoutMs: number
@@ -121,6 +123,7 @@ const ENV_KEYS: Record<
   TROPA_ADMIN_TOKEN: ['server', 'admin_token', 'str'],
   TROPA_LOG_LEVEL: ['server', 'log_level', 'str'],
   TROPA_MAX_BODY_BYTES: ['server', 'max_body_bytes', 'int'],
+  TROPA_PUBLIC_URL: ['server', 'public_url', 'str'],
   TROPA_SQLITE_PATH: ['storage', 'sqlite_path', 'str'],
   TROPA_STORAGE: ['storage', 'kind', 'str'],
   TROPA_POSTGRES_URL: ['storage', 'postgres_url', 'str'],
@@ -203,6 +206,11 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
     problems.push(
       `${source}: storage.kind is "postgres" but storage.postgres_url is not set. Fix: set it (or TROPA_POSTGRES_URL)`,
     )
+  const publicUrl = cfg.server?.public_url === undefined ? undefined : checkPublicUrl(cfg.server.public_url)
+  if (publicUrl === null)
+    problems.push(
+      `${source}: server.public_url must be an http(s) URL without query or fragment, such as https://tropa.example.com. Fix: set it (or TROPA_PUBLIC_URL) to the address clients reach Tropa at`,
+    )
   const balance = parseRub(cfg.demo?.balance_rub ?? '1000', 6)
   if (balance === undefined)
     problems.push(`${source}: demo.balance_rub must have at most six fractional digits`)
@@ -221,6 +229,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       logLevel: cfg.server?.log_level ?? 'info',
       billing: cfg.server?.billing ?? true,
       secret: cfg.server?.secret,
+      publicUrl: publicUrl ?? undefined,
     },
     upstream: {
       connectTimeoutMs: cfg.upstream?.connect_timeout_ms ?? 3_000,
@@ -371,4 +380,22 @@ function deepFreeze<T>(o: T): T {
     for (const v of Object.values(o)) deepFreeze(v)
   }
   return o
+}
+
+/** A public base URL without its trailing slash; null when it is not an http(s) base. */
+function checkPublicUrl(raw: string): string | null {
+  let url: URL
+  try {
+    url = new URL(raw)
+  } catch {
+    return null
+  }
+  if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.search || url.hash) return null
+  if (url.username || url.password) return null
+  return url.href.replace(/\/+$/, '')
+}
+
+/** Where links point when server.public_url is unset: the address Tropa listens on. */
+export function listenUrl(host: string, port: number): string {
+  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`
 }

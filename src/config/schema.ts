@@ -58,6 +58,8 @@ export const ServerSchema = T.Object(
     /** Signs download links; generated into the store when unset (set it when nodes share links). */
     secret: T.Optional(T.String({ minLength: 32 })),
     max_body_bytes: T.Optional(T.Integer({ minimum: 1024 })),
+    /** The base of links Tropa hands out (batch downloads); default http://<host>:<port>. */
+    public_url: T.Optional(T.String({ minLength: 1 })),
     /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
     billing: T.Optional(T.Boolean()),
     log_level: T.Optional(

@@ -9,10 +9,10 @@ import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
-import { ChatStreamRelay, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
+import { ChatStreamRelay, estimatedUsage, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
 import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
 import { chatPrefix, NO_PREFIX } from './prefix.ts'
-import { countChatPrompt, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
+import { countChatPromptAsync, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
 
 export interface ChatDeps extends UpstreamDeps {
   readonly catalogue: Catalogue
@@ -50,7 +50,7 @@ export async function chatCompletion(
   const model = deps.catalogue.getOfKind(body.model, 'chat')
   checkMessages(body.messages)
   await loadTokenizer()
-  const promptTokens = countChatPrompt(body.messages, body.tools)
+  const promptTokens = await countChatPromptAsync(body.messages, body.tools, model.contextLength)
   const maxOut = outputBudget(model, promptTokens, askedOutput(body))
   const choices = body.n ?? 1
   const worst = costNano(reservedPromptTokens(promptTokens), maxOut * choices, model.price)
@@ -90,10 +90,14 @@ export async function chatCompletion(
         : { ...body, model: upstreamModel, ...bounds },
     )
   const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
+  // What is billed, and shown to the client: the upstream's usage when it is sane
+  // (sanitizeUsage), else Tropa's own counts, marked estimated.
+  const billed = (usage: Usage | undefined, completionText: () => string): Usage =>
+    usage ?? estimatedUsage(promptTokens, countTokens(completionText()))
   const settle = (c: Candidate, usage: Usage | undefined, completionText: () => string, outcome: string) => {
-    const estimated = !usage
-    const p = usage?.prompt_tokens ?? promptTokens
-    const cTokens = usage?.completion_tokens ?? countTokens(completionText())
+    const u = billed(usage, completionText)
+    const p = u.prompt_tokens
+    const cTokens = u.completion_tokens
     deps.limiter.used(payer.key, cTokens)
     return deps.meter.settle(reservation, {
       requestId,
@@ -106,7 +110,7 @@ export async function chatCompletion(
       startedAtMs,
       endedAtMs: Date.now(),
       outcome,
-      estimated,
+      estimated: u.estimated === true,
     })
   }
 
@@ -126,11 +130,11 @@ export async function chatCompletion(
       )
       value.id = completionId
       value.model = model.id
-      const usage = sanitizeUsage(value.usage)
-      finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage?.completion_tokens)
-      const charged = settle(candidate, usage, () => completionTextOf(value), 'ok')
-      const costText = formatRub(charged)
-      if (usage) usage.cost_rub = Number(costText)
+      const usage = billed(sanitizeUsage(value.usage), () => completionTextOf(value))
+      finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage.completion_tokens)
+      const costText = formatRub(settle(candidate, usage, () => '', 'ok'))
+      usage.cost_rub = Number(costText)
+      value.usage = usage
       return Response.json(value, {
         headers: { ...headers(candidate), 'x-tropa-cost-rub': costText },
       })
@@ -156,10 +160,12 @@ export async function chatCompletion(
       },
       signal,
     )
-    // Settles when the usage event arrives (just before [DONE]) so its cost can ride in it.
-    const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => ({
-      cost_rub: nanoToRubNumber(settle(candidate, usage, () => '', 'ok')),
-    }))
+    // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
+    const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => {
+      const u = billed(usage, () => relay.generated)
+      u.cost_rub = nanoToRubNumber(settle(candidate, u, () => '', 'ok'))
+      return u
+    })
     const body$ = relayStream(deps, first, relay, attempt, reservation, (usage, outcome) =>
       settle(candidate, usage, () => relay.generated, outcome),
     )

@@ -3,9 +3,10 @@ import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import { ContextLengthExceeded, InvalidValue, TooManyInputs, UpstreamFailed } from '../errors.ts'
 import type { ChatDeps, Payer } from './chat.ts'
 import { dispatch, finishAttempt, readBody } from './dispatch.ts'
-import { countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
+import { loadTokenizer, PromptCounter, reservedPromptTokens } from './tokens.ts'
 
-const USAGE = /"usage"\s*:\s*(\{[^{}]*\})/
+// The usage value: an object (with objects one level down, as prompt_tokens_details), or a scalar.
+const USAGE = /^"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}|"(?:[^"\\]|\\.)*"|[^\s,}\]]+)/
 
 /**
  * POST /v1/embeddings. The upstream's body is forwarded as text with one substring swap (the
@@ -24,16 +25,24 @@ export async function createEmbeddings(
   if (body.dimensions !== undefined && model.dimensions !== undefined && body.dimensions > model.dimensions)
     throw new InvalidValue(`dimensions must be at most ${model.dimensions} for ${model.id}`, 'dimensions')
   await loadTokenizer()
-  let promptTokens = 0
-  inputs.forEach((input, i) => {
-    const n = typeof input === 'string' ? countTokens(input) : input.length
+  // Counted a slice at a time (the event loop runs between), each input up to the context.
+  const counter = new PromptCounter()
+  for (let i = 0; i < inputs.length; i++) {
+    const input = inputs[i]!
+    const before = counter.n
+    if (typeof input === 'string') {
+      counter.limit = before + model.contextLength
+      const slow = counter.add(input)
+      if (slow) await slow
+    } else counter.n += input.length
+    const n = counter.n - before
     if (n > model.contextLength)
       throw new ContextLengthExceeded(
         `input[${i}] has ${n} tokens; ${model.id} takes at most ${model.contextLength}`,
         'input',
       )
-    promptTokens += n
-  })
+  }
+  const promptTokens = counter.n
   const reservation = await deps.meter.reserve(
     payer.key,
     payer.org,
@@ -56,13 +65,13 @@ export async function createEmbeddings(
         body: (r) => JSON.stringify({ ...body, model: r.upstreamModel }),
         accept: async (reply, c) => {
           const text = await readBody(reply, deps, c.node.name)
-          const usage = USAGE.exec(text.slice(Math.max(0, text.lastIndexOf('"usage"') - 1)))
           if (!text.includes('"data"'))
             throw new UpstreamFailed(`${c.node.name} sent a malformed embeddings response`)
+          const usage = usageSpan(text)
           let tokens: number | undefined
-          if (usage) {
+          if (usage?.object) {
             try {
-              const u = JSON.parse(usage[1]!) as { prompt_tokens?: unknown }
+              const u = JSON.parse(text.slice(usage.start, usage.end)) as { prompt_tokens?: unknown }
               // Untrusted: only a whole, non-negative count is billed; otherwise Tropa's own.
               if (Number.isSafeInteger(u.prompt_tokens) && (u.prompt_tokens as number) >= 0)
                 tokens = u.prompt_tokens as number
@@ -91,7 +100,18 @@ export async function createEmbeddings(
       outcome: 'ok',
       estimated: value.tokens === undefined,
     })
-    return new Response(withCost(value.text, nanoToRubNumber(charged)), {
+    const costRub = nanoToRubNumber(charged)
+    // The client sees the usage billed: the upstream's with its cost, or Tropa's count, marked.
+    const shown =
+      value.tokens === undefined
+        ? withUsage(value.text, {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+            estimated: true,
+            cost_rub: costRub,
+          })
+        : withCost(value.text, costRub)
+    return new Response(shown, {
       headers: {
         'content-type': 'application/json',
         'x-request-id': requestId,
@@ -122,11 +142,31 @@ export function checkInputs(input: EmbeddingRequest['input']): (string | number[
   return list
 }
 
-/** Adds `cost_rub` to the usage object (flat, at the end of the body) without re-serialising the vectors. */
+/** Where the body's (last) usage value is, and whether it is an object. */
+function usageSpan(text: string): { key: number; start: number; end: number; object: boolean } | undefined {
+  const key = text.lastIndexOf('"usage"')
+  if (key < 0) return undefined
+  const m = USAGE.exec(text.slice(key))
+  if (!m) return undefined
+  const value = m[1]!
+  const end = key + m[0].length
+  return { key, start: end - value.length, end, object: value.startsWith('{') }
+}
+
+/** Adds `cost_rub` to the usage object without re-serialising the vectors. */
 function withCost(text: string, costRub: number): string {
-  const at = text.lastIndexOf('"usage"')
-  const close = at < 0 ? -1 : text.indexOf('}', at)
-  return close < 0 ? text : `${text.slice(0, close)},"cost_rub":${costRub}${text.slice(close)}`
+  const u = usageSpan(text)
+  if (!u?.object) return text
+  return `${text.slice(0, u.end - 1)},"cost_rub":${costRub}${text.slice(u.end - 1)}`
+}
+
+/** Puts `usage` in place of the body's usage value, or adds it when there is none. */
+function withUsage(text: string, usage: Record<string, unknown>): string {
+  const json = JSON.stringify(usage)
+  const u = usageSpan(text)
+  if (u) return `${text.slice(0, u.start)}${json}${text.slice(u.end)}`
+  const close = text.lastIndexOf('}')
+  return close < 0 ? text : `${text.slice(0, close)},"usage":${json}${text.slice(close)}`
 }
 
 function escapeRe(s: string): string {

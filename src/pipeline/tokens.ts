@@ -1,11 +1,82 @@
 import type { ChatMessage } from '../api/chat.ts'
-import { encode } from '../tokenizer.ts'
+import { CUT_MARGIN, countTokens as count } from '../tokenizer.ts'
 
 export { loadTokenizer, tokenizerLoaded as tokenizerReady } from '../tokenizer.ts'
 
+/** o200k_base tokens of a text, in time linear in its length (see tokenizer.ts). */
 export function countTokens(text: string): number {
-  return text.length === 0 ? 0 : encode(text).length
+  return text.length === 0 ? 0 : count(text)
 }
+
+// Counting is CPU on the event loop (1 to 3 s per MB for text made to be slow, random letters or
+// base64): the live endpoints count at most SLICE code units at a time and let other requests
+// run in between, and stop once past the model's context.
+const SLICE = 16_384
+const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve))
+
+/**
+ * Counts texts for one request without holding the event loop for more than SLICE code units:
+ * a text that would cross that is counted in slices, with a turn of the event loop before each.
+ * The sum stays at or above countTokens': a slice ends before a space that follows a non-space
+ * (always a boundary of the split, so exact), or where there is none, anywhere, plus CUT_MARGIN.
+ */
+export class PromptCounter {
+  private since = 0
+  /** Tokens counted so far. */
+  n = 0
+
+  constructor(
+    /** Counting stops once past this: the request is refused anyway. */
+    public limit = Number.POSITIVE_INFINITY,
+  ) {}
+
+  get over(): boolean {
+    return this.n > this.limit
+  }
+
+  /** Adds a text's tokens; a promise when it had to let the event loop run (await it). */
+  add(text: string): Promise<void> | undefined {
+    if (this.since + text.length <= SLICE) {
+      this.since += text.length
+      this.n += countTokens(text)
+      return undefined
+    }
+    return this.addSliced(text)
+  }
+
+  private async addSliced(text: string): Promise<void> {
+    for (let at = 0; at < text.length && !this.over; ) {
+      if (this.since > 0) {
+        await yieldToLoop()
+        this.since = 0
+      }
+      const end = sliceEnd(text, at)
+      this.n += countTokens(at === 0 && end === text.length ? text : text.slice(at, end))
+      if (end < text.length && !exactCut(text, end)) this.n += CUT_MARGIN
+      this.since = end - at
+      at = end
+    }
+  }
+}
+
+/** Where the slice from `at` ends: at an exact cut a little past SLICE, or else at SLICE. */
+function sliceEnd(text: string, at: number): number {
+  const end = at + SLICE
+  if (end >= text.length) return text.length
+  for (let i = end, stop = Math.min(text.length, end + 1024); i < stop; i++) if (exactCut(text, i)) return i
+  const c = text.charCodeAt(end)
+  return c >= 0xdc00 && c <= 0xdfff ? end - 1 : end
+}
+
+/**
+ * A space after a non-space always starts a piece of o200k's split (no piece holds a space but as
+ * its first character, and a whitespace piece cannot hold the non-space): counting the text
+ * before it and from it apart gives exactly the count of the whole.
+ */
+function exactCut(text: string, i: number): boolean {
+  return text.charCodeAt(i) === 32 && !WHITESPACE.test(text[i - 1]!)
+}
+const WHITESPACE = /\s/
 
 /**
  * Prompt tokens to reserve for: Tropa's count plus half again and 16. Upstream models use their
@@ -29,20 +100,56 @@ export function countChatPrompt(
   messages: readonly ChatMessage[],
   tools: readonly unknown[] | undefined,
 ): number {
+  let n = 0
+  const fixed = promptParts(messages, tools, (text) => {
+    n += countTokens(text)
+  })
+  return fixed + n
+}
+
+/**
+ * countChatPrompt for the live endpoint: the same count, without holding the event loop on a
+ * long prompt, and stopping once past `limit` (the request is refused then anyway).
+ */
+export async function countChatPromptAsync(
+  messages: readonly ChatMessage[],
+  tools: readonly unknown[] | undefined,
+  limit: number,
+): Promise<number> {
+  const texts: string[] = []
+  const fixed = promptParts(messages, tools, (text) => texts.push(text))
+  const counter = new PromptCounter(limit - fixed)
+  for (const text of texts) {
+    if (counter.over) break
+    const slow = counter.add(text)
+    if (slow) await slow
+  }
+  return fixed + counter.n
+}
+
+/** Walks a chat prompt: hands each text to count to `text`, returns the tokens counted without it. */
+function promptParts(
+  messages: readonly ChatMessage[],
+  tools: readonly unknown[] | undefined,
+  text: (t: string) => void,
+): number {
   let n = REPLY_PRIMING
   for (const m of messages) {
     n += PER_MESSAGE + 1
-    if (m.name) n += countTokens(m.name) + 1
+    if (m.name) {
+      text(m.name)
+      n += 1
+    }
     const c = m.content
-    if (typeof c === 'string') n += countTokens(c)
+    if (typeof c === 'string') text(c)
     else if (Array.isArray(c)) {
       for (const part of c) {
         switch (part.type) {
           case 'text':
-            n += countTokens(part.text)
+            text(part.text)
             break
           case 'refusal':
-            n += countTokens(part.refusal)
+            text(part.refusal)
             break
           case 'image_url':
             n += part.image_url.detail === 'low' ? IMAGE_LOW : IMAGE_HIGH
@@ -57,8 +164,8 @@ export function countChatPrompt(
         }
       }
     }
-    if (m.tool_calls) n += countTokens(JSON.stringify(m.tool_calls))
+    if (m.tool_calls) text(JSON.stringify(m.tool_calls))
   }
-  if (tools && tools.length > 0) n += countTokens(JSON.stringify(tools))
+  if (tools && tools.length > 0) text(JSON.stringify(tools))
   return n
 }

@@ -6,6 +6,8 @@ export interface Usage {
   prompt_tokens_details?: { cached_tokens?: number } | null
   /** Added by Tropa: what the request was charged, roubles. */
   cost_rub?: number
+  /** Added by Tropa: true when these are Tropa's own counts (the upstream sent none it could bill). */
+  estimated?: boolean
 }
 
 const MAX_TOKENS_REPORTED = 2 ** 31 - 1
@@ -23,6 +25,18 @@ export function sanitizeUsage(u: unknown): Usage | undefined {
   return u as Usage
 }
 
+/** The usage Tropa bills when the upstream's is missing or not sane: its own counts, marked. */
+export function estimatedUsage(promptTokens: number, completionTokens: number): Usage {
+  return {
+    prompt_tokens: promptTokens,
+    completion_tokens: completionTokens,
+    total_tokens: promptTokens + completionTokens,
+    estimated: true,
+  }
+}
+
+// A chunk that carries usage (`"usage": null`, which vLLM sends on every chunk, does not).
+const USAGE_FIELD = /"usage"\s*:\s*(?!null\b)\S/
 const ID_FIELD = /"id"\s*:\s*"((?:[^"\\]|\\.)*)"/
 const MODEL_FIELD = /"model"\s*:\s*"((?:[^"\\]|\\.)*)"/
 const encoder = new TextEncoder()
@@ -56,8 +70,12 @@ export class ChatStreamRelay {
     private readonly completionId: string,
     private readonly modelId: string,
     private readonly includeUsage: boolean,
-    /** Called once with the upstream's usage; returns fields to add to the usage object (the cost). */
-    private readonly onUsage: (usage: Usage) => Record<string, unknown>,
+    /**
+     * Called once, with the final usage event or at [DONE], with the upstream's usage when it is
+     * sane (undefined otherwise): settles, and returns the usage the client is shown (the billed
+     * counts with their cost, marked estimated when they are Tropa's own).
+     */
+    private readonly onUsage: (usage: Usage | undefined) => Usage,
   ) {
     this.idTo = `"id":${JSON.stringify(completionId)}`
     this.modelTo = `"model":${JSON.stringify(modelId)}`
@@ -93,28 +111,36 @@ export class ChatStreamRelay {
     const payload = text.slice(text.charCodeAt(5) === 32 ? 6 : 5).trimEnd()
     if (payload === '[DONE]') {
       this.sawDone = true
-      return text
+      // No final usage event came: settle now, and show the client what it was billed.
+      if (this.settled || this.idFrom === undefined) return text
+      this.settled = true
+      const shown = this.onUsage(this.usage)
+      if (!this.includeUsage) return text
+      const usageEvent = { id: this.completionId, object: 'chat.completion.chunk', model: this.modelId }
+      return `data: ${JSON.stringify({ ...usageEvent, created: Math.floor(Date.now() / 1000), choices: [], usage: shown })}\n\n${text}`
     }
     if (this.idFrom === undefined) this.learn(payload)
-    if (payload.includes('"usage"') && /"usage"\s*:\s*\{/.test(payload)) {
+    if (payload.includes('"usage"') && USAGE_FIELD.test(payload)) {
       const parsed = safeParse(payload) as
-        | { id?: string; model?: string; usage?: Usage; choices?: unknown[] }
+        | { id?: string; model?: string; usage?: unknown; choices?: unknown[] }
         | undefined
       const usage = sanitizeUsage(parsed?.usage)
       // Cumulative usage may ride on every chunk (vLLM's continuous_usage_stats): keep the
       // latest, and settle only on the final usage event (empty choices) or at the stream's end.
       if (usage) this.usage = usage
       const final = Array.isArray(parsed?.choices) && parsed.choices.length === 0
-      if (usage && final && parsed && !this.settled) {
+      if (final && parsed && !this.settled) {
         this.settled = true
-        const extra = this.onUsage(usage)
+        // The upstream's usage with its cost, or (when it is not sane) Tropa's estimate.
+        const shown = this.onUsage(usage)
         if (!this.includeUsage) return ''
-        // The one event Tropa re-serialises: it adds the cost to the usage object.
-        Object.assign(usage, extra)
+        // The one event Tropa re-serialises: its usage is the one billed.
+        parsed.usage = shown
         parsed.id = this.completionId
         parsed.model = this.modelId
         return `data: ${JSON.stringify(parsed)}\n\n`
       }
+      if (!final) this.generated += deltaText(payload)
       if (!this.includeUsage && final) return ''
     } else if (!payload.startsWith('{"id"') && /^\{\s*"error"/.test(payload)) {
       // (chunks start with "id": the regex runs only on what may be an error event)

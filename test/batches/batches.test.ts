@@ -220,6 +220,24 @@ describe('batches through the official SDK', () => {
     expect((await fetch(expired)).status).toBe(403)
   })
 
+  test('a forged Host header does not change signed links: they start at the listen address', async () => {
+    const b = (await client.batches.list()).data.find((x) => x.status === 'completed')!
+    const forged = { host: 'evil.example', 'x-forwarded-host': 'evil.example' }
+    const one = (await (await t.fetch(`/v1/batches/${b.id}`, { headers: forged })).json()) as {
+      output_file_url: string
+    }
+    const list = (await (await t.fetch('/v1/batches', { headers: forged })).json()) as {
+      data: { output_file_url: string | null }[]
+    }
+    const links = [one.output_file_url, ...list.data.map((x) => x.output_file_url).filter((u) => u !== null)]
+    expect(links.length).toBeGreaterThan(1)
+    for (const link of links) {
+      expect(link).not.toContain('evil.example')
+      expect(link.startsWith(`${t.url}/v1/files/`)).toBe(true)
+    }
+    expect((await fetch(one.output_file_url)).status).toBe(200)
+  })
+
   test('files: list, get, delete; multipart inline batch creation', async () => {
     const form = new FormData()
     form.set('endpoint', '/v1/chat/completions')

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { connect } from 'node:net'
+import { rubNumberToNano } from '../../src/billing/money.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 // An upstream that lies or misbehaves: its usage is untrusted input, and none of this may cost
@@ -12,10 +13,29 @@ const hostile = Bun.serve({
     const body = (await req.json()) as { stream?: boolean }
     const chunk = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`
     const base = { id: 'up', object: 'chat.completion.chunk', created: 1, model: 'm' }
+    if (new URL(req.url).pathname.endsWith('/embeddings'))
+      return new Response(
+        `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.6,0.8]}],"model":"m","usage":${
+          mode === 'negative'
+            ? '{"prompt_tokens":-3,"total_tokens":"abc"}'
+            : mode === 'text'
+              ? '"lots"'
+              : 'null'
+        }}`,
+        { headers: { 'content-type': 'application/json' } },
+      )
     if (mode === 'error-first')
       return new Response(chunk({ error: { message: 'boom' } }), {
         headers: { 'content-type': 'text/event-stream' },
       })
+    if (body.stream && (mode === 'stream-garbage' || mode === 'stream-none')) {
+      let text = ''
+      for (let i = 1; i <= 5; i++)
+        text += chunk({ ...base, choices: [{ index: 0, delta: { content: ' word' }, finish_reason: null }] })
+      if (mode === 'stream-garbage')
+        text += chunk({ ...base, choices: [], usage: { prompt_tokens: -5, completion_tokens: 'many' } })
+      return new Response(`${text}data: [DONE]\n\n`, { headers: { 'content-type': 'text/event-stream' } })
+    }
     if (body.stream) {
       // cumulative usage on every chunk, as vLLM's continuous_usage_stats does
       let text = ''
@@ -55,6 +75,14 @@ beforeAll(async () => {
         id: 'test/chat',
         context_length: 4096,
         pricing: CHAT_PRICE,
+        routes: [{ name: 'hostile', base_url: `http://127.0.0.1:${hostile.port}/v1` }],
+      },
+      {
+        id: 'test/embed',
+        kind: 'embedding',
+        context_length: 4096,
+        dimensions: 2,
+        pricing: { prompt: '0.000002', completion: '0.000000' },
         routes: [{ name: 'hostile', base_url: `http://127.0.0.1:${hostile.port}/v1` }],
       },
       {
@@ -134,6 +162,86 @@ describe('a hostile upstream', () => {
     const rows = await usageRows()
     expect(rows).toHaveLength(before + 1)
     expect(rows.at(-1)!.node).toBe(t.nodes[0]!.name)
+  })
+
+  test('usage the upstream got wrong reaches the client as billed: estimated, with its cost', async () => {
+    for (const m of ['negative', 'garbage']) {
+      mode = m
+      const res = await t.client().chat.completions.create({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 50,
+      })
+      const usage = res.usage as unknown as Record<string, unknown>
+      const row = (await usageRows()).at(-1)!
+      expect(usage).toMatchObject({
+        prompt_tokens: row.promptTokens,
+        completion_tokens: 2,
+        total_tokens: row.promptTokens + 2,
+        estimated: true,
+      })
+      expect(row.estimated).toBe(true)
+      expect(rubNumberToNano(usage.cost_rub as number)).toBe(row.costNano)
+    }
+  })
+
+  for (const m of ['stream-garbage', 'stream-none'])
+    test(`streamed, ${m === 'stream-garbage' ? 'a final usage event with garbage' : 'no usage event'}: the usage chunk shows the billed, estimated usage`, async () => {
+      mode = m
+      const stream = await t.client().chat.completions.create({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 50,
+        stream: true,
+        stream_options: { include_usage: true },
+      })
+      const usages: Record<string, unknown>[] = []
+      let text = ''
+      for await (const c of stream) {
+        text += c.choices[0]?.delta.content ?? ''
+        if (c.usage) usages.push(c.usage as unknown as Record<string, unknown>)
+      }
+      expect(text).toBe(' word word word word word')
+      expect(usages).toHaveLength(1)
+      const row = (await usageRows()).at(-1)!
+      expect(row.estimated).toBe(true)
+      expect(row.completionTokens).toBe(5)
+      expect(usages[0]).toMatchObject({
+        prompt_tokens: row.promptTokens,
+        completion_tokens: 5,
+        estimated: true,
+      })
+      expect(rubNumberToNano(usages[0]!.cost_rub as number)).toBe(row.costNano)
+      expect(t.svc.identity.org(t.orgId).reservedNano).toBe(0n)
+    })
+
+  test('embeddings with negative, text or null usage: the client sees the billed, estimated usage', async () => {
+    for (const m of ['negative', 'text', 'null']) {
+      mode = m
+      const res = await t.fetch('/v1/embeddings', {
+        method: 'POST',
+        body: JSON.stringify({ model: 'test/embed', input: 'hello there world' }),
+      })
+      expect(res.status).toBe(200)
+      const body = (await res.json()) as { data: unknown[]; usage: Record<string, unknown> }
+      const row = (await usageRows()).at(-1)!
+      expect(row.estimated).toBe(true)
+      expect(row.promptTokens).toBe(3)
+      expect(body.data).toHaveLength(1)
+      expect(body.usage).toEqual({
+        prompt_tokens: 3,
+        total_tokens: 3,
+        estimated: true,
+        cost_rub: Number(res.headers.get('x-tropa-cost-rub')),
+      })
+      expect(rubNumberToNano(body.usage.cost_rub as number)).toBe(row.costNano)
+    }
+    // and the SDK reads it
+    mode = 'negative'
+    const r = await t
+      .client()
+      .embeddings.create({ model: 'test/embed', input: 'hello', encoding_format: 'float' })
+    expect(r.usage.prompt_tokens).toBe(1)
   })
 
   test('a client that drops an upload mid-way does not take the router down', async () => {

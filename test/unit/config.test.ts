@@ -57,6 +57,18 @@ describe('config', () => {
     expect(c.server.dataDir).toBe('/tmp/x')
   })
 
+  test('server.public_url: from the file or TROPA_PUBLIC_URL, trailing slash dropped; checked', () => {
+    expect(loadConfig({ configPath: write(GOOD) }, { ACME_KEY: 'k' }).server.publicUrl).toBeUndefined()
+    const file = GOOD.replace('port = 9000', 'port = 9000\npublic_url = "https://tropa.example.com/"')
+    expect(loadConfig({ configPath: write(file) }, { ACME_KEY: 'k' }).server.publicUrl).toBe(
+      'https://tropa.example.com',
+    )
+    const env = { ACME_KEY: 'k', TROPA_PUBLIC_URL: 'http://10.0.0.1:8080/tropa' }
+    expect(loadConfig({ configPath: write(file) }, env).server.publicUrl).toBe('http://10.0.0.1:8080/tropa')
+    for (const bad of ['tropa.example.com', 'ftp://x', 'https://x/?a=1', 'https://x/#f', 'https://u:p@x'])
+      expect(problems(GOOD, { ACME_KEY: 'k', TROPA_PUBLIC_URL: bad }).join()).toContain('server.public_url')
+  })
+
   test('JSON works too', () => {
     const c = loadConfig(
       {

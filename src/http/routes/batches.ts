@@ -1,6 +1,7 @@
 import { TypeCompiler } from '@sinclair/typebox/compiler'
 import { Elysia, t } from 'elysia'
 import { CreateBatchBody } from '../../api/batches.ts'
+import { listenUrl } from '../../config/load.ts'
 import { InvalidValue } from '../../errors.ts'
 import type { Services } from '../../services.ts'
 import type { BatchRecord } from '../../storage/store.ts'
@@ -16,7 +17,11 @@ const FINAL = new Set(['completed', 'failed', 'expired', 'cancelled'])
 export const batchRoutes = (svc: Services) => {
   const tags = ['batches']
   const check = TypeCompiler.Compile(CreateBatchBody)
-  const origin = (request: Request) => new URL(request.url).origin
+  // Download links start at server.public_url, or else at the address Tropa listens on: never at
+  // the request's Host header, which the client writes (a forged one would send the link's
+  // holder, signature and all, to another host).
+  const base = (server: { port?: number | undefined } | null) =>
+    svc.config.server.publicUrl ?? listenUrl(svc.config.server.host, server?.port ?? svc.config.server.port)
   // The cost of a running batch is the sum of its ledger rows so far.
   const withCost = async (b: BatchRecord) =>
     FINAL.has(b.status) ? b : { ...b, costNano: await svc.store.batchCostNano(b.id) }
@@ -24,7 +29,7 @@ export const batchRoutes = (svc: Services) => {
     .derive(authenticate(svc))
     .post(
       '/v1/batches',
-      async ({ principal, request }) => {
+      async ({ principal, request, server }) => {
         const payer = payerOf(principal)
         let body: unknown
         if ((request.headers.get('content-type') ?? '').toLowerCase().startsWith('multipart/form-data')) {
@@ -49,7 +54,7 @@ export const batchRoutes = (svc: Services) => {
           completionWindow: body.completion_window,
           metadata: body.metadata ?? null,
         })
-        return svc.batches.view(b, origin(request))
+        return svc.batches.view(b, base(server))
       },
       {
         parse: 'none',
@@ -62,12 +67,12 @@ export const batchRoutes = (svc: Services) => {
     )
     .get(
       '/v1/batches',
-      async ({ principal, query, request }) => {
+      async ({ principal, query, server }) => {
         const payer = payerOf(principal)
         const limit = queryInt(query.limit, 'limit', 1, 100) ?? 20
         const rows = await svc.batches.list(payer.org.id, query.after, limit + 1)
         const data = await Promise.all(
-          rows.slice(0, limit).map(async (b) => svc.batches.view(await withCost(b), origin(request))),
+          rows.slice(0, limit).map(async (b) => svc.batches.view(await withCost(b), base(server))),
         )
         return {
           object: 'list',
@@ -84,10 +89,10 @@ export const batchRoutes = (svc: Services) => {
     )
     .get(
       '/v1/batches/:batch_id',
-      async ({ principal, params, request }) =>
+      async ({ principal, params, server }) =>
         svc.batches.view(
           await withCost(await svc.batches.get(payerOf(principal).org.id, params.batch_id)),
-          origin(request),
+          base(server),
         ),
       {
         params: Params,
@@ -96,11 +101,8 @@ export const batchRoutes = (svc: Services) => {
     )
     .post(
       '/v1/batches/:batch_id/cancel',
-      async ({ principal, params, request }) =>
-        svc.batches.view(
-          await svc.batches.cancel(payerOf(principal).org.id, params.batch_id),
-          origin(request),
-        ),
+      async ({ principal, params, server }) =>
+        svc.batches.view(await svc.batches.cancel(payerOf(principal).org.id, params.batch_id), base(server)),
       { params: Params, parse: 'none', detail: { tags, summary: 'Cancel: finished lines are delivered' } },
     )
 }
