@@ -24,6 +24,8 @@ export interface BatchSettings {
   readonly busyShare: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
+  /** Told of every worker error (a full disk among them: result files could not be written). */
+  readonly onWorkerError?: (message: string) => void
 }
 
 interface Admitted {
@@ -297,6 +299,7 @@ export class BatchScheduler {
             void this.releaseClaim(batchId, claim).finally(() => this.busy.delete(batchId))
           } else this.busy.delete(batchId)
         }
+        this.settings.onWorkerError?.(m.message)
         this.log('error', 'batch worker', { batch: m.batchId, error: m.message })
         return
     }

@@ -10,7 +10,7 @@ import { FilesService } from '../files/service.ts'
 import { requestId } from '../ids.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
-import type { BatchLine, BatchRecord, BatchStatus, Store } from '../storage/store.ts'
+import type { BatchLine, BatchRecord, BatchStatus, FileRecord, Store } from '../storage/store.ts'
 import { sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
@@ -352,10 +352,17 @@ async function writeResults(batchId: string, asked: BatchStatus) {
     ok.length > 0
       ? await files.create(batch.orgId, `${batchId}_output.jsonl`, 'batch_output', `${ok.join('\n')}\n`)
       : undefined
-  const err =
-    bad.length > 0
-      ? await files.create(batch.orgId, `${batchId}_error.jsonl`, 'batch_output', `${bad.join('\n')}\n`)
-      : undefined
+  let err: FileRecord | undefined
+  try {
+    err =
+      bad.length > 0
+        ? await files.create(batch.orgId, `${batchId}_error.jsonl`, 'batch_output', `${bad.join('\n')}\n`)
+        : undefined
+  } catch (e) {
+    // The disk filled up between the two: the next tick writes both again.
+    if (out) await files.remove(batch.orgId, out.id).catch(() => {})
+    throw e
+  }
   const stamp = endStamp(status, Math.floor(Date.now() / 1000), batch.finalizingAt)
   // Files that did not become the batch's (the store failed, or another node finished first)
   // are removed, so a retry does not leave a second pair behind.

@@ -1,4 +1,5 @@
 import { Elysia } from 'elysia'
+import { isDiskFull } from '../../errors.ts'
 import { tokenizerReady } from '../../pipeline/tokens.ts'
 import { PredictedTtft } from '../../routing/predicted.ts'
 import type { Services } from '../../services.ts'
@@ -10,11 +11,22 @@ export const healthRoutes = (svc: Services) =>
     .get(
       '/ready',
       ({ set }) => {
+        // A full disk (uploads, result files or the ledger could not be written): this node cannot
+        // take work that must be stored until space is freed; it turns ready again by itself.
+        if (svc.files.disk?.full !== undefined || isDiskFull(svc.ledger.lastError)) {
+          set.status = 503
+          return { status: 'insufficient_storage' }
+        }
         const ready = tokenizerReady()
         set.status = ready ? 200 : 503
         return { status: ready ? 'ready' : 'starting' }
       },
-      { detail: { tags: ['ops'], summary: 'Readiness: 200 once requests can be served without delay' } },
+      {
+        detail: {
+          tags: ['ops'],
+          summary: 'Readiness: 200 once requests can be served without delay; 503 while the disk is full',
+        },
+      },
     )
     .get(
       '/metrics',
