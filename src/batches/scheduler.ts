@@ -24,8 +24,11 @@ export interface BatchSettings {
   readonly busyShare: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
-  /** Told of every worker error (a full disk among them: result files could not be written). */
-  readonly onWorkerError?: (message: string) => void
+  /**
+   * Told of every worker error first; true when it was a full disk, already reported once (the
+   * job fails again every tick until space is freed: logging each would fill the disk further).
+   */
+  readonly onWorkerError?: (message: string) => boolean
 }
 
 interface Admitted {
@@ -299,8 +302,10 @@ export class BatchScheduler {
             void this.releaseClaim(batchId, claim).finally(() => this.busy.delete(batchId))
           } else this.busy.delete(batchId)
         }
-        this.settings.onWorkerError?.(m.message)
-        this.log('error', 'batch worker', { batch: m.batchId, error: m.message })
+        this.log(this.settings.onWorkerError?.(m.message) ? 'debug' : 'error', 'batch worker', {
+          batch: m.batchId,
+          error: m.message,
+        })
         return
     }
   }

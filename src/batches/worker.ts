@@ -76,6 +76,7 @@ const wake = () => {
 /** Leases runnable lines whenever there is room, and runs them. */
 async function pump() {
   while (!stopping) {
+    if (unwritten.size > 0) await requeueUnwritten()
     const room = cfg.concurrency - inFlight
     let leased: BatchLine[] = []
     if (room > 0) {
@@ -138,8 +139,27 @@ async function runLine(line: BatchLine) {
   }
   try {
     settle = await callUpstream(line, batch, body, cost, reply)
+  } catch (err) {
+    // Its result could not be written (the disk is full): the line goes back to the queue as soon
+    // as the store takes writes again, instead of waiting for its lease to run out.
+    unwritten.set(`${line.batchId}:${line.line}`, line)
+    throw err
   } finally {
     post(settle)
+  }
+}
+
+/** Lines whose result or retry could not be written, to give back to the queue. */
+const unwritten = new Map<string, BatchLine>()
+
+async function requeueUnwritten() {
+  for (const [k, l] of unwritten) {
+    try {
+      await store.retryLine(l.batchId, l.line, 0)
+    } catch {
+      return // still failing: next round
+    }
+    unwritten.delete(k)
   }
 }
 
