@@ -29,6 +29,8 @@ interface Upload {
 
 /** Bytes a multipart body may carry beyond its file (boundaries, part headers, the text fields). */
 export const MULTIPART_SLACK_BYTES = 64 * 1024
+/** Longest text field of a multipart form (purpose, endpoint, metadata...). */
+const MAX_FIELD_BYTES = 16 * 1024
 
 /** The `boundary` parameter of a multipart content type (RFC 2046), or undefined. */
 function boundaryOf(contentType: string): string | undefined {
@@ -143,7 +145,11 @@ export class FilesService {
    * writing theirs right now). Run at start-up.
    */
   sweep(graceMs: number): Promise<number> {
-    return this.contents.sweep(async (id) => (await this.store.getFile(id)) !== undefined, graceMs)
+    // A deleted file's content is removed with it; a crash in between leaves it for this sweep.
+    return this.contents.sweep(async (id) => {
+      const row = await this.store.getFile(id)
+      return row !== undefined && row.deletedAt === null
+    }, graceMs)
   }
 
   /** A write's error as the client should see it: a full disk is 507 (and the disk watch hears of it). */
@@ -178,15 +184,18 @@ export class FilesService {
       try {
         parser = busboy({
           headers: { 'content-type': contentType },
-          limits: { fileSize: maxBytes, files: 1, fields: 8, parts: 16 },
+          limits: { fileSize: maxBytes, files: 1, fields: 8, parts: 16, fieldSize: MAX_FIELD_BYTES },
         })
       } catch (err) {
         reject(new InvalidValue(`malformed multipart content type: ${(err as Error).message}`, null))
         return
       }
-      parser.on('field', (name, value) => {
-        up.fields[name] = value
+      parser.on('field', (name, value, info) => {
+        if (info.valueTruncated)
+          fail(new InvalidValue(`the form field ${name} is longer than ${MAX_FIELD_BYTES} bytes`, name))
+        else up.fields[name] = value
       })
+      parser.on('partsLimit', () => fail(new InvalidValue('the form has more than 16 parts', null)))
       parser.on('file', (name, stream, info) => {
         if (name !== 'file' || out) {
           stream.resume()

@@ -156,6 +156,18 @@ describe('uploads never leave bytes behind', () => {
     expect(onDisk()).toEqual([])
   })
 
+  test('form fields are bounded: a 100 KiB field is 400 and leaves nothing', async () => {
+    const form = new FormData()
+    form.set('purpose', 'batch')
+    form.set('metadata', 'x'.repeat(100 * 1024))
+    form.set('file', new Blob([line(1)]), 'a.jsonl')
+    const res = await t.fetch('/v1/files', { method: 'POST', body: form })
+    expect(res.status).toBe(400)
+    openAiError(await res.text(), 'invalid_value')
+    await until(() => onDisk().length === 0)
+    expect(onDisk()).toEqual([])
+  })
+
   test('the sweep removes idle temporary and row-less files, keeps live and fresh ones', async () => {
     const form = new FormData()
     form.set('purpose', 'batch')
@@ -380,12 +392,14 @@ describe('a full disk (ENOSPC injected through the file store test hook)', () =>
     const ready = await t.fetch('/ready')
     expect(ready.status).toBe(503)
     expect(await ready.json()).toEqual({ status: 'insufficient_storage' })
+    expect(await (await t.fetch('/metrics')).text()).toContain('\ntropa_disk_full 1\n')
     // Only the file written before is on disk: the failed uploads left nothing.
     expect(readdirSync(join(t.dir, 'files'))).toEqual([before.id])
     // Space comes back: the watch's probe sees it without any client trying.
     store.testFault = undefined
     await until(async () => (await t.fetch('/ready')).status === 200)
     expect((await t.fetch('/ready')).status).toBe(200)
+    expect(await (await t.fetch('/metrics')).text()).toContain('\ntropa_disk_full 0\n')
     expect((await upload(line(2))).status).toBe(200)
     expect(await (await t.fetch(`/v1/files/${before.id}/content`)).text()).toBe(line(1).repeat(10))
   })

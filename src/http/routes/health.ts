@@ -13,7 +13,7 @@ export const healthRoutes = (svc: Services) =>
       ({ set }) => {
         // A full disk (uploads, result files or the ledger could not be written): this node cannot
         // take work that must be stored until space is freed; it turns ready again by itself.
-        if (svc.files.disk?.full !== undefined || isDiskFull(svc.ledger.lastError)) {
+        if (diskFull(svc)) {
           set.status = 503
           return { status: 'insufficient_storage' }
         }
@@ -36,6 +36,9 @@ export const healthRoutes = (svc: Services) =>
       },
       { detail: { tags: ['ops'], summary: 'Prometheus metrics' } },
     )
+
+/** A write found the disk full (uploads, result files, the store, the ledger) and none has succeeded since. */
+const diskFull = (svc: Services) => svc.files.disk?.full !== undefined || isDiskFull(svc.ledger.lastError)
 
 function metricsText(svc: Services): string {
   const lines = [
@@ -73,6 +76,9 @@ function metricsText(svc: Services): string {
     '# HELP tropa_retries_total Attempts after the first (failover and hedges).',
     '# TYPE tropa_retries_total counter',
     `tropa_retries_total ${retries.used}`,
+    '# HELP tropa_disk_full Whether a write found the disk full and none has succeeded since (/ready is 503).',
+    '# TYPE tropa_disk_full gauge',
+    `tropa_disk_full ${diskFull(svc) ? 1 : 0}`,
   )
   if (policy instanceof PredictedTtft) {
     const figures = policy.snapshot(now)
