@@ -191,8 +191,9 @@ export function isDiskFull(err: unknown, depth = 0): boolean {
   if (typeof e.message === 'string' && DISK_FULL_TEXT.test(e.message)) return true
   return e.cause !== undefined && isDiskFull(e.cause, depth + 1)
 }
-const DISK_FULL_CODES = new Set(['ENOSPC', 'EDQUOT', 'SQLITE_FULL', '53100'])
-const DISK_FULL_TEXT = /\b(ENOSPC|EDQUOT|SQLITE_FULL)\b|database or disk is full|no space left on device/i
+const DISK_FULL_CODES = new Set(['ENOSPC', 'EDQUOT', 'SQLITE_FULL', '53100', 'insufficient_storage'])
+const DISK_FULL_TEXT =
+  /\b(ENOSPC|EDQUOT|SQLITE_FULL|InsufficientStorage)\b|database or disk is full|no space left on device/i
 
 /** Upstream failures. `beforeFirstByte` ones let the pipeline fail over to another node. */
 export class UpstreamFailed extends TropaError {
