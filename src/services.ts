@@ -161,7 +161,7 @@ export async function buildServices(
           ledger,
           pool,
           config,
-          { ...config.batches, workerUrl, onWorkerError: (message) => disk.report(message) },
+          { ...config.batches, workerUrl, reportDiskFull: (err) => disk.report(err) },
           log,
         )
   scheduler?.start({

@@ -25,10 +25,11 @@ export interface BatchSettings {
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
   /**
-   * Told of every worker error first; true when it was a full disk, already reported once (the
-   * job fails again every tick until space is freed: logging each would fill the disk further).
+   * Told of every worker and tick error first; true when it was a full disk, already reported
+   * once (the job fails again every tick until space is freed: logging each would fill the disk
+   * further).
    */
-  readonly onWorkerError?: (message: string) => boolean
+  readonly reportDiskFull?: (err: unknown) => boolean
 }
 
 interface Admitted {
@@ -132,6 +133,7 @@ export class BatchScheduler {
     this.ticking = true
     this.tick()
       .catch((err) => {
+        this.settings.reportDiskFull?.(err)
         // While the store is away every tick fails: say so once every few seconds, not each time.
         const now = Date.now()
         if (now - this.tickErrorAtMs < 5000) return
@@ -302,7 +304,7 @@ export class BatchScheduler {
             void this.releaseClaim(batchId, claim).finally(() => this.busy.delete(batchId))
           } else this.busy.delete(batchId)
         }
-        this.log(this.settings.onWorkerError?.(m.message) ? 'debug' : 'error', 'batch worker', {
+        this.log(this.settings.reportDiskFull?.(m.message) ? 'debug' : 'error', 'batch worker', {
           batch: m.batchId,
           error: m.message,
         })

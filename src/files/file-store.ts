@@ -37,7 +37,7 @@ export interface FileStore {
 /** A file being written is named `<id>.part` until its commit renames it to `<id>`. */
 const PART = '.part'
 /** Names a FileStore writes: Tropa's ids (file-<base32>), their temporary files, the disk probe. */
-const OURS = /^(file-[0-9A-Za-z]+)(\.part)?$|^\.space-probe-\d+(\.part)?$/
+const OURS = /^(file-[0-9A-Za-z]+)(\.part)?$|^\.space-probe-[0-9a-z-]+(\.part)?$/
 /** Room for this much means the disk has room again. */
 const PROBE_BYTES = 64 * 1024
 /** Buffered bytes per write(2): busboy hands over chunks of ~64 KiB. */
@@ -89,7 +89,9 @@ export class LocalFileStore implements FileStore {
   }
 
   async probe(): Promise<void> {
-    const out = new LocalFileWriter(join(this.dir, `.space-probe-${process.pid}`), () => this.testFault?.())
+    // Unique: nodes sharing the directory (over the network) may have the same pid.
+    const name = `.space-probe-${process.pid}-${Math.random().toString(36).slice(2, 10)}`
+    const out = new LocalFileWriter(join(this.dir, name), () => this.testFault?.())
     try {
       // Real bytes: tmpfs and sparse files allocate only what is written.
       await out.write(Buffer.alloc(PROBE_BYTES, 0x2e))
