@@ -75,6 +75,7 @@ export interface Config {
     readonly maxBytes: number
     readonly maxLines: number
     readonly orphanGraceSec: number
+    readonly minFreeBytes: number
   }
   readonly redis: {
     readonly url: string | undefined
@@ -262,6 +263,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       maxBytes: cfg.files?.max_bytes ?? 200 * 1024 * 1024,
       maxLines: cfg.files?.max_lines ?? 50_000,
       orphanGraceSec: cfg.files?.orphan_grace_sec ?? 3600,
+      minFreeBytes: cfg.files?.min_free_bytes ?? 256 * 1024 * 1024,
     },
     batches: {
       workers: cfg.batches?.workers ?? 2,

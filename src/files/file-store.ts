@@ -1,5 +1,5 @@
 import { mkdirSync, readdirSync, rmSync, statSync } from 'node:fs'
-import { type FileHandle, open, rename } from 'node:fs/promises'
+import { type FileHandle, open, rename, statfs } from 'node:fs/promises'
 import { join } from 'node:path'
 
 /** A new file's bytes on their way in. Nothing is visible under the file's id before `commit`. */
@@ -32,6 +32,8 @@ export interface FileStore {
   sweep(known: (id: string) => Promise<boolean>, graceMs: number): Promise<number>
   /** Writes and removes a small file: rejects (ENOSPC...) while the store has no room for one. */
   probe(): Promise<void>
+  /** Bytes still free for new files (unprivileged), or Infinity when the store cannot tell. */
+  freeBytes(): Promise<number>
 }
 
 /** A file being written is named `<id>.part` until its commit renames it to `<id>`. */
@@ -98,6 +100,15 @@ export class LocalFileStore implements FileStore {
       await out.commit()
     } finally {
       await out.abort()
+    }
+  }
+
+  async freeBytes(): Promise<number> {
+    try {
+      const s = await statfs(this.dir)
+      return s.bavail * s.bsize
+    } catch {
+      return Number.POSITIVE_INFINITY
     }
   }
 

@@ -17,7 +17,12 @@ import { sanitizeFilename } from './names.ts'
 export interface FileLimits {
   readonly maxBytes: number
   readonly maxLines: number
+  /** Uploads stop (507) rather than leave less free space than this: room kept for the database. */
+  readonly minFreeBytes?: number
 }
+
+/** An upload in progress checks the free space again after every this many bytes. */
+const FREE_CHECK_BYTES = 8 * 1024 * 1024
 
 export const fileNotFound = (id: string) => new NotFound(`no file ${JSON.stringify(id)}`, 'file_not_found')
 
@@ -75,6 +80,8 @@ export class FilesService {
     const declared = Number(request.headers.get('content-length') ?? 0)
     if (declared > this.limits.maxBytes + MULTIPART_SLACK_BYTES)
       throw new PayloadTooLarge(this.limits.maxBytes)
+    // A client cannot fill the disk with uploads: the database (keys, the ledger) keeps its room.
+    if (!(await this.roomFor(Math.max(declared || 0, 0)))) throw new InsufficientStorage('the file')
     const up = await this.receive(orgId, request, type)
     if (!up.file) throw new InvalidValue('the form has no file field', 'file')
     try {
@@ -152,6 +159,13 @@ export class FilesService {
     }, graceMs)
   }
 
+  /** Whether `bytes` more leave at least `minFreeBytes` free. */
+  private async roomFor(bytes: number): Promise<boolean> {
+    const reserve = this.limits.minFreeBytes ?? 0
+    if (reserve <= 0) return true
+    return (await this.contents.freeBytes()) - bytes >= reserve
+  }
+
   /** A write's error as the client should see it: a full disk is 507 (and the disk watch hears of it). */
   private storageError(err: unknown, what: string): unknown {
     if (err instanceof TropaError) return err
@@ -207,6 +221,7 @@ export class FilesService {
         let bytes = 0
         let lines = 0
         let last = 10
+        let nextFreeCheck = FREE_CHECK_BYTES
         stream.on('data', (chunk: Buffer) => {
           if (settled) return
           bytes += chunk.length
@@ -214,7 +229,16 @@ export class FilesService {
           last = chunk[chunk.length - 1] ?? last
           if (lines > maxLines)
             return fail(new InvalidValue(`the file has more than ${maxLines} lines`, 'file'))
-          const wait = writer.write(chunk)
+          let wait = writer.write(chunk)
+          if (bytes >= nextFreeCheck) {
+            nextFreeCheck = bytes + FREE_CHECK_BYTES
+            const written = wait ?? Promise.resolve()
+            wait = written
+              .then(() => this.roomFor(0))
+              .then((room) => {
+                if (!room) throw new InsufficientStorage('the file')
+              })
+          }
           if (wait) {
             // The disk sets the pace: the parser stops, and so does reading the request.
             stream.pause()
@@ -234,26 +258,32 @@ export class FilesService {
               fail(new InvalidValue(`the file has more than ${maxLines} lines`, 'file'))
               return done()
             }
-            writer.commit().then(
-              () => {
-                this.disk?.ok()
-                up.file = {
-                  id,
-                  orgId,
-                  filename: sanitizeFilename(info.filename),
-                  purpose: 'batch',
-                  bytes,
-                  lines,
-                  createdAt: Math.floor(Date.now() / 1000),
-                  deletedAt: null,
-                }
-                done()
-              },
-              (err) => {
-                fail(err)
-                done()
-              },
-            )
+            // The last bytes must not eat into the reserve either.
+            writer
+              .commit()
+              .then(async () => {
+                if (!(await this.roomFor(0))) throw new InsufficientStorage('the file')
+              })
+              .then(
+                () => {
+                  this.disk?.ok()
+                  up.file = {
+                    id,
+                    orgId,
+                    filename: sanitizeFilename(info.filename),
+                    purpose: 'batch',
+                    bytes,
+                    lines,
+                    createdAt: Math.floor(Date.now() / 1000),
+                    deletedAt: null,
+                  }
+                  done()
+                },
+                (err) => {
+                  fail(err)
+                  done()
+                },
+              )
           })
         })
       })

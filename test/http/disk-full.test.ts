@@ -9,12 +9,25 @@ import { loadTokenizer } from '../../src/pipeline/tokens.ts'
 import { startChatBatch } from '../helpers/batches.ts'
 import { ADMIN_TOKEN, startTropa, type Tropa } from '../helpers/start.ts'
 
-const mnt = mkdtempSync(join(tmpdir(), 'tropa-tmpfs-'))
-const mounted =
-  process.platform === 'linux' &&
-  Bun.spawnSync(['mount', '-t', 'tmpfs', '-o', 'size=12m', 'tmpfs', mnt], { stderr: 'ignore' }).exitCode === 0
-if (!mounted) rmSync(mnt, { recursive: true, force: true })
+/** A fresh tmpfs of `size` (mount's syntax), or undefined where mounting is not allowed. */
+function mountTmpfs(size: string): string | undefined {
+  const dir = mkdtempSync(join(tmpdir(), 'tropa-tmpfs-'))
+  const ok =
+    process.platform === 'linux' &&
+    Bun.spawnSync(['mount', '-t', 'tmpfs', '-o', `size=${size}`, 'tmpfs', dir], { stderr: 'ignore' })
+      .exitCode === 0
+  if (ok) return dir
+  rmSync(dir, { recursive: true, force: true })
+  return undefined
+}
+function unmount(dir: string | undefined) {
+  if (!dir) return
+  Bun.spawnSync(['umount', '-l', dir]) // lazily: a thread may still hold the database open
+  rmSync(dir, { recursive: true, force: true })
+}
 
+const mounted = mountTmpfs('12m')
+const mnt = mounted ?? ''
 const free = () => {
   const s = statfsSync(mnt)
   return s.bavail * s.bsize
@@ -41,6 +54,7 @@ describe.skipIf(!mounted)('a full disk (data directory on a 12 MiB tmpfs)', () =
       extra: {
         server: { port: 0, data_dir: join(mnt, 'data'), admin_token: ADMIN_TOKEN, log_level: 'error' },
         storage: { flush_interval_ms: 10, ledger_queue_max: 20 },
+        files: { min_free_bytes: 0 }, // uploads may fill the disk here (the next describe keeps a reserve)
         // A lease far longer than the test: lines must come back without it running out.
         batches: { tick_ms: 50, workers: 1, lease_ms: 600_000 },
       },
@@ -48,10 +62,7 @@ describe.skipIf(!mounted)('a full disk (data directory on a 12 MiB tmpfs)', () =
   })
   afterAll(async () => {
     await t?.stop()
-    if (mounted) {
-      Bun.spawnSync(['umount', '-l', mnt]) // lazily: a thread may still hold the database open
-      rmSync(mnt, { recursive: true, force: true })
-    }
+    unmount(mounted)
   })
   const ready = async () => ((await (await t.fetch('/ready')).json()) as { status: string }).status
   const jsonError = async (res: Response) => ((await res.json()) as { error: { code: string } }).error.code
@@ -146,4 +157,70 @@ describe.skipIf(!mounted)('a full disk (data directory on a 12 MiB tmpfs)', () =
         .status,
     ).toBe(201)
   }, 60_000)
+})
+
+const reserved = mountTmpfs('24m')
+describe.skipIf(!reserved)('files.min_free_bytes keeps room for the database (a 24 MiB tmpfs)', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    t = await startTropa({
+      extra: {
+        server: { port: 0, data_dir: join(reserved!, 'data'), admin_token: ADMIN_TOKEN, log_level: 'error' },
+        files: { min_free_bytes: 8 * 2 ** 20 },
+      },
+    })
+  })
+  afterAll(async () => {
+    await t?.stop()
+    unmount(reserved)
+  })
+
+  test('uploads stop with 507 at the reserve, mid-body too; keys and chats go on; /ready stays ready', async () => {
+    await loadTokenizer()
+    const chunked = (mib: number) => {
+      let sent = 0
+      const head = `--B\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--B\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n`
+      const chunk = new TextEncoder().encode(`${'x'.repeat(2 ** 16 - 1)}\n`)
+      return new ReadableStream<Uint8Array>({
+        pull(c) {
+          if (sent === 0) c.enqueue(new TextEncoder().encode(head))
+          if (sent >= mib * 2 ** 20) {
+            c.enqueue(new TextEncoder().encode('\r\n--B--\r\n'))
+            c.close()
+            return
+          }
+          c.enqueue(chunk)
+          sent += chunk.length
+        },
+      })
+    }
+    const upload = (mib: number) =>
+      t.fetch('/v1/files', {
+        method: 'POST',
+        body: chunked(mib),
+        headers: { 'content-type': 'multipart/form-data; boundary=B' },
+      })
+    // 24 MiB, a reserve of 8: 12 MiB fit (checked every 8 MiB on the way); a second 12 MiB does not.
+    const first = await upload(12)
+    expect(first.status).toBe(200)
+    const second = await upload(12)
+    expect(second.status).toBe(507)
+    expect(((await second.json()) as { error: { code: string } }).error.code).toBe('insufficient_storage')
+    expect(readdirSync(join(reserved!, 'data', 'files'))).toHaveLength(1)
+    // The database still has its room: keys and billed chats work, and the node stays ready.
+    expect(
+      (await t.fetch('/v1/keys', { method: 'POST', key: t.masterKey, body: JSON.stringify({ name: 'k' }) }))
+        .status,
+    ).toBe(201)
+    const chat = await t.fetch('/v1/chat/completions', {
+      method: 'POST',
+      body: JSON.stringify({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 1,
+      }),
+    })
+    expect(chat.status).toBe(200)
+    expect((await t.fetch('/ready')).status).toBe(200)
+  }, 30_000)
 })

@@ -404,3 +404,21 @@ describe('a full disk (ENOSPC injected through the file store test hook)', () =>
     expect(await (await t.fetch(`/v1/files/${before.id}/content`)).text()).toBe(line(1).repeat(10))
   })
 })
+
+test('files.min_free_bytes: an upload that would eat into the reserve is 507, the node stays ready', async () => {
+  const t = await startTropa({ extra: { files: { min_free_bytes: Number.MAX_SAFE_INTEGER } } })
+  try {
+    await loadTokenizer()
+    const form = new FormData()
+    form.set('purpose', 'batch')
+    form.set('file', new Blob([line(1)]), 'a.jsonl')
+    const res = await t.fetch('/v1/files', { method: 'POST', body: form })
+    expect(res.status).toBe(507)
+    openAiError(await res.text(), 'insufficient_storage')
+    expect(readdirSync(join(t.dir, 'files'))).toEqual([])
+    // A policy refusal, not a failed write: the disk is not reported full.
+    expect((await t.fetch('/ready')).status).toBe(200)
+  } finally {
+    await t.stop()
+  }
+})
