@@ -232,35 +232,41 @@ describe('body caps: Tropa answers every 413 itself, with the OpenAI body', () =
     openAiError(res!.body, 'payload_too_large')
   })
 
-  test('a 140 MiB upload (over the runtime default, under files.max_bytes) is stored', async () => {
-    const size = 140 * 2 ** 20
-    const row = `${'x'.repeat(4095)}\n`
-    const chunk = new TextEncoder().encode(row.repeat(16)) // 64 KiB
-    const start = new TextEncoder().encode(multipart('B', 'big.jsonl', '\u0000').split('\u0000')[0])
-    const end = new TextEncoder().encode('\r\n--B--\r\n')
-    let sent = 0
-    const stream = new ReadableStream<Uint8Array>({
-      pull(c) {
-        if (sent === 0) c.enqueue(start)
-        if (sent >= size) {
-          c.enqueue(end)
-          c.close()
-          return
-        }
-        c.enqueue(chunk)
-        sent += chunk.length
-      },
+  for (const framing of ['Content-Length', 'chunked'])
+    test(`a 140 MiB upload with ${framing} (over the runtime default, under files.max_bytes) is stored`, async () => {
+      const size = 140 * 2 ** 20
+      const chunk = new TextEncoder().encode(`${'x'.repeat(4095)}\n`.repeat(16)) // 64 KiB
+      const start = new TextEncoder().encode(multipart('B', 'big.jsonl', '\u0000').split('\u0000')[0])
+      const end = new TextEncoder().encode('\r\n--B--\r\n')
+      const parts = [start, ...Array.from({ length: size / chunk.length }, () => chunk), end]
+      let status: number | undefined
+      let text: string
+      if (framing === 'Content-Length') {
+        const length = parts.reduce((n, p) => n + p.length, 0)
+        const res = await raw(t.url, [head('/v1/files', 'multipart/form-data; boundary=B', length), ...parts])
+        status = res?.status
+        text = res?.body ?? ''
+      } else {
+        let i = 0
+        const stream = new ReadableStream<Uint8Array>({
+          pull(c) {
+            if (i < parts.length) c.enqueue(parts[i++]!)
+            else c.close()
+          },
+        })
+        const res = await t.fetch('/v1/files', {
+          method: 'POST',
+          body: stream,
+          headers: { 'content-type': 'multipart/form-data; boundary=B' },
+        })
+        status = res.status
+        text = await res.text()
+      }
+      expect(status).toBe(200)
+      const f = JSON.parse(text) as { id: string; bytes: number }
+      expect(f.bytes).toBe(size)
+      await t.client().files.delete(f.id)
     })
-    const res = await t.fetch('/v1/files', {
-      method: 'POST',
-      body: stream,
-      headers: { 'content-type': 'multipart/form-data; boundary=B' },
-    })
-    expect(res.status).toBe(200)
-    const f = (await res.json()) as { id: string; bytes: number }
-    expect(f.bytes).toBe(size)
-    await t.client().files.delete(f.id)
-  })
 
   test('a 100 KB header is refused by the runtime (431) and the router stays up', async () => {
     const res = await raw(t.url, [
