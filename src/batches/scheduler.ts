@@ -77,9 +77,14 @@ export class BatchScheduler {
     // One router owns a SQLite file: lines leased when it last stopped (or was killed) go back
     // to the queue now. On PostgreSQL other nodes may hold leases; a dead node's expire.
     if (this.config.storage.kind === 'sqlite')
-      void this.store.releaseAllLeases().then((n) => {
-        if (n > 0) this.log('info', 'batch lines returned to the queue after a restart', { lines: n })
-      })
+      void this.store
+        .releaseAllLeases()
+        .then((n) => {
+          if (n > 0) this.log('info', 'batch lines returned to the queue after a restart', { lines: n })
+        })
+        // A full disk (or a locked file) at start must not take the process down: the leases
+        // then run out by themselves.
+        .catch((err) => this.log('error', 'returning leased batch lines failed', { error: String(err) }))
     this.timer = setInterval(() => this.tickSoon(), this.settings.tickMs)
   }
 
