@@ -13,17 +13,31 @@ import { usageRoutes } from './http/routes/usage.ts'
 import { requestId } from './ids.ts'
 import type { Services } from './services.ts'
 
+/**
+ * The runtime's body cap: none in practice (2^53 - 1 bytes). A finite one would answer a declared
+ * length above it with an empty 413 before Tropa sees the request (checked with raw sockets).
+ */
+export const RUNTIME_BODY_CAP = Number.MAX_SAFE_INTEGER
+
 /** The HTTP app: request id, error mapper, docs, then the routes in the order a request meets them. */
 export function createApp(svc: Services) {
   let table: { method: string; re: RegExp }[] = []
   const allowedMethods = (path: string): string[] => table.filter((r) => r.re.test(path)).map((r) => r.method)
   // Elysia's default normalisation drops undeclared fields; chat and embeddings must pass them
   // through, and key bodies reject them explicitly (additionalProperties: false).
-  const app = new Elysia({ normalize: false })
+  const app = new Elysia({
+    normalize: false,
+    // The runtime's own body cap (Bun's default is 128 MiB, under files.max_bytes) answers an
+    // empty 413 before any route runs, or cuts a chunked body off with no answer at all. Tropa's
+    // readers enforce the configured limits themselves (server.max_body_bytes for JSON,
+    // files.max_bytes for uploads: by Content-Length before reading, by counting while reading),
+    // so the runtime's is lifted out of their way and every 413 carries OpenAI's error body.
+    serve: { maxRequestBodySize: RUNTIME_BODY_CAP },
+  })
     .onRequest(({ set }) => {
       set.headers['x-request-id'] = requestId()
     })
-    .use(errorMapper(svc.log, allowedMethods))
+    .use(errorMapper(svc.log, allowedMethods, (err) => svc.files.disk?.report(err)))
     .use(docsRoutes())
     .use(healthRoutes(svc))
     .use(modelRoutes(svc))

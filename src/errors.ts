@@ -168,6 +168,34 @@ export class InternalError extends TropaError {
   }
 }
 
+/** The data directory's disk (or quota) is full: nothing was stored; retry once space is freed. */
+export class InsufficientStorage extends TropaError {
+  readonly status = 507
+  readonly type = 'server_error'
+  constructor(what = 'the request') {
+    super(`the server has no disk space left to store ${what}; retry later`, 'insufficient_storage')
+  }
+  override get retryable() {
+    return true
+  }
+}
+
+/**
+ * Whether an error is the disk (or a quota) being full: ENOSPC/EDQUOT from the OS, SQLITE_FULL from
+ * SQLite, 53100 (disk_full) from PostgreSQL; also when wrapped (`cause`) or sent across a thread as text.
+ */
+export function isDiskFull(err: unknown, depth = 0): boolean {
+  if (err === null || err === undefined || depth > 4) return false
+  if (typeof err === 'string') return DISK_FULL_TEXT.test(err)
+  const e = err as { code?: unknown; message?: unknown; cause?: unknown }
+  if (typeof e.code === 'string' && DISK_FULL_CODES.has(e.code)) return true
+  if (typeof e.message === 'string' && DISK_FULL_TEXT.test(e.message)) return true
+  return e.cause !== undefined && isDiskFull(e.cause, depth + 1)
+}
+const DISK_FULL_CODES = new Set(['ENOSPC', 'EDQUOT', 'SQLITE_FULL', '53100', 'insufficient_storage'])
+const DISK_FULL_TEXT =
+  /\b(ENOSPC|EDQUOT|SQLITE_FULL|InsufficientStorage)\b|database or disk is full|no space left on device/i
+
 /** Upstream failures. `beforeFirstByte` ones let the pipeline fail over to another node. */
 export class UpstreamFailed extends TropaError {
   readonly status: number = 502

@@ -9,6 +9,7 @@ import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
 import { RedisBus } from './cluster/bus.ts'
 import type { Config } from './config/load.ts'
+import { DiskWatch } from './files/disk.ts'
 import { LocalFileStore } from './files/file-store.ts'
 import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
@@ -127,7 +128,27 @@ export async function buildServices(
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,
   }
-  const files = new FilesService(store, new LocalFileStore(config.files.dir), config.files)
+  const contents = new LocalFileStore(config.files.dir)
+  const disk = new DiskWatch(
+    () => contents.probe(),
+    (full, detail) =>
+      full
+        ? log('error', 'the disk is full: uploads and result files get 507 until space is freed', {
+            dir: config.files.dir,
+            error: detail,
+          })
+        : log('info', 'the disk has room again', { dir: config.files.dir }),
+  )
+  const files = new FilesService(store, contents, config.files, disk)
+  // What failed uploads and crashes left behind. In the background: the router answers meanwhile.
+  const sweep = setTimeout(
+    () =>
+      void files
+        .sweep(config.files.orphanGraceSec * 1000)
+        .then((n) => n > 0 && log('info', 'removed orphaned upload files', { count: n }))
+        .catch((err) => log('error', 'sweeping orphaned upload files failed', { error: String(err) })),
+    0,
+  )
   const secret = config.server.secret ?? (await store.initMeta('server_secret', randomBase62(43)))
   // Batches need a database file that worker threads can open too.
   const scheduler =
@@ -140,7 +161,7 @@ export async function buildServices(
           ledger,
           pool,
           config,
-          { ...config.batches, workerUrl },
+          { ...config.batches, workerUrl, reportDiskFull: (err) => disk.report(err) },
           log,
         )
   scheduler?.start({
@@ -174,6 +195,8 @@ export async function buildServices(
     batches,
     log,
     async stop() {
+      clearTimeout(sweep)
+      disk.stop()
       await scheduler?.stop()
       probes.stop()
       watchdog.stop()

@@ -24,6 +24,12 @@ export interface BatchSettings {
   readonly busyShare: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
+  /**
+   * Told of every worker and tick error first; true when it was a full disk, already reported
+   * once (the job fails again every tick until space is freed: logging each would fill the disk
+   * further).
+   */
+  readonly reportDiskFull?: (err: unknown) => boolean
 }
 
 interface Admitted {
@@ -71,9 +77,14 @@ export class BatchScheduler {
     // One router owns a SQLite file: lines leased when it last stopped (or was killed) go back
     // to the queue now. On PostgreSQL other nodes may hold leases; a dead node's expire.
     if (this.config.storage.kind === 'sqlite')
-      void this.store.releaseAllLeases().then((n) => {
-        if (n > 0) this.log('info', 'batch lines returned to the queue after a restart', { lines: n })
-      })
+      void this.store
+        .releaseAllLeases()
+        .then((n) => {
+          if (n > 0) this.log('info', 'batch lines returned to the queue after a restart', { lines: n })
+        })
+        // A full disk (or a locked file) at start must not take the process down: the leases
+        // then run out by themselves.
+        .catch((err) => this.log('error', 'returning leased batch lines failed', { error: String(err) }))
     this.timer = setInterval(() => this.tickSoon(), this.settings.tickMs)
   }
 
@@ -127,6 +138,7 @@ export class BatchScheduler {
     this.ticking = true
     this.tick()
       .catch((err) => {
+        this.settings.reportDiskFull?.(err)
         // While the store is away every tick fails: say so once every few seconds, not each time.
         const now = Date.now()
         if (now - this.tickErrorAtMs < 5000) return
@@ -297,7 +309,10 @@ export class BatchScheduler {
             void this.releaseClaim(batchId, claim).finally(() => this.busy.delete(batchId))
           } else this.busy.delete(batchId)
         }
-        this.log('error', 'batch worker', { batch: m.batchId, error: m.message })
+        this.log(this.settings.reportDiskFull?.(m.message) ? 'debug' : 'error', 'batch worker', {
+          batch: m.batchId,
+          error: m.message,
+        })
         return
     }
   }

@@ -10,7 +10,7 @@ import { FilesService } from '../files/service.ts'
 import { requestId } from '../ids.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
-import type { BatchLine, BatchRecord, BatchStatus, Store } from '../storage/store.ts'
+import type { BatchLine, BatchRecord, BatchStatus, FileRecord, Store } from '../storage/store.ts'
 import { sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
@@ -76,6 +76,7 @@ const wake = () => {
 /** Leases runnable lines whenever there is room, and runs them. */
 async function pump() {
   while (!stopping) {
+    if (unwritten.size > 0) await requeueUnwritten()
     const room = cfg.concurrency - inFlight
     let leased: BatchLine[] = []
     if (room > 0) {
@@ -138,8 +139,27 @@ async function runLine(line: BatchLine) {
   }
   try {
     settle = await callUpstream(line, batch, body, cost, reply)
+  } catch (err) {
+    // Its result could not be written (the disk is full): the line goes back to the queue as soon
+    // as the store takes writes again, instead of waiting for its lease to run out.
+    unwritten.set(`${line.batchId}:${line.line}`, line)
+    throw err
   } finally {
     post(settle)
+  }
+}
+
+/** Lines whose result or retry could not be written, to give back to the queue. */
+const unwritten = new Map<string, BatchLine>()
+
+async function requeueUnwritten() {
+  for (const [k, l] of unwritten) {
+    try {
+      await store.retryLine(l.batchId, l.line, 0)
+    } catch {
+      return // still failing: next round
+    }
+    unwritten.delete(k)
   }
 }
 
@@ -365,10 +385,17 @@ async function writeResults(batchId: string, asked: BatchStatus) {
     ok.length > 0
       ? await files.create(batch.orgId, `${batchId}_output.jsonl`, 'batch_output', `${ok.join('\n')}\n`)
       : undefined
-  const err =
-    bad.length > 0
-      ? await files.create(batch.orgId, `${batchId}_error.jsonl`, 'batch_output', `${bad.join('\n')}\n`)
-      : undefined
+  let err: FileRecord | undefined
+  try {
+    err =
+      bad.length > 0
+        ? await files.create(batch.orgId, `${batchId}_error.jsonl`, 'batch_output', `${bad.join('\n')}\n`)
+        : undefined
+  } catch (e) {
+    // The disk filled up between the two: the next tick writes both again.
+    if (out) await files.remove(batch.orgId, out.id).catch(() => {})
+    throw e
+  }
   const stamp = endStamp(status, Math.floor(Date.now() / 1000), batch.finalizingAt)
   // Files that did not become the batch's (the store failed, or another node finished first)
   // are removed, so a retry does not leave a second pair behind.

@@ -1,3 +1,4 @@
+import { InsufficientStorage, isDiskFull, SharedStateUnavailable, type TropaError } from '../errors.ts'
 import { type LedgerRowBase, LedgerRows } from '../storage/ledger-rows.ts'
 import type { Store } from '../storage/store.ts'
 
@@ -10,6 +11,11 @@ export interface LedgerSink {
 /** A store written from the event loop (PostgreSQL, over the network; SQLite in memory). */
 export function storeSink(store: Pick<Store, 'recordLedgerRows'>): LedgerSink {
   return { writeRows: (rows) => store.recordLedgerRows(rows) }
+}
+
+/** Why billing refuses while the ledger's queue is full: the store's disk is full (507), or it is away (503). */
+export function ledgerFullError(lastError: unknown): TropaError {
+  return isDiskFull(lastError) ? new InsufficientStorage('usage records') : new SharedStateUnavailable()
 }
 
 /**
@@ -26,6 +32,7 @@ export class LedgerWriter {
   /** Rows of the write under way (neither queued nor written yet). */
   private writing = 0
   private lastErrorMs = 0
+  private failure: unknown
 
   constructor(
     private readonly store: LedgerSink,
@@ -38,6 +45,11 @@ export class LedgerWriter {
   /** Rows waiting to be written (the store is slow or unreachable). */
   get backlog(): number {
     return this.queue.length + this.writing
+  }
+
+  /** The error of the last flush while flushes fail (the store is away, its disk is full); undefined once one succeeds. */
+  get lastError(): unknown {
+    return this.failure
   }
 
   /** The queue is at its bound: new billed requests must be refused until the store catches up. */
@@ -66,7 +78,9 @@ export class LedgerWriter {
         await this.store.writeRows(batch)
         batch.clear()
         this.spare = batch
+        this.failure = undefined
       } catch (err) {
+        this.failure = err
         // Keep the rows: the next flush retries them, and the store skips any already written.
         batch.append(this.queue)
         this.queue = batch

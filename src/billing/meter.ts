@@ -1,7 +1,7 @@
-import { insufficientBalance, keyLimitReached, SharedStateUnavailable } from '../errors.ts'
+import { insufficientBalance, keyLimitReached } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { LedgerEntry } from '../storage/store.ts'
-import type { LedgerWriter } from './ledger.ts'
+import { type LedgerWriter, ledgerFullError } from './ledger.ts'
 import type { NanoRub } from './money.ts'
 
 /** Money held for one request in flight. */
@@ -50,7 +50,7 @@ export class Meter implements MoneyMeter {
   reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Reservation {
     if (!this.enabled) return { key, org, amountNano: 0n, done: false }
     // The ledger cannot take more unwritten rows: serving now would spend without a record.
-    if (this.ledger.full()) throw new SharedStateUnavailable()
+    if (this.ledger.full()) throw ledgerFullError(this.ledger.lastError)
     // Each bigint sum is a new heap number: the held totals are computed once, checked, then kept.
     const keyHeld = key.reservedNano + amountNano
     if (key.limitNano !== null && key.spentNano + keyHeld > key.limitNano) throw keyLimitReached()

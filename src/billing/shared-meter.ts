@@ -3,7 +3,7 @@ import { RedisScripts } from '../cluster/redis-scripts.ts'
 import { insufficientBalance, keyLimitReached, SharedStateUnavailable, TropaError } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Store } from '../storage/store.ts'
-import type { LedgerWriter } from './ledger.ts'
+import { type LedgerWriter, ledgerFullError } from './ledger.ts'
 import { charge, type MoneyMeter, type Reservation, type Settlement } from './meter.ts'
 import type { NanoRub } from './money.ts'
 
@@ -218,7 +218,7 @@ export class SharedMeter implements MoneyMeter {
 
   async reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Promise<Reservation> {
     // The ledger cannot take more unwritten rows (PostgreSQL is away): refuse before spending.
-    if (this.ledger.full()) throw new SharedStateUnavailable()
+    if (this.ledger.full()) throw ledgerFullError(this.ledger.lastError)
     const limited = key.limitNano !== null
     const hold = (++this.seq).toString(36)
     const rooms = [this.keyRoom(key.id), this.orgRoom(org.id)]

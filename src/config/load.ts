@@ -73,7 +73,13 @@ export interface Config {
     readonly ledgerQueueMax: number
   }
   readonly demo: { readonly enabled: boolean; readonly nodes: number; readonly balanceNano: NanoRub }
-  readonly files: { readonly dir: string; readonly maxBytes: number; readonly maxLines: number }
+  readonly files: {
+    readonly dir: string
+    readonly maxBytes: number
+    readonly maxLines: number
+    readonly orphanGraceSec: number
+    readonly minFreeBytes: number
+  }
   readonly redis: {
     readonly url: string | undefined
     readonly prefix: string
@@ -267,6 +273,8 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       dir: resolve(dataDir, 'files'),
       maxBytes: cfg.files?.max_bytes ?? 200 * 1024 * 1024,
       maxLines: cfg.files?.max_lines ?? 50_000,
+      orphanGraceSec: cfg.files?.orphan_grace_sec ?? 3600,
+      minFreeBytes: cfg.files?.min_free_bytes ?? 256 * 1024 * 1024,
     },
     batches: {
       workers: cfg.batches?.workers ?? 2,

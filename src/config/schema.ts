@@ -133,6 +133,10 @@ export const FilesSchema = T.Object(
   {
     max_bytes: T.Optional(T.Integer({ minimum: 1 })),
     max_lines: T.Optional(T.Integer({ minimum: 1 })),
+    /** Uploads are refused (507) when they would leave less free space than this: room kept for the database. */
+    min_free_bytes: T.Optional(T.Integer({ minimum: 0 })),
+    /** Temporary and row-less files idle this long are removed at start-up (other nodes may share the directory). */
+    orphan_grace_sec: T.Optional(T.Integer({ minimum: 0 })),
   },
   { additionalProperties: false },
 )

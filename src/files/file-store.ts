@@ -1,19 +1,58 @@
-import { mkdirSync, rmSync } from 'node:fs'
+import { mkdirSync, readdirSync, rmSync, statSync } from 'node:fs'
+import { type FileHandle, open, rename, statfs } from 'node:fs/promises'
 import { join } from 'node:path'
+
+/** A new file's bytes on their way in. Nothing is visible under the file's id before `commit`. */
+export interface FileWriter {
+  /**
+   * Takes a chunk. Returns a promise when the writer wants the caller to wait (its buffer went to
+   * the disk) and rejects with the write's error (ENOSPC...); undefined when the chunk was buffered.
+   */
+  write(chunk: Uint8Array): Promise<void> | undefined
+  /** Writes what is buffered, syncs and moves the file under its id. Removes everything on failure. */
+  commit(): Promise<void>
+  /** Removes whatever was written (also after a commit). Never throws. */
+  abort(): Promise<void>
+}
 
 /** Where file contents live. The local directory is the embedded default; an S3-compatible store can implement the same. */
 export interface FileStore {
   /** A writer for a new file's bytes. */
-  writer(id: string): { write(chunk: Uint8Array): void; end(): Promise<void> }
+  writer(id: string): FileWriter
   /** Whole content as a stream (for downloads) and as text (for batch processing). */
   stream(id: string): ReadableStream<Uint8Array>
   text(id: string): Promise<string>
+  /** Stores a whole file; nothing is left behind when it fails. Returns its size in bytes. */
   write(id: string, content: string): Promise<number>
   remove(id: string): Promise<void>
+  /**
+   * Removes what failed uploads and crashes left behind: temporary files idle for `graceMs`, and
+   * files older than `graceMs` that `known` says have no row. Returns how many were removed.
+   */
+  sweep(known: (id: string) => Promise<boolean>, graceMs: number): Promise<number>
+  /** Writes and removes a small file: rejects (ENOSPC...) while the store has no room for one. */
+  probe(): Promise<void>
+  /** Bytes still free for new files (unprivileged), or Infinity when the store cannot tell. */
+  freeBytes(): Promise<number>
 }
 
+/** A file being written is named `<id>.part` until its commit renames it to `<id>`. */
+const PART = '.part'
+/** Names a FileStore writes: Tropa's ids (file-<base32>), their temporary files, the disk probe. */
+const OURS = /^(file-[0-9A-Za-z]+)(\.part)?$|^\.space-probe-[0-9a-z-]+(\.part)?$/
+/** Room for this much means the disk has room again. */
+const PROBE_BYTES = 64 * 1024
+/** Buffered bytes per write(2): busboy hands over chunks of ~64 KiB. */
+const FLUSH_BYTES = 1 << 20
+
 export class LocalFileStore implements FileStore {
-  constructor(private readonly dir: string) {
+  /**
+   * Test hook, documented as such: when set, every write to the disk first asks it and fails with
+   * the error it returns (tests inject ENOSPC this way where they cannot fill a real disk).
+   */
+  testFault: (() => Error | undefined) | undefined
+
+  constructor(readonly dir: string) {
     mkdirSync(dir, { recursive: true })
   }
 
@@ -22,14 +61,8 @@ export class LocalFileStore implements FileStore {
     return join(this.dir, id)
   }
 
-  writer(id: string) {
-    const sink = Bun.file(this.path(id)).writer({ highWaterMark: 1 << 20 })
-    return {
-      write: (chunk: Uint8Array) => void sink.write(chunk),
-      end: async () => {
-        await sink.end()
-      },
-    }
+  writer(id: string): FileWriter {
+    return new LocalFileWriter(this.path(id), () => this.testFault?.())
   }
 
   stream(id: string) {
@@ -40,11 +73,140 @@ export class LocalFileStore implements FileStore {
     return Bun.file(this.path(id)).text()
   }
 
-  write(id: string, content: string) {
-    return Bun.write(this.path(id), content)
+  async write(id: string, content: string) {
+    const out = this.writer(id)
+    const bytes = Buffer.from(content)
+    try {
+      await out.write(bytes)
+      await out.commit()
+    } catch (err) {
+      await out.abort()
+      throw err
+    }
+    return bytes.length
   }
 
   async remove(id: string) {
     rmSync(this.path(id), { force: true })
+  }
+
+  async probe(): Promise<void> {
+    // Unique: nodes sharing the directory (over the network) may have the same pid.
+    const name = `.space-probe-${process.pid}-${Math.random().toString(36).slice(2, 10)}`
+    const out = new LocalFileWriter(join(this.dir, name), () => this.testFault?.())
+    try {
+      // Real bytes: tmpfs and sparse files allocate only what is written.
+      await out.write(Buffer.alloc(PROBE_BYTES, 0x2e))
+      await out.commit()
+    } finally {
+      await out.abort()
+    }
+  }
+
+  async freeBytes(): Promise<number> {
+    try {
+      const s = await statfs(this.dir)
+      return s.bavail * s.bsize
+    } catch {
+      return Number.POSITIVE_INFINITY
+    }
+  }
+
+  async sweep(known: (id: string) => Promise<boolean>, graceMs: number): Promise<number> {
+    const before = Date.now() - graceMs
+    let removed = 0
+    let seen = 0
+    for (const name of readdirSync(this.dir)) {
+      // A large directory must not stall the event loop.
+      if (++seen % 256 === 0) await new Promise((r) => setImmediate(r))
+      const m = OURS.exec(name)
+      if (!m) continue
+      const path = join(this.dir, name)
+      let mtime: number
+      try {
+        mtime = statSync(path).mtimeMs
+      } catch {
+        continue // removed meanwhile
+      }
+      // Another node sharing the directory may be writing it right now: only idle files go.
+      if (mtime > before) continue
+      if (m[1] && !m[2] && (await known(m[1]))) continue
+      rmSync(path, { force: true })
+      removed++
+    }
+    return removed
+  }
+}
+
+class LocalFileWriter implements FileWriter {
+  private readonly tmp: string
+  private handle: Promise<FileHandle> | undefined
+  private buffered: Uint8Array[] = []
+  private size = 0
+  private failed: unknown
+  private chain: Promise<void> = Promise.resolve()
+  private committed = false
+
+  constructor(
+    private readonly final: string,
+    private readonly fault: () => Error | undefined,
+  ) {
+    this.tmp = final + PART
+  }
+
+  write(chunk: Uint8Array): Promise<void> | undefined {
+    if (this.failed !== undefined) return Promise.reject(this.failed)
+    this.buffered.push(chunk)
+    this.size += chunk.byteLength
+    return this.size >= FLUSH_BYTES ? this.flush() : undefined
+  }
+
+  async commit(): Promise<void> {
+    try {
+      await this.flush()
+      const h = await this.open()
+      await h.datasync()
+      await h.close()
+      this.handle = undefined
+      await rename(this.tmp, this.final)
+      this.committed = true
+    } catch (err) {
+      await this.abort()
+      throw err
+    }
+  }
+
+  async abort(): Promise<void> {
+    this.failed ??= new Error('aborted')
+    await this.chain
+    const h = this.handle
+    this.handle = undefined
+    if (h) await h.then((f) => f.close()).catch(() => {})
+    rmSync(this.tmp, { force: true })
+    if (this.committed) rmSync(this.final, { force: true })
+  }
+
+  private open(): Promise<FileHandle> {
+    // 'wx': ids are fresh; a stale temporary file of the same name would be a bug.
+    this.handle ??= open(this.tmp, 'wx', 0o600)
+    return this.handle
+  }
+
+  /** Queues what is buffered for the disk; the promise settles when it is written (or failed). */
+  private flush(): Promise<void> {
+    const data = Buffer.concat(this.buffered, this.size)
+    this.buffered = []
+    this.size = 0
+    const run = this.chain.then(async () => {
+      if (this.failed !== undefined) throw this.failed
+      const fault = this.fault()
+      if (fault) throw fault
+      const h = await this.open()
+      for (let off = 0; off < data.length; ) off += (await h.write(data, off)).bytesWritten
+    })
+    this.chain = run.catch((err) => {
+      this.failed ??= err
+    })
+    return run
   }
 }

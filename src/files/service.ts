@@ -1,14 +1,29 @@
-import { pipeline, Readable } from 'node:stream'
 import busboy from 'busboy'
-import { InvalidValue, NotFound, PayloadTooLarge, quoted, UnsupportedMediaType } from '../errors.ts'
+import {
+  InsufficientStorage,
+  InvalidValue,
+  isDiskFull,
+  NotFound,
+  PayloadTooLarge,
+  quoted,
+  TropaError,
+  UnsupportedMediaType,
+} from '../errors.ts'
 import { sortableId } from '../ids.ts'
 import type { FileRecord, Store } from '../storage/store.ts'
-import type { FileStore } from './file-store.ts'
+import type { DiskWatch } from './disk.ts'
+import type { FileStore, FileWriter } from './file-store.ts'
+import { sanitizeFilename } from './names.ts'
 
 export interface FileLimits {
   readonly maxBytes: number
   readonly maxLines: number
+  /** Uploads stop (507) rather than leave less free space than this: room kept for the database. */
+  readonly minFreeBytes?: number
 }
+
+/** An upload in progress checks the free space again after every this many bytes. */
+const FREE_CHECK_BYTES = 8 * 1024 * 1024
 
 export const fileNotFound = (id: string) => new NotFound(`no file ${quoted(id)}`, 'file_not_found')
 
@@ -18,15 +33,30 @@ interface Upload {
   file: FileRecord | undefined
 }
 
+/** Bytes a multipart body may carry beyond its file (boundaries, part headers, the text fields). */
+export const MULTIPART_SLACK_BYTES = 64 * 1024
+/** Longest text field of a multipart form (purpose, endpoint, metadata...). */
+const MAX_FIELD_BYTES = 16 * 1024
+
+/** The `boundary` parameter of a multipart content type (RFC 2046), or undefined. */
+function boundaryOf(contentType: string): string | undefined {
+  const m = /;\s*boundary\s*=\s*(?:"([^"]{1,70})"|([^\s;"]{1,70}))/i.exec(contentType)
+  return m?.[1] ?? m?.[2]
+}
+
 /**
  * The Files API: uploads stream from the request through a multipart parser straight into the
- * FileStore, counting bytes and lines on the way, so a 200 MB file never sits in memory.
+ * FileStore, counting bytes and lines on the way, so a 200 MB file never sits in memory. A file
+ * is written under a temporary name and becomes visible (renamed, then its row inserted) only when
+ * the whole upload succeeded; every failure removes what was written.
  */
 export class FilesService {
   constructor(
     private readonly store: Store,
     readonly contents: FileStore,
     private readonly limits: FileLimits,
+    /** Told about every write that failed for want of space and every one that succeeded. */
+    readonly disk?: DiskWatch,
   ) {}
 
   async upload(orgId: string, request: Request): Promise<FileRecord> {
@@ -46,18 +76,33 @@ export class FilesService {
     const type = request.headers.get('content-type') ?? ''
     if (!type.toLowerCase().startsWith('multipart/form-data'))
       throw new UnsupportedMediaType(type || '(none)', 'multipart/form-data')
+    if (boundaryOf(type) === undefined)
+      throw new InvalidValue('the multipart/form-data content type has no boundary parameter', null)
     const declared = Number(request.headers.get('content-length') ?? 0)
-    if (declared > this.limits.maxBytes + 64 * 1024) throw new PayloadTooLarge(this.limits.maxBytes)
+    if (declared > this.limits.maxBytes + MULTIPART_SLACK_BYTES)
+      throw new PayloadTooLarge(this.limits.maxBytes)
+    // A client cannot fill the disk with uploads: the database (keys, the ledger) keeps its room.
+    if (!(await this.roomFor(Math.max(declared || 0, 0)))) throw new InsufficientStorage('the file')
     const up = await this.receive(orgId, request, type)
     if (!up.file) throw new InvalidValue('the form has no file field', 'file')
-    await this.store.insertFile(up.file)
+    try {
+      await this.store.insertFile(up.file)
+    } catch (err) {
+      await this.contents.remove(up.file.id)
+      throw this.storageError(err, 'the file')
+    }
     return { file: up.file, fields: up.fields }
   }
 
   /** Stores content produced by Tropa itself (batch output and error files). */
   async create(orgId: string, filename: string, purpose: string, content: string): Promise<FileRecord> {
     const id = `file-${sortableId()}`
-    const bytes = await this.contents.write(id, content)
+    let bytes: number
+    try {
+      bytes = await this.contents.write(id, content)
+    } catch (err) {
+      throw this.storageError(err, 'the file')
+    }
     const rec: FileRecord = {
       id,
       orgId,
@@ -68,7 +113,13 @@ export class FilesService {
       createdAt: Math.floor(Date.now() / 1000),
       deletedAt: null,
     }
-    await this.store.insertFile(rec)
+    try {
+      await this.store.insertFile(rec)
+    } catch (err) {
+      await this.contents.remove(id)
+      throw this.storageError(err, 'the file')
+    }
+    this.disk?.ok()
     return rec
   }
 
@@ -96,97 +147,197 @@ export class FilesService {
     await this.contents.remove(id)
   }
 
+  /**
+   * Removes what failed uploads and crashes left in the files directory: temporary files and
+   * files without a row, once idle for `graceMs` (other nodes sharing the directory may be
+   * writing theirs right now). Run at start-up.
+   */
+  sweep(graceMs: number): Promise<number> {
+    // A deleted file's content is removed with it; a crash in between leaves it for this sweep.
+    return this.contents.sweep(async (id) => {
+      const row = await this.store.getFile(id)
+      return row !== undefined && row.deletedAt === null
+    }, graceMs)
+  }
+
+  /** Whether `bytes` more leave at least `minFreeBytes` free. */
+  private async roomFor(bytes: number): Promise<boolean> {
+    const reserve = this.limits.minFreeBytes ?? 0
+    if (reserve <= 0) return true
+    return (await this.contents.freeBytes()) - bytes >= reserve
+  }
+
+  /** A write's error as the client should see it: a full disk is 507 (and the disk watch hears of it). */
+  private storageError(err: unknown, what: string): unknown {
+    if (err instanceof TropaError) return err
+    if (this.disk ? this.disk.report(err) : isDiskFull(err)) return new InsufficientStorage(what)
+    return err
+  }
+
   private receive(orgId: string, request: Request, contentType: string): Promise<Upload> {
     const { maxBytes, maxLines } = this.limits
+    const body = request.body
+    if (!body) return Promise.reject(new InvalidValue('the request has no body', 'file'))
     return new Promise<Upload>((resolve, reject) => {
       const up: Upload = { fields: {}, file: undefined }
-      let failure: Error | undefined
-      let pending: Promise<void> = Promise.resolve()
-      const parser = busboy({
-        headers: { 'content-type': contentType },
-        limits: { fileSize: maxBytes, files: 1, fields: 8 },
+      let settled = false
+      let out: FileWriter | undefined
+      let stored: Promise<void> = Promise.resolve()
+      const reader = body.getReader()
+      // Any failure answers at once (the rest of the body is not read) and removes what was written.
+      const fail = (err: unknown) => {
+        if (settled) return
+        settled = true
+        reader.cancel().catch(() => {})
+        parser.destroy()
+        const written = out
+        void (written ? written.abort() : Promise.resolve()).then(() =>
+          reject(this.storageError(err, 'the file')),
+        )
+      }
+      let parser: ReturnType<typeof busboy>
+      try {
+        parser = busboy({
+          headers: { 'content-type': contentType },
+          limits: { fileSize: maxBytes, files: 1, fields: 8, parts: 16, fieldSize: MAX_FIELD_BYTES },
+        })
+      } catch (err) {
+        reject(new InvalidValue(`malformed multipart content type: ${(err as Error).message}`, null))
+        return
+      }
+      parser.on('field', (name, value, info) => {
+        if (info.valueTruncated)
+          fail(new InvalidValue(`the form field ${name} is longer than ${MAX_FIELD_BYTES} bytes`, name))
+        else up.fields[name] = value
       })
-      parser.on('field', (name, value) => {
-        up.fields[name] = value
-      })
+      parser.on('partsLimit', () => fail(new InvalidValue('the form has more than 16 parts', null)))
       parser.on('file', (name, stream, info) => {
-        if (name !== 'file') {
+        if (name !== 'file' || out) {
           stream.resume()
           return
         }
         const id = `file-${sortableId()}`
-        const out = this.contents.writer(id)
+        const writer = this.contents.writer(id)
+        out = writer
         let bytes = 0
         let lines = 0
         let last = 10
+        let nextFreeCheck = FREE_CHECK_BYTES
         stream.on('data', (chunk: Buffer) => {
-          if (failure) return
+          if (settled) return
           bytes += chunk.length
           for (let i = chunk.indexOf(10); i >= 0; i = chunk.indexOf(10, i + 1)) lines++
           last = chunk[chunk.length - 1] ?? last
-          if (lines > maxLines) failure = new InvalidValue(`the file has more than ${maxLines} lines`, 'file')
-          out.write(chunk)
+          if (lines > maxLines)
+            return fail(new InvalidValue(`the file has more than ${maxLines} lines`, 'file'))
+          let wait = writer.write(chunk)
+          if (bytes >= nextFreeCheck) {
+            nextFreeCheck = bytes + FREE_CHECK_BYTES
+            const written = wait ?? Promise.resolve()
+            wait = written
+              .then(() => this.roomFor(0))
+              .then((room) => {
+                if (!room) throw new InsufficientStorage('the file')
+              })
+          }
+          if (wait) {
+            // The disk sets the pace: the parser stops, and so does reading the request.
+            stream.pause()
+            wait.then(() => stream.resume(), fail)
+          }
         })
-        stream.on('limit', () => {
-          failure = new PayloadTooLarge(maxBytes)
-        })
-        pending = new Promise<void>((done) => {
-          // The client went away mid-part: close the file; pipeline's callback below rejects the
-          // upload (an unobserved 'error' event would crash the process).
-          stream.on('error', async () => {
-            await out.end().catch(() => {})
-            done()
-          })
-          stream.on('end', async () => {
-            await out.end()
+        stream.on('limit', () => fail(new PayloadTooLarge(maxBytes)))
+        // A truncated part; the parser's own 'error' says the same.
+        stream.on('error', (err: Error) =>
+          fail(new InvalidValue(`malformed multipart body: ${err.message}`, null)),
+        )
+        stored = new Promise<void>((done) => {
+          stream.on('end', () => {
+            if (settled) return done()
             if (last !== 10 && bytes > 0) lines++ // a last line without its newline
-            if (lines > maxLines)
-              failure ??= new InvalidValue(`the file has more than ${maxLines} lines`, 'file')
-            up.file = {
-              id,
-              orgId,
-              filename: info.filename || 'upload.jsonl',
-              purpose: 'batch',
-              bytes,
-              lines,
-              createdAt: Math.floor(Date.now() / 1000),
-              deletedAt: null,
+            if (lines > maxLines) {
+              fail(new InvalidValue(`the file has more than ${maxLines} lines`, 'file'))
+              return done()
             }
-            done()
+            // The last bytes must not eat into the reserve either.
+            writer
+              .commit()
+              .then(async () => {
+                if (!(await this.roomFor(0))) throw new InsufficientStorage('the file')
+              })
+              .then(
+                () => {
+                  this.disk?.ok()
+                  up.file = {
+                    id,
+                    orgId,
+                    filename: sanitizeFilename(info.filename),
+                    purpose: 'batch',
+                    bytes,
+                    lines,
+                    createdAt: Math.floor(Date.now() / 1000),
+                    deletedAt: null,
+                  }
+                  done()
+                },
+                (err) => {
+                  fail(err)
+                  done()
+                },
+              )
           })
         })
       })
       parser.on('error', (err: Error) =>
-        reject(new InvalidValue(`malformed multipart body: ${err.message}`, null)),
+        fail(new InvalidValue(`malformed multipart body: ${err.message}`, null)),
       )
       parser.on('close', async () => {
-        await pending
-        if (failure) {
-          if (up.file) await this.contents.remove(up.file.id)
-          reject(failure)
+        await stored
+        if (settled) {
+          // Failed after its file was committed: fail() removed it.
           return
         }
+        settled = true
         resolve(up)
       })
-      if (!request.body) {
-        reject(new InvalidValue('the request has no body', 'file'))
-        return
+      // Read the body by hand: every byte is counted (parts the parser skips too), and the parser's
+      // backpressure (a paused file stream) stops the reading.
+      const cap = maxBytes + MULTIPART_SLACK_BYTES
+      const pump = async () => {
+        let total = 0
+        try {
+          for (;;) {
+            const { done, value } = await reader.read()
+            if (settled) return
+            if (done) break
+            total += value.byteLength
+            if (total > cap) return fail(new PayloadTooLarge(maxBytes))
+            if (!parser.write(value)) await drained(parser)
+          }
+          parser.end()
+        } catch {
+          // The client went away mid-body.
+          fail(new InvalidValue('the upload was interrupted', 'file'))
+        }
       }
-      // pipeline, not pipe: a client that drops the connection mid-upload must reject this
-      // upload, not crash the process with an unhandled stream error.
-      pipeline(
-        Readable.fromWeb(request.body as import('node:stream/web').ReadableStream),
-        parser,
-        async (err) => {
-          if (!err) return
-          failure ??= new InvalidValue('the upload was interrupted', 'file')
-          await pending
-          if (up.file) await this.contents.remove(up.file.id)
-          reject(failure)
-        },
-      )
+      void pump()
     })
   }
+}
+
+/** Resolves when a writable stream takes more, or can take nothing any more. */
+function drained(w: import('node:stream').Writable): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = () => {
+      w.off('drain', done)
+      w.off('close', done)
+      w.off('error', done)
+      resolve()
+    }
+    w.on('drain', done)
+    w.on('close', done)
+    w.on('error', done)
+  })
 }
 
 export function fileView(f: FileRecord) {

@@ -1,8 +1,10 @@
 import { Elysia, type ValidationError } from 'elysia'
 import {
   ClientClosedRequest,
+  InsufficientStorage,
   InternalError,
   InvalidJson,
+  isDiskFull,
   MethodNotAllowed,
   RateLimited,
   TropaError,
@@ -27,7 +29,12 @@ export function errorResponse(err: TropaError, requestId: string | undefined): R
  * Turns what any route throws (and Elysia's own VALIDATION, PARSE and NOT_FOUND) into our
  * errors. A wrong method on a known path is 405. Unknown errors are logged, never returned.
  */
-export const errorMapper = (log: Log, allowedMethods: (path: string) => string[]) =>
+export const errorMapper = (
+  log: Log,
+  allowedMethods: (path: string) => string[],
+  /** Told of every error that is a full disk (they become 507 `insufficient_storage`). */
+  onDiskFull: (err: unknown) => void = () => {},
+) =>
   new Elysia({ name: 'error-mapper' }).onError({ as: 'global' }, ({ code, error, request, set }) => {
     const requestId = set.headers['x-request-id'] as string | undefined
     let err: TropaError
@@ -43,6 +50,11 @@ export const errorMapper = (log: Log, allowedMethods: (path: string) => string[]
         allowedMethods(path).length > 0
           ? new MethodNotAllowed(request.method, path)
           : unknownPath(request.method, path)
+    } else if (isDiskFull(error)) {
+      // A store write (SQLite's "database or disk is full", ENOSPC) failed for want of space:
+      // nothing was stored, and the client may retry once space is freed.
+      onDiskFull(error)
+      err = new InsufficientStorage()
     } else if (
       request.signal.aborted &&
       (error === request.signal.reason || (error as Error)?.name === 'AbortError')

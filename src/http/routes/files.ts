@@ -1,5 +1,6 @@
 import { Elysia, t } from 'elysia'
 import { PermissionDenied } from '../../errors.ts'
+import { contentDisposition } from '../../files/names.ts'
 import { fileView } from '../../files/service.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, payerOf } from '../auth.ts'
@@ -30,7 +31,7 @@ export const fileRoutes = (svc: Services) => {
           return new Response(files.contents.stream(file.id), {
             headers: {
               'content-type': 'application/jsonl',
-              'content-disposition': `attachment; filename="${file.filename.replace(/"/g, '')}"`,
+              'content-disposition': contentDisposition(file.filename),
             },
           })
         },

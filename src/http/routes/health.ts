@@ -1,4 +1,5 @@
 import { Elysia } from 'elysia'
+import { isDiskFull } from '../../errors.ts'
 import { tokenizerReady } from '../../pipeline/tokens.ts'
 import { PredictedTtft } from '../../routing/predicted.ts'
 import type { Services } from '../../services.ts'
@@ -10,11 +11,22 @@ export const healthRoutes = (svc: Services) =>
     .get(
       '/ready',
       ({ set }) => {
+        // A full disk (uploads, result files or the ledger could not be written): this node cannot
+        // take work that must be stored until space is freed; it turns ready again by itself.
+        if (diskFull(svc)) {
+          set.status = 503
+          return { status: 'insufficient_storage' }
+        }
         const ready = tokenizerReady()
         set.status = ready ? 200 : 503
         return { status: ready ? 'ready' : 'starting' }
       },
-      { detail: { tags: ['ops'], summary: 'Readiness: 200 once requests can be served without delay' } },
+      {
+        detail: {
+          tags: ['ops'],
+          summary: 'Readiness: 200 once requests can be served without delay; 503 while the disk is full',
+        },
+      },
     )
     .get(
       '/metrics',
@@ -24,6 +36,9 @@ export const healthRoutes = (svc: Services) =>
       },
       { detail: { tags: ['ops'], summary: 'Prometheus metrics' } },
     )
+
+/** A write found the disk full (uploads, result files, the store, the ledger) and none has succeeded since. */
+const diskFull = (svc: Services) => svc.files.disk?.full !== undefined || isDiskFull(svc.ledger.lastError)
 
 function metricsText(svc: Services): string {
   const lines = [
@@ -61,6 +76,9 @@ function metricsText(svc: Services): string {
     '# HELP tropa_retries_total Attempts after the first (failover and hedges).',
     '# TYPE tropa_retries_total counter',
     `tropa_retries_total ${retries.used}`,
+    '# HELP tropa_disk_full Whether a write found the disk full and none has succeeded since (/ready is 503).',
+    '# TYPE tropa_disk_full gauge',
+    `tropa_disk_full ${diskFull(svc) ? 1 : 0}`,
   )
   if (policy instanceof PredictedTtft) {
     const figures = policy.snapshot(now)
