@@ -19,7 +19,12 @@ export function createApp(svc: Services) {
   const allowedMethods = (path: string): string[] => table.filter((r) => r.re.test(path)).map((r) => r.method)
   // Elysia's default normalisation drops undeclared fields; chat and embeddings must pass them
   // through, and key bodies reject them explicitly (additionalProperties: false).
-  const app = new Elysia({ normalize: false })
+  // Bun closes a connection that neither sends nor takes a byte for idleTimeout seconds (Elysia's
+  // default 30). A stream whose client stopped reading is cut by Tropa at
+  // server.stream_write_timeout_ms instead (it bills and aborts the upstream first), so Bun's
+  // timer is kept a little longer than that.
+  const idleTimeout = Math.max(30, Math.ceil(svc.config.server.streamWriteTimeoutMs / 1000) + 5)
+  const app = new Elysia({ normalize: false, serve: { idleTimeout } })
     .onRequest(({ set }) => {
       set.headers['x-request-id'] = requestId()
     })

@@ -58,6 +58,8 @@ export const ServerSchema = T.Object(
     /** Signs download links; generated into the store when unset (set it when nodes share links). */
     secret: T.Optional(T.String({ minLength: 32 })),
     max_body_bytes: T.Optional(T.Integer({ minimum: 1024 })),
+    /** A stream whose client takes no bytes for this long is cut (upstream aborted, billed so far). */
+    stream_write_timeout_ms: T.Optional(T.Integer({ minimum: 100, maximum: 240_000 })),
     /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
     billing: T.Optional(T.Boolean()),
     log_level: T.Optional(

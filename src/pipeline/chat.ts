@@ -10,6 +10,7 @@ import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
 import { ChatStreamRelay, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
+import type { Deadline } from '../upstream/watchdog.ts'
 import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
 import { chatPrefix, NO_PREFIX } from './prefix.ts'
 import { countChatPrompt, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
@@ -18,6 +19,8 @@ export interface ChatDeps extends UpstreamDeps {
   readonly catalogue: Catalogue
   readonly meter: MoneyMeter
   readonly limiter: RateLimiter
+  /** A stream whose client takes no bytes for this long is cut (server.stream_write_timeout_ms). */
+  readonly streamWriteTimeoutMs: number
 }
 
 /** Who pays for a request. */
@@ -45,6 +48,8 @@ export async function chatCompletion(
   signal: AbortSignal,
   requestId: string,
   sessionHint?: string,
+  /** Closes the client's connection soon (a stream whose client stopped reading is dropped). */
+  cut?: () => void,
 ): Promise<Response> {
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'chat')
@@ -157,8 +162,14 @@ export async function chatCompletion(
     const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => ({
       cost_rub: nanoToRubNumber(settle(candidate, usage, () => '', 'ok')),
     }))
-    const body$ = relayStream(deps, first, relay, attempt, reservation, (usage, outcome) =>
-      settle(candidate, usage, () => relay.generated, outcome),
+    const body$ = relayStream(
+      deps,
+      first,
+      relay,
+      attempt,
+      reservation,
+      (usage, outcome) => settle(candidate, usage, () => relay.generated, outcome),
+      cut,
     )
     return new Response(body$, {
       headers: {
@@ -282,19 +293,28 @@ async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate
 
 /**
  * The client's SSE body: upstream events relayed as they arrive; settles exactly once, when the
- * upstream ends, breaks, or the client goes away (then it pays for what it was sent).
+ * upstream ends, breaks, or the client goes away or stops reading (then it pays for what it was
+ * sent).
+ *
+ * Backpressure: Bun's direct-stream write returns the byte count when the socket took the bytes,
+ * and a Promise when it kept them because the socket is full. Only then does the relay wait (for
+ * the drain, or the client's stall deadline) before reading the upstream again, so a client that
+ * does not read stops the upstream too (Bun's fetch stops reading a body nobody reads): at most
+ * one relayed chunk is held per stream, whatever the client does. The fast path costs a type check.
  */
 function relayStream(
-  deps: UpstreamDeps,
+  deps: ChatDeps,
   first: FirstChunk,
   relay: ChatStreamRelay,
   attempt: Attempt,
   reservation: Reservation,
   settle: (usage: Usage | undefined, outcome: string) => NanoRub,
+  cut: (() => void) | undefined,
 ): ReadableStream<Uint8Array> {
   const { reader, reply } = first
   const c = attempt.candidate
   let finished = false
+  let gone = false
   const idle = deps.timeouts.idleTimeoutMs
   const deadline = deps.watchdog.watch(Date.now() + idle, () =>
     reply.abort(new UpstreamTimeout(`${c.node.name} stalled mid-stream`)),
@@ -309,28 +329,64 @@ function relayStream(
   }
   const errorEvent = (message: string, code: string) =>
     sseEvent({ error: { message, type: 'upstream_error', param: null, code } })
+  /**
+   * Waits until the socket has taken the bytes it kept; true when the client took nothing for
+   * streamWriteTimeoutMs. The upstream's idle deadline stands still meanwhile (the upstream is not
+   * read, through no fault of its own).
+   */
+  const drained = async (pending: Promise<unknown>): Promise<boolean> => {
+    deadline.atMs = Number.POSITIVE_INFINITY
+    let stall!: Deadline
+    const stalled = new Promise<boolean>((resolve) => {
+      stall = deps.watchdog.watch(Date.now() + deps.streamWriteTimeoutMs, () => resolve(true))
+    })
+    const late = await Promise.race([pending.then(noStall, noStall), stalled])
+    deps.watchdog.clear(stall)
+    deadline.atMs = Date.now() + idle
+    return late && !gone
+  }
   // A direct stream (Bun): one pull() for the whole body writes each relayed chunk straight to
   // the socket, with no queue and no promise round per chunk as a pull-per-chunk stream has.
   const source: Bun.DirectUnderlyingSource<Uint8Array> = {
     type: 'direct',
     async pull(controller) {
       let closed = false
-      const send = (bytes: Uint8Array | undefined) => {
-        if (!bytes || closed) return
-        controller.write(bytes)
+      let pending: Promise<unknown> | undefined
+      /** Writes; returns a promise only when the socket kept the bytes (the client is behind). */
+      const send = (bytes: Uint8Array | undefined): Promise<boolean> | undefined => {
+        if (!bytes || closed || gone) return
+        const written: number | Promise<unknown> = controller.write(bytes)
         controller.flush()
+        if (!(written instanceof Promise)) return
+        pending = written
+        return drained(written)
       }
       const close = () => {
         if (closed) return
         closed = true
         controller.close()
       }
+      /** The client took nothing for too long: stop the upstream, bill what was sent, drop it. */
+      const cutStalled = async () => {
+        finish('client_stalled', true)
+        reply.abort(new Error('client stopped reading'))
+        reader.cancel().catch(() => {})
+        closed = true
+        if (cut) {
+          // Closes the socket within a few seconds (Bun's timer), quietly; the one kept chunk
+          // is freed with it.
+          cut()
+          await pending
+        } else controller.close(new Error('client stopped reading'))
+      }
       try {
-        send(relay.push(first.chunk))
+        let wait = send(relay.push(first.chunk))
+        if (wait && (await wait)) return cutStalled()
         for (;;) {
           const { done, value } = await reader.read()
           if (done) {
-            send(relay.end())
+            wait = send(relay.end())
+            if (wait && (await wait)) return cutStalled()
             if (!relay.sawDone && !relay.usage) {
               finish('upstream_broken', false)
               send(errorEvent(`${c.node.name} ended the stream early`, 'upstream_error'))
@@ -338,7 +394,8 @@ function relayStream(
             return close()
           }
           deadline.atMs = Date.now() + idle
-          send(relay.push(value))
+          wait = send(relay.push(value))
+          if (wait && (await wait)) return cutStalled()
           if (relay.upstreamError !== undefined) {
             finish('upstream_error', false)
             reply.abort(new UpstreamFailed('upstream sent an error event'))
@@ -365,6 +422,7 @@ function relayStream(
     },
     cancel() {
       // The client went away: stop the upstream and bill what was sent.
+      gone = true
       finish('client_disconnected', true)
       reply.abort(new Error('client disconnected'))
       reader.cancel().catch(() => {})
@@ -373,3 +431,5 @@ function relayStream(
   // The web worker typings (batch worker) hide Bun's direct-stream overload of the constructor.
   return new ReadableStream<Uint8Array>(source as unknown as UnderlyingDefaultSource<Uint8Array>)
 }
+
+const noStall = () => false
