@@ -1,6 +1,6 @@
 import type { ChatMessage, ChatRequest } from '../api/chat.ts'
 import type { MoneyMeter, Reservation } from '../billing/meter.ts'
-import { costNano, formatRub, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
+import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import type { RateLimiter } from '../billing/rate-limiter.ts'
 import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
@@ -13,7 +13,14 @@ import { ChatStreamRelay, sanitizeUsage, sseEvent, type Usage } from '../upstrea
 import type { Deadline } from '../upstream/watchdog.ts'
 import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
 import { chatPrefix, NO_PREFIX } from './prefix.ts'
-import { countChatPrompt, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
+import {
+  COUNT_SLICE_CHARS,
+  countChatPrompt,
+  countTokens,
+  countTokensYielding,
+  loadTokenizer,
+  reservedPromptTokens,
+} from './tokens.ts'
 
 export interface ChatDeps extends UpstreamDeps {
   readonly catalogue: Catalogue
@@ -92,10 +99,15 @@ export async function chatCompletion(
         : { ...body, model: upstreamModel, max_tokens: bound },
     )
   const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
-  const settle = (c: Candidate, usage: Usage | undefined, completionText: () => string, outcome: string) => {
+  const settle = (
+    c: Candidate,
+    usage: Usage | undefined,
+    completionTokens: () => number,
+    outcome: string,
+  ) => {
     const estimated = !usage
     const p = usage?.prompt_tokens ?? promptTokens
-    const cTokens = usage?.completion_tokens ?? countTokens(completionText())
+    const cTokens = usage?.completion_tokens ?? completionTokens()
     deps.limiter.used(payer.key, cTokens)
     return deps.meter.settle(reservation, {
       requestId,
@@ -130,7 +142,7 @@ export async function chatCompletion(
       value.model = model.id
       const usage = sanitizeUsage(value.usage)
       finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage?.completion_tokens)
-      const charged = settle(candidate, usage, () => completionTextOf(value), 'ok')
+      const charged = settle(candidate, usage, () => countTokens(completionTextOf(value)), 'ok')
       const costText = formatRub(charged)
       if (usage) usage.cost_rub = Number(costText)
       return Response.json(value, {
@@ -160,7 +172,7 @@ export async function chatCompletion(
     )
     // Settles when the usage event arrives (just before [DONE]) so its cost can ride in it.
     const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => ({
-      cost_rub: nanoToRubNumber(settle(candidate, usage, () => '', 'ok')),
+      cost_rub: nanoToRubNumber(settle(candidate, usage, () => 0, 'ok')),
     }))
     const body$ = relayStream(
       deps,
@@ -168,7 +180,16 @@ export async function chatCompletion(
       relay,
       attempt,
       reservation,
-      (usage, outcome) => settle(candidate, usage, () => relay.generated, outcome),
+      (usage, outcome) => {
+        const text = relay.generated
+        if (usage || text.length <= COUNT_SLICE_CHARS)
+          return void settle(candidate, usage, () => countTokens(text), outcome)
+        // A long answer cut short (say many streams cut at once) is counted a slice at a time.
+        countTokensYielding(text).then(
+          (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
+          (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
+        )
+      },
       cut,
     )
     return new Response(body$, {
@@ -308,7 +329,7 @@ function relayStream(
   relay: ChatStreamRelay,
   attempt: Attempt,
   reservation: Reservation,
-  settle: (usage: Usage | undefined, outcome: string) => NanoRub,
+  settle: (usage: Usage | undefined, outcome: string) => void,
   cut: (() => void) | undefined,
 ): ReadableStream<Uint8Array> {
   const { reader, reply } = first
