@@ -355,6 +355,36 @@ test('2,000 idle keep-alive connections: others unaffected, memory bounded', asy
   for (const s of sockets) s.end()
 }, 30_000)
 
+test('downloads of a big file by clients that never read: read from disk as they go, not buffered', async () => {
+  const line = `{"custom_id":"x","method":"POST","url":"/v1/chat/completions","body":{"pad":"${'a'.repeat(2000)}"}}\n`
+  const form = new FormData()
+  form.append('purpose', 'batch')
+  form.append('file', new Blob([line.repeat(16_000)]), 'big.jsonl') // 33 MB
+  const { key } = await attackerKey('files')
+  const up = await fetch(`${router.url}/v1/files`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}` },
+    body: form,
+  })
+  expect(up.status).toBe(200)
+  const file = (await up.json()) as { id: string; bytes: number }
+  const n = 10
+  const before = rssMiB(router.proc.pid)
+  const clients = Array.from({ length: n }, () =>
+    silentClient(
+      port(),
+      `GET /v1/files/${file.id}/content HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${key}\r\n\r\n`,
+    ),
+  )
+  const seen = await watch(2000)
+  console.log('never-read downloads:', seen, 'RSS before', before)
+  // Buffered whole, ten downloads of 33 MB would add 330 MB.
+  expect(seen.peakRssMiB - before).toBeLessThan(100)
+  expect(seen.healthP99).toBeLessThan(P99_MS)
+  expect(seen.chatP99).toBeLessThan(P99_MS)
+  for (const c of clients) c.socket.destroy()
+}, 30_000)
+
 test('nothing went to stderr (no error printed by a cut stream)', async () => {
   router.proc.kill('SIGTERM')
   await router.proc.exited
