@@ -25,6 +25,11 @@ export function createApp(svc: Services) {
   const allowedMethods = (path: string): string[] => table.filter((r) => r.re.test(path)).map((r) => r.method)
   // Elysia's default normalisation drops undeclared fields; chat and embeddings must pass them
   // through, and key bodies reject them explicitly (additionalProperties: false).
+  // Bun closes a connection that neither sends nor takes a byte for idleTimeout seconds (Elysia's
+  // default 30). A stream whose client stopped reading is cut by Tropa at
+  // server.stream_write_timeout_ms instead (it bills and aborts the upstream first), so Bun's
+  // timer is kept a little longer than that.
+  const idleTimeout = Math.max(30, Math.ceil(svc.config.server.streamWriteTimeoutMs / 1000) + 5)
   const app = new Elysia({
     normalize: false,
     // The runtime's own body cap (Bun's default is 128 MiB, under files.max_bytes) answers an
@@ -32,7 +37,7 @@ export function createApp(svc: Services) {
     // readers enforce the configured limits themselves (server.max_body_bytes for JSON,
     // files.max_bytes for uploads: by Content-Length before reading, by counting while reading),
     // so the runtime's is lifted out of their way and every 413 carries OpenAI's error body.
-    serve: { maxRequestBodySize: RUNTIME_BODY_CAP },
+    serve: { maxRequestBodySize: RUNTIME_BODY_CAP, idleTimeout },
   })
     .onRequest(({ set }) => {
       set.headers['x-request-id'] = requestId()

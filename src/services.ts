@@ -124,6 +124,7 @@ export async function buildServices(
     adapter: new OpenAICompatibleAdapter(watchdog),
     watchdog,
     timeouts: config.upstream,
+    streamWriteTimeoutMs: config.server.streamWriteTimeoutMs,
     hedges: config.routing.hedgeShare > 0 ? new ShareBudget(config.routing.hedgeShare, 10) : undefined,
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,

@@ -41,6 +41,8 @@ export interface Config {
     readonly dataDir: string
     readonly adminToken: string | undefined
     readonly maxBodyBytes: number
+    /** A stream whose client takes no bytes for this long is cut. */
+    readonly streamWriteTimeoutMs: number
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
     readonly billing: boolean
     readonly secret: string | undefined
@@ -232,6 +234,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       dataDir,
       adminToken: cfg.server?.admin_token,
       maxBodyBytes: cfg.server?.max_body_bytes ?? 32 * 1024 * 1024,
+      streamWriteTimeoutMs: cfg.server?.stream_write_timeout_ms ?? 30_000,
       logLevel: cfg.server?.log_level ?? 'info',
       billing: cfg.server?.billing ?? true,
       secret: cfg.server?.secret,

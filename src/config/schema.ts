@@ -60,6 +60,8 @@ export const ServerSchema = T.Object(
     max_body_bytes: T.Optional(T.Integer({ minimum: 1024 })),
     /** The base of links Tropa hands out (batch downloads); default http://<host>:<port>. */
     public_url: T.Optional(T.String({ minLength: 1 })),
+    /** A stream whose client takes no bytes for this long is cut (upstream aborted, billed so far). */
+    stream_write_timeout_ms: T.Optional(T.Integer({ minimum: 100, maximum: 240_000 })),
     /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
     billing: T.Optional(T.Boolean()),
     log_level: T.Optional(

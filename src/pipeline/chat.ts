@@ -1,6 +1,6 @@
 import type { ChatMessage, ChatRequest } from '../api/chat.ts'
 import type { MoneyMeter, Reservation } from '../billing/meter.ts'
-import { costNano, formatRub, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
+import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import type { RateLimiter } from '../billing/rate-limiter.ts'
 import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
@@ -10,14 +10,24 @@ import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
 import { ChatStreamRelay, estimatedUsage, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
+import type { Deadline } from '../upstream/watchdog.ts'
 import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
 import { chatPrefix, NO_PREFIX } from './prefix.ts'
-import { countChatPromptAsync, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
+import {
+  COUNT_SLICE_CHARS,
+  countChatPromptAsync,
+  countTokens,
+  countTokensYielding,
+  loadTokenizer,
+  reservedPromptTokens,
+} from './tokens.ts'
 
 export interface ChatDeps extends UpstreamDeps {
   readonly catalogue: Catalogue
   readonly meter: MoneyMeter
   readonly limiter: RateLimiter
+  /** A stream whose client takes no bytes for this long is cut (server.stream_write_timeout_ms). */
+  readonly streamWriteTimeoutMs: number
 }
 
 /** Who pays for a request. */
@@ -45,6 +55,8 @@ export async function chatCompletion(
   signal: AbortSignal,
   requestId: string,
   sessionHint?: string,
+  /** Closes the client's connection soon (a stream whose client stopped reading is dropped). */
+  cut?: () => void,
 ): Promise<Response> {
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'chat')
@@ -92,10 +104,15 @@ export async function chatCompletion(
   const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
   // What is billed, and shown to the client: the upstream's usage when it is sane
   // (sanitizeUsage), else Tropa's own counts, marked estimated.
-  const billed = (usage: Usage | undefined, completionText: () => string): Usage =>
-    usage ?? estimatedUsage(promptTokens, countTokens(completionText()))
-  const settle = (c: Candidate, usage: Usage | undefined, completionText: () => string, outcome: string) => {
-    const u = billed(usage, completionText)
+  const billed = (usage: Usage | undefined, completionTokens: () => number): Usage =>
+    usage ?? estimatedUsage(promptTokens, completionTokens())
+  const settle = (
+    c: Candidate,
+    usage: Usage | undefined,
+    completionTokens: () => number,
+    outcome: string,
+  ) => {
+    const u = billed(usage, completionTokens)
     const p = u.prompt_tokens
     const cTokens = u.completion_tokens
     deps.limiter.used(payer.key, cTokens)
@@ -130,9 +147,9 @@ export async function chatCompletion(
       )
       value.id = completionId
       value.model = model.id
-      const usage = billed(sanitizeUsage(value.usage), () => completionTextOf(value))
+      const usage = billed(sanitizeUsage(value.usage), () => countTokens(completionTextOf(value)))
       finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage.completion_tokens)
-      const costText = formatRub(settle(candidate, usage, () => '', 'ok'))
+      const costText = formatRub(settle(candidate, usage, () => 0, 'ok'))
       usage.cost_rub = Number(costText)
       value.usage = usage
       return Response.json(value, {
@@ -162,12 +179,27 @@ export async function chatCompletion(
     )
     // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
     const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => {
-      const u = billed(usage, () => relay.generated)
-      u.cost_rub = nanoToRubNumber(settle(candidate, u, () => '', 'ok'))
+      const u = billed(usage, () => countTokens(relay.generated))
+      u.cost_rub = nanoToRubNumber(settle(candidate, u, () => 0, 'ok'))
       return u
     })
-    const body$ = relayStream(deps, first, relay, attempt, reservation, (usage, outcome) =>
-      settle(candidate, usage, () => relay.generated, outcome),
+    const body$ = relayStream(
+      deps,
+      first,
+      relay,
+      attempt,
+      reservation,
+      (usage, outcome) => {
+        const text = relay.generated
+        if (usage || text.length <= COUNT_SLICE_CHARS)
+          return void settle(candidate, usage, () => countTokens(text), outcome)
+        // A long answer cut short (say many streams cut at once) is counted a slice at a time.
+        countTokensYielding(text).then(
+          (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
+          (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
+        )
+      },
+      cut,
     )
     return new Response(body$, {
       headers: {
@@ -300,19 +332,28 @@ async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate
 
 /**
  * The client's SSE body: upstream events relayed as they arrive; settles exactly once, when the
- * upstream ends, breaks, or the client goes away (then it pays for what it was sent).
+ * upstream ends, breaks, or the client goes away or stops reading (then it pays for what it was
+ * sent).
+ *
+ * Backpressure: Bun's direct-stream write returns the byte count when the socket took the bytes,
+ * and a Promise when it kept them because the socket is full. Only then does the relay wait (for
+ * the drain, or the client's stall deadline) before reading the upstream again, so a client that
+ * does not read stops the upstream too (Bun's fetch stops reading a body nobody reads): at most
+ * one relayed chunk is held per stream, whatever the client does. The fast path costs a type check.
  */
 function relayStream(
-  deps: UpstreamDeps,
+  deps: ChatDeps,
   first: FirstChunk,
   relay: ChatStreamRelay,
   attempt: Attempt,
   reservation: Reservation,
-  settle: (usage: Usage | undefined, outcome: string) => NanoRub,
+  settle: (usage: Usage | undefined, outcome: string) => void,
+  cut: (() => void) | undefined,
 ): ReadableStream<Uint8Array> {
   const { reader, reply } = first
   const c = attempt.candidate
   let finished = false
+  let gone = false
   const idle = deps.timeouts.idleTimeoutMs
   const deadline = deps.watchdog.watch(Date.now() + idle, () =>
     reply.abort(new UpstreamTimeout(`${c.node.name} stalled mid-stream`)),
@@ -327,28 +368,64 @@ function relayStream(
   }
   const errorEvent = (message: string, code: string) =>
     sseEvent({ error: { message, type: 'upstream_error', param: null, code } })
+  /**
+   * Waits until the socket has taken the bytes it kept; true when the client took nothing for
+   * streamWriteTimeoutMs. The upstream's idle deadline stands still meanwhile (the upstream is not
+   * read, through no fault of its own).
+   */
+  const drained = async (pending: Promise<unknown>): Promise<boolean> => {
+    deadline.atMs = Number.POSITIVE_INFINITY
+    let stall!: Deadline
+    const stalled = new Promise<boolean>((resolve) => {
+      stall = deps.watchdog.watch(Date.now() + deps.streamWriteTimeoutMs, () => resolve(true))
+    })
+    const late = await Promise.race([pending.then(noStall, noStall), stalled])
+    deps.watchdog.clear(stall)
+    deadline.atMs = Date.now() + idle
+    return late && !gone
+  }
   // A direct stream (Bun): one pull() for the whole body writes each relayed chunk straight to
   // the socket, with no queue and no promise round per chunk as a pull-per-chunk stream has.
   const source: Bun.DirectUnderlyingSource<Uint8Array> = {
     type: 'direct',
     async pull(controller) {
       let closed = false
-      const send = (bytes: Uint8Array | undefined) => {
-        if (!bytes || closed) return
-        controller.write(bytes)
+      let pending: Promise<unknown> | undefined
+      /** Writes; returns a promise only when the socket kept the bytes (the client is behind). */
+      const send = (bytes: Uint8Array | undefined): Promise<boolean> | undefined => {
+        if (!bytes || closed || gone) return
+        const written: number | Promise<unknown> = controller.write(bytes)
         controller.flush()
+        if (!(written instanceof Promise)) return
+        pending = written
+        return drained(written)
       }
       const close = () => {
         if (closed) return
         closed = true
         controller.close()
       }
+      /** The client took nothing for too long: stop the upstream, bill what was sent, drop it. */
+      const cutStalled = async () => {
+        finish('client_stalled', true)
+        reply.abort(new Error('client stopped reading'))
+        reader.cancel().catch(() => {})
+        closed = true
+        if (cut) {
+          // Closes the socket within a few seconds (Bun's timer), quietly; the one kept chunk
+          // is freed with it.
+          cut()
+          await pending
+        } else controller.close(new Error('client stopped reading'))
+      }
       try {
-        send(relay.push(first.chunk))
+        let wait = send(relay.push(first.chunk))
+        if (wait && (await wait)) return cutStalled()
         for (;;) {
           const { done, value } = await reader.read()
           if (done) {
-            send(relay.end())
+            wait = send(relay.end())
+            if (wait && (await wait)) return cutStalled()
             if (!relay.sawDone && !relay.usage) {
               finish('upstream_broken', false)
               send(errorEvent(`${c.node.name} ended the stream early`, 'upstream_error'))
@@ -356,7 +433,9 @@ function relayStream(
             return close()
           }
           deadline.atMs = Date.now() + idle
-          send(relay.push(value))
+          if (relayedThisTurn(value.length) > TURN_BUDGET_BYTES) await nextTurn()
+          wait = send(relay.push(value))
+          if (wait && (await wait)) return cutStalled()
           if (relay.upstreamError !== undefined) {
             finish('upstream_error', false)
             reply.abort(new UpstreamFailed('upstream sent an error event'))
@@ -383,6 +462,7 @@ function relayStream(
     },
     cancel() {
       // The client went away: stop the upstream and bill what was sent.
+      gone = true
       finish('client_disconnected', true)
       reply.abort(new Error('client disconnected'))
       reader.cancel().catch(() => {})
@@ -391,3 +471,29 @@ function relayStream(
   // The web worker typings (batch worker) hide Bun's direct-stream overload of the constructor.
   return new ReadableStream<Uint8Array>(source as unknown as UnderlyingDefaultSource<Uint8Array>)
 }
+
+const noStall = () => false
+
+/**
+ * Bytes all streams relayed since the event loop last turned. A read of data already buffered
+ * resolves as a microtask, so after a burst (many fast upstreams, clients draining at once) the
+ * relays would run back to back, holding the loop (1.3 s for 33 MB seen); past the budget a
+ * stream waits for the next turn, so other requests are served in between. Costs an add and a
+ * compare per chunk, and one setImmediate per turn that relays anything.
+ */
+let turnBytes = 0
+let turnResetQueued = false
+const TURN_BUDGET_BYTES = 64 * 1024
+const resetTurn = () => {
+  turnBytes = 0
+  turnResetQueued = false
+}
+function relayedThisTurn(bytes: number): number {
+  if (!turnResetQueued) {
+    turnResetQueued = true
+    setImmediate(resetTurn)
+  }
+  turnBytes += bytes
+  return turnBytes
+}
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve))

@@ -78,6 +78,19 @@ function exactCut(text: string, i: number): boolean {
 }
 const WHITESPACE = /\s/
 
+/** Texts up to this long are counted in one go (countTokensYielding slices longer ones). */
+export const COUNT_SLICE_CHARS = SLICE
+
+/**
+ * countTokens for a long text without holding the event loop (a stream's answer, cut short): a
+ * slice at a time as PromptCounter does, exact where a slice ends before a space.
+ */
+export async function countTokensYielding(text: string): Promise<number> {
+  const counter = new PromptCounter()
+  await counter.add(text)
+  return counter.n
+}
+
 /**
  * Prompt tokens to reserve for: Tropa's count plus half again and 16. Upstream models use their
  * own tokenizers (a llama vocabulary counted 22 tokens where o200k counted 12); the margin keeps

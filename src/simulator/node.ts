@@ -34,6 +34,8 @@ export interface SimNodeOptions {
   /** Multiplies every delay; 0 answers at once (fast tests). */
   timeScale?: number
   seed?: number
+  /** Every answer runs to its max_tokens (vLLM's ignore_eos): long outputs on demand. */
+  ignoreEos?: boolean
   faults?: Partial<SimFaults>
 }
 
@@ -198,9 +200,11 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     const tools = Array.isArray(body.tools) ? body.tools : []
     const last = messages[messages.length - 1]
     const toolCall = tools.length > 0 && body.tool_choice !== 'none' && last?.role !== 'tool'
-    const wanted = 8 + Math.floor(rand() * 57)
+    const drawn = 8 + Math.floor(rand() * 57)
+    const toEos = opts.ignoreEos === true && Number.isFinite(cap)
+    const wanted = toEos ? cap : drawn
     const n = Math.max(1, Math.min(wanted, cap))
-    const finish = toolCall ? 'tool_calls' : n < wanted ? 'length' : 'stop'
+    const finish = toolCall ? 'tool_calls' : n < wanted || toEos ? 'length' : 'stop'
     let call: { id: string; name: string; args: string } | undefined
     if (toolCall) {
       const chosen = (body.tool_choice as { function?: { name?: string } } | undefined)?.function?.name

@@ -40,6 +40,11 @@ const USAGE_FIELD = /"usage"\s*:\s*(?!null\b)\S/
 const ID_FIELD = /"id"\s*:\s*"((?:[^"\\]|\\.)*)"/
 const MODEL_FIELD = /"model"\s*:\s*"((?:[^"\\]|\\.)*)"/
 const encoder = new TextEncoder()
+/** Generated text is copied out of the chunks' strings every this many chars (about 1,000 tokens). */
+const COPY_AT = 4096
+const decoder = new TextDecoder()
+/** A string with its own storage, not a view into (or a rope over) bigger strings. */
+const copyOf = (s: string): string => decoder.decode(encoder.encode(s))
 
 /**
  * Relays an upstream chat SSE stream event by event. It does not re-serialise chunks: each event's
@@ -55,10 +60,15 @@ export class ChatStreamRelay {
   /** The final usage event was billed. */
   private settled = false
   /**
-   * The generated text relayed so far (content, tool names and arguments), to count tokens if
-   * the stream ends without usage. Only the text is kept: a few bytes a token, not the events.
+   * Pieces of the generated text relayed so far (content, tool names and arguments), to count
+   * tokens if the stream ends without usage. Only the text is kept: a few bytes a token, not the
+   * events. Each piece is a copy: the text is cut out of the decoded chunks with regexes, and in
+   * JSC a substring (and a rope of them) keeps its whole base string alive, so without copies a
+   * stream would hold every chunk it relayed (200 bytes a token instead of 5).
    */
-  generated = ''
+  private readonly generatedPieces: string[] = []
+  /** The latest generated text, not copied yet (a rope of substrings, under COPY_AT chars). */
+  private generatedTail = ''
   private buffer = ''
   private readonly decoder = new TextDecoder()
   private idFrom: string | undefined
@@ -140,21 +150,39 @@ export class ChatStreamRelay {
         parsed.model = this.modelId
         return `data: ${JSON.stringify(parsed)}\n\n`
       }
-      if (!final) this.generated += deltaText(payload)
+      if (!final) this.addGenerated(deltaText(payload))
       if (!this.includeUsage && final) return ''
     } else if (!payload.startsWith('{"id"') && /^\{\s*"error"/.test(payload)) {
       // (chunks start with "id": the regex runs only on what may be an error event)
       this.upstreamError = safeParse(payload) ?? payload
       return ''
-    } else this.generated += deltaText(payload)
+    } else {
+      this.addGenerated(deltaText(payload))
+    }
     return this.rewrite(text)
+  }
+
+  private addGenerated(text: string): void {
+    this.generatedTail += text
+    if (this.generatedTail.length >= COPY_AT) {
+      this.generatedPieces.push(copyOf(this.generatedTail))
+      this.generatedTail = ''
+    }
+  }
+
+  /** The generated text relayed so far. */
+  get generated(): string {
+    return this.generatedPieces.length === 0
+      ? this.generatedTail
+      : this.generatedPieces.join('') + this.generatedTail
   }
 
   private learn(payload: string) {
     const id = ID_FIELD.exec(payload)
     const model = MODEL_FIELD.exec(payload)
-    this.idFrom = id ? id[0] : ''
-    this.modelFrom = model ? model[0] : ''
+    // copies, or they would keep the first chunk alive for the whole stream
+    this.idFrom = id ? copyOf(id[0]) : ''
+    this.modelFrom = model ? copyOf(model[0]) : ''
   }
 
   private rewrite(text: string): string {

@@ -46,6 +46,20 @@ describe('config', () => {
     expect(m.price).toEqual({ promptNano: 30_000n, completionNano: 60_000n })
     expect(m.routes[0]).toMatchObject({ apiKey: 'secret', upstreamModel: 'chat', node: '127.0.0.1:9101' })
     expect(Object.isFrozen(c.models[0])).toBe(true)
+    expect(c.server.streamWriteTimeoutMs).toBe(30_000)
+  })
+
+  test('server.stream_write_timeout_ms: set, or refused out of range', () => {
+    const c = loadConfig(
+      { configPath: write(GOOD.replace('port = 9000', 'stream_write_timeout_ms = 5000')) },
+      {
+        ACME_KEY: 'k',
+      },
+    )
+    expect(c.server.streamWriteTimeoutMs).toBe(5000)
+    expect(
+      problems(GOOD.replace('port = 9000', 'stream_write_timeout_ms = 0'), { ACME_KEY: 'k' }).join(),
+    ).toContain('stream_write_timeout_ms')
   })
 
   test('environment and flags override the file', () => {

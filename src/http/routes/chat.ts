@@ -10,7 +10,7 @@ export const chatRoutes = (svc: Services) =>
     .derive(authenticate(svc))
     .post(
       '/v1/chat/completions',
-      ({ principal, body, request, set }) =>
+      ({ principal, body, request, set, server }) =>
         chatCompletion(
           svc.deps,
           payerOf(principal),
@@ -18,6 +18,7 @@ export const chatRoutes = (svc: Services) =>
           request.signal,
           set.headers['x-request-id'] as string,
           request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
+          () => server?.timeout(request, 1),
         ),
       {
         parse: jsonBody(svc.config.server.maxBodyBytes, ChatRequest, authenticateFirst(svc)),
