@@ -59,11 +59,14 @@ export class PromptCounter {
   }
 }
 
-/** Where the slice from `at` ends: at an exact cut a little past SLICE, or else at SLICE. */
+/** Where the slice from `at` ends: at an exact cut a little past SLICE, at the end when that is near, or else at SLICE. */
 function sliceEnd(text: string, at: number): number {
   const end = at + SLICE
   if (end >= text.length) return text.length
-  for (let i = end, stop = Math.min(text.length, end + 1024); i < stop; i++) if (exactCut(text, i)) return i
+  const stop = Math.min(text.length, end + 1024)
+  for (let i = end; i < stop; i++) if (exactCut(text, i)) return i
+  // Less than 1 KiB left with no exact cut: the rest goes in this slice (no margin needed).
+  if (stop === text.length) return text.length
   const c = text.charCodeAt(end)
   return c >= 0xdc00 && c <= 0xdfff ? end - 1 : end
 }

@@ -35,7 +35,10 @@ test('a long text counted a slice at a time counts exactly as a whole', async ()
     while (text.length < COUNT_SLICE_CHARS * 4) text += parts[Math.floor(rand() * parts.length)]
     expect(await countTokensYielding(text)).toBe(countTokens(text))
   }
-  // One long run with no place to cut is counted whole.
+  // One long run with no place to cut is cut anyway (the event loop comes first): the count is at
+  // or above the whole's, and within half a percent of it.
   const run = 'x'.repeat(COUNT_SLICE_CHARS * 2)
-  expect(await countTokensYielding(run)).toBe(countTokens(run))
+  const sliced = await countTokensYielding(run)
+  expect(sliced).toBeGreaterThanOrEqual(countTokens(run))
+  expect(sliced).toBeLessThanOrEqual(Math.ceil(countTokens(run) * 1.005))
 })
