@@ -105,7 +105,16 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
         hist.recordMs(ms)
         keepSlowest(report, { ms, kind: req.kind, method: req.method, path: req.path.slice(0, 80), status })
         if (process.env.FUZZ_SLOW && ms > Number(process.env.FUZZ_SLOW))
-          console.error(JSON.stringify({ ms: Math.round(ms), kind: req.kind, m: req.method, p: req.path.slice(0, 60), status, bytes: req.body?.length ?? 0 }))
+          console.error(
+            JSON.stringify({
+              ms: Math.round(ms),
+              kind: req.kind,
+              m: req.method,
+              p: req.path.slice(0, 60),
+              status,
+              bytes: req.body?.length ?? 0,
+            }),
+          )
         text = await res.text()
       } catch (err) {
         report.violations.push({

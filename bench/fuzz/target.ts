@@ -1,13 +1,12 @@
 // A Tropa for the fuzzer: its own process (so its memory and its log are its own) on a fresh
-// SQLite data directory, in front of three simulated nodes that answer at once, with an
+// SQLite data directory, in front of three simulated nodes (another process) that answer at once, with an
 // organization holding plenty of money. After the run, the store is read directly.
 import { Database } from 'bun:sqlite'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { startSimFleet } from '../../src/simulator/index.ts'
-import { loadTokenizer } from '../../src/tokenizer.ts'
 import { freePort, jsonCall, startRouterProcess } from '../../test/helpers/process.ts'
+import { startSimProcess } from '../../test/helpers/sim-process.ts'
 import { ADMIN_TOKEN, defaultModels } from '../../test/helpers/start.ts'
 import type { Secrets, Target } from './gen.ts'
 
@@ -31,7 +30,8 @@ export interface FuzzTarget {
 
 export async function startFuzzTarget(): Promise<FuzzTarget> {
   const dir = mkdtempSync(join(tmpdir(), 'tropa-fuzz-'))
-  const fleet = await startSimFleet(
+  // The simulated nodes run in a process of their own: their work is not the router's latency.
+  const fleet = await startSimProcess(
     [1, 2, 3].map((i) => ({ name: `sim-${i}`, seed: i, itlMs: 0, prefillTokensPerSec: 10_000_000 })),
   )
   const config = join(dir, 'tropa.json')
@@ -55,8 +55,6 @@ export async function startFuzzTarget(): Promise<FuzzTarget> {
   const key = await jsonCall(url, '/v1/keys', org.master_key as string, { name: 'fuzz' })
   // A key the fuzz may rename, disable or revoke through its id (its own must stay usable).
   const decoy = await jsonCall(url, '/v1/keys', org.master_key as string, { name: 'decoy' })
-  // The simulated nodes count tokens in this process: load the tokenizer before the clock starts.
-  await loadTokenizer()
   let stderr = ''
   return {
     url,

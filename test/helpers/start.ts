@@ -47,7 +47,7 @@ export interface Tropa {
 
 export const CHAT_PRICE = { prompt: '0.000030', completion: '0.000060' }
 
-export function defaultModels(nodes: SimNode[]): ModelFile[] {
+export function defaultModels(nodes: readonly Pick<SimNode, 'name' | 'url'>[]): ModelFile[] {
   return [
     {
       id: 'test/chat',
