@@ -11,6 +11,8 @@ import { requestId } from '../ids.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, Store } from '../storage/store.ts'
+import { upstreamError } from '../upstream/openai-compatible.ts'
+import { cleanUpstreamMessage, cleanUpstreamParam } from '../upstream/redact.ts'
 import { sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
@@ -238,11 +240,17 @@ async function callUpstream(
   }
   // As for live requests: these say the node failed, not the request (src/upstream/openai-compatible.ts).
   if (status >= 400 && status < 500 && ![401, 403, 404, 408, 409, 425, 429].includes(status)) {
-    // The upstream refused the request itself: retrying elsewhere would not help.
-    let errBody: unknown = text
-    try {
-      errBody = JSON.parse(text)
-    } catch {}
+    // The upstream refused the request itself: retrying elsewhere would not help. Its message
+    // goes into the error file cleaned of credentials and paths, as on the live path.
+    const { message, param } = upstreamError(text)
+    const errBody = {
+      error: {
+        message: cleanUpstreamMessage(message),
+        type: 'invalid_request_error',
+        param: cleanUpstreamParam(param),
+        code: null,
+      },
+    }
     await store.finishLine(
       line.batchId,
       line.line,
