@@ -119,24 +119,31 @@ export function countTokens(text: string): number {
  */
 export function hasLongRun(text: string): boolean {
   if (text.length <= MAX_UNITS) return false
-  let space = 0
-  let other = 0
-  let slashes = 0
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i)
-    if (isSpace(c)) {
-      space++
-      other = 0
-    } else {
-      other++
-      space = 0
-    }
-    if (c === 10 || c === 13 || c === 47) slashes++
-    else slashes = 0
-    if (space >= RUN || other >= RUN || slashes >= RUN) return true
+  // A run of RUN code units holds two samples STEP apart: look only where two samples agree.
+  for (let p = 0; p + STEP < text.length; p += STEP) {
+    const a = text.charCodeAt(p)
+    const b = text.charCodeAt(p + STEP)
+    const space = isSpace(a)
+    if (space === isSpace(b) && runAround(text, p, space ? isSpace : isNotSpace) >= RUN) return true
+    if (isSlashOrNewline(a) && isSlashOrNewline(b) && runAround(text, p, isSlashOrNewline) >= RUN) return true
   }
   return false
 }
+const STEP = RUN / 2
+
+/** The length of the run of `kind` through p and p + STEP; 0 when it does not reach p + STEP. */
+function runAround(text: string, p: number, kind: (c: number) => boolean): number {
+  let end = p + 1
+  while (end <= p + STEP && kind(text.charCodeAt(end))) end++
+  if (end <= p + STEP) return 0
+  while (end < text.length && kind(text.charCodeAt(end))) end++
+  let start = p
+  while (start > 0 && kind(text.charCodeAt(start - 1))) start--
+  return end - start
+}
+
+const isNotSpace = (c: number) => !isSpace(c)
+const isSlashOrNewline = (c: number) => c === 10 || c === 13 || c === 47
 
 /** JavaScript's \s (WhiteSpace and LineTerminator), which the split regex uses. */
 function isSpace(c: number): boolean {
