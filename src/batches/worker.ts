@@ -13,7 +13,7 @@ import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, Store } from '../storage/store.ts'
 import { upstreamError } from '../upstream/openai-compatible.ts'
 import { cleanUpstreamMessage, cleanUpstreamParam } from '../upstream/redact.ts'
-import { sanitizeUsage } from '../upstream/sse.ts'
+import { estimatedUsage, sanitizePromptUsage, sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
 import { priceLine, validateFile } from './validate.ts'
@@ -193,12 +193,18 @@ async function callUpstream(
       return transient(line, reqId, 'upstream sent a malformed body')
     if (endpoint === '/v1/chat/completions') parsed.id = `chatcmpl-${requestId()}`
     parsed.model = modelId
-    const reported = sanitizeUsage(parsed.usage)
+    const chat = endpoint === '/v1/chat/completions'
+    const reported = chat ? sanitizeUsage(parsed.usage) : sanitizePromptUsage(parsed.usage)
     const usage = {
       promptTokens: reported?.prompt_tokens ?? countedPrompt,
-      completionTokens:
-        reported?.completion_tokens ??
-        (endpoint === '/v1/chat/completions' ? countTokens(answerText(parsed)) : 0),
+      completionTokens: reported?.completion_tokens ?? (chat ? countTokens(answerText(parsed)) : 0),
+    }
+    // The line shows the usage billed: the upstream's when sane, else Tropa's count, marked.
+    if (!reported) {
+      const e = estimatedUsage(usage.promptTokens, usage.completionTokens)
+      parsed.usage = chat
+        ? e
+        : { prompt_tokens: e.prompt_tokens, total_tokens: e.total_tokens, estimated: true }
     }
     const result = JSON.stringify({
       id: `batch_req_${requestId()}`,

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { connect } from 'node:net'
-import OpenAI from 'openai'
+import OpenAI, { toFile } from 'openai'
 import { rubNumberToNano } from '../../src/billing/money.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -295,6 +295,52 @@ describe('a hostile upstream', () => {
     expect((await usageRows()).length).toBe(before)
     expect(t.svc.identity.org(t.orgId).reservedNano).toBe(0n)
   })
+
+  test('batch lines: garbage usage shows as the billed estimate; a rejection is cleaned', async () => {
+    const run = async (
+      endpoint: '/v1/chat/completions' | '/v1/embeddings',
+      body: Record<string, unknown>,
+    ) => {
+      const c = t.client()
+      const line = JSON.stringify({ custom_id: 'l1', method: 'POST', url: endpoint, body })
+      const file = await c.files.create({
+        file: await toFile(Buffer.from(`${line}\n`), 'b.jsonl'),
+        purpose: 'batch',
+      })
+      let b = await c.batches.create({ input_file_id: file.id, endpoint, completion_window: '24h' })
+      for (let i = 0; i < 400 && !['completed', 'failed'].includes(b.status); i++) {
+        await Bun.sleep(25)
+        b = await c.batches.retrieve(b.id)
+      }
+      const id = b.output_file_id ?? b.error_file_id
+      return JSON.parse((await (await c.files.content(id!)).text()).trim()) as {
+        response: {
+          status_code: number
+          body: { usage?: Record<string, unknown>; error?: Record<string, unknown> }
+        }
+      }
+    }
+    mode = 'negative'
+    const chat = await run('/v1/chat/completions', {
+      model: 'test/chat',
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 50,
+    })
+    expect(chat.response.body.usage).toMatchObject({ completion_tokens: 2, estimated: true })
+    const emb = await run('/v1/embeddings', { model: 'test/embed', input: 'hello there world' })
+    expect(emb.response.body.usage).toEqual({ prompt_tokens: 3, total_tokens: 3, estimated: true })
+    mode = 'reject'
+    const rejected = await run('/v1/chat/completions', {
+      model: 'test/chat',
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 5,
+    })
+    expect(rejected.response.status_code).toBe(422)
+    const text = JSON.stringify(rejected)
+    expect(text).toContain('Invalid request')
+    expect(text).not.toContain('sk-')
+    expect(text).not.toContain('/srv')
+  }, 30_000)
 
   test('a client that drops an upload mid-way does not take the router down', async () => {
     const u = new URL(t.url)
