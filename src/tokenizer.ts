@@ -89,7 +89,7 @@ export function encode(text: string): number[] {
 /**
  * Tokens of a text, in time linear in its length. Exact for any text whose pieces are at most
  * MAX_PIECE_BYTES long (all ordinary text); a longer piece counts its chunks plus CUT_MARGIN per
- * cut and one more CUT_MARGIN, which keeps it at or above its exact count.
+ * cut and per end of the piece, which keeps it at or above its exact count.
  */
 export function countTokens(text: string): number {
   const l = loaded()
