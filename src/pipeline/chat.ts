@@ -12,7 +12,7 @@ import type { UpstreamReply } from '../upstream/adapter.ts'
 import { ChatStreamRelay, estimatedUsage, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
 import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
 import { chatPrefix, NO_PREFIX } from './prefix.ts'
-import { countChatPromptAsync, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
+import { countChatPromptLive, countTokens, loadTokenizer, reservedPromptTokens } from './tokens.ts'
 
 export interface ChatDeps extends UpstreamDeps {
   readonly catalogue: Catalogue
@@ -50,7 +50,8 @@ export async function chatCompletion(
   const model = deps.catalogue.getOfKind(body.model, 'chat')
   checkMessages(body.messages)
   await loadTokenizer()
-  const promptTokens = await countChatPromptAsync(body.messages, body.tools, model.contextLength)
+  const counted = countChatPromptLive(body.messages, body.tools, model.contextLength)
+  const promptTokens = typeof counted === 'number' ? counted : await counted
   const maxOut = outputBudget(model, promptTokens, body.max_completion_tokens ?? body.max_tokens)
   const choices = body.n ?? 1
   const worst = costNano(reservedPromptTokens(promptTokens), maxOut * choices, model.price)
