@@ -237,11 +237,23 @@ export class NoUpstreamAvailable extends UpstreamFailed {
     super(`no upstream node is available for ${model}`, 'no_upstream_available')
   }
 }
-/** The upstream rejected the request itself (4xx other than 408/429): passed on, never retried elsewhere. */
+/**
+ * The upstream rejected the request itself (4xx other than 408/429): passed on, never retried
+ * elsewhere. The message is the upstream's, cleaned (upstream/redact.ts); `detail`, its original,
+ * is for the log only. 413 and 422 keep their status; any other 4xx is a 400.
+ */
 export class UpstreamRejected extends InvalidRequest {
-  constructor(message: string, upstreamStatus: number) {
-    super(message, 'upstream_rejected')
+  override readonly status: number
+  constructor(
+    message: string,
+    upstreamStatus: number,
+    param: string | null = null,
+    /** The upstream's message as it sent it, for the log only. */
+    readonly detail: string | null = null,
+  ) {
+    super(message, 'upstream_rejected', param)
     this.upstreamStatus = upstreamStatus
+    this.status = upstreamStatus === 413 || upstreamStatus === 422 ? upstreamStatus : 400
   }
   upstreamStatus: number
 }

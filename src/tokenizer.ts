@@ -7,7 +7,8 @@
 // piece's length: 40,000 repeated letters took 8.5 s of the event loop. Text arrives here from
 // clients, so no piece longer than MAX_PIECE_BYTES of UTF-8 ever reaches the merge: a longer one
 // is cut into chunks of at most that, each encoded alone. Ordinary text (prose, code, JSON,
-// base64, URLs, Markdown tables) has no piece that long and is encoded exactly as before.
+// base64, URLs) has no piece that long and is encoded exactly as before; what has one is a run
+// of one character (Markdown tables' padding) or text with no spaces or punctuation.
 
 type Options = { disallowedSpecial: Set<string> }
 interface Lib {
@@ -18,11 +19,14 @@ interface Lib {
 let lib: Lib | undefined
 let loading: Promise<void> | undefined
 
-/** The longest piece given to the byte-pair merge, in bytes of UTF-8. */
-export const MAX_PIECE_BYTES = 768
+/**
+ * The longest piece given to the byte-pair merge, in bytes of UTF-8. The merge's time per byte
+ * grows with the piece: 768-byte chunks of random letters took 11 s per MB, 256-byte ones 1 s.
+ */
+export const MAX_PIECE_BYTES = 256
 // A piece of more than MAX_PIECE_BYTES has more than MAX_UNITS UTF-16 code units (3 bytes at most
 // each), so text without a piece that long is safe whole.
-const MAX_UNITS = MAX_PIECE_BYTES / 3
+const MAX_UNITS = 84
 /**
  * Tokens added per cut made in a long piece. Byte-pair encoding is not monotone under cutting:
  * `aab|b` may take fewer tokens than `aabb`. Over 60,000 random cuts in strings of Latin,
@@ -31,11 +35,8 @@ const MAX_UNITS = MAX_PIECE_BYTES / 3
  * at or above the piece's own count (an overestimate only widens a reservation).
  */
 export const CUT_MARGIN = 3
-// A pre-tokenizer piece longer than MAX_UNITS holds a run of at least RUN code units that are all
-// whitespace, all non-whitespace, or all of \r \n / (see hasLongRun); text without one is safe.
-const RUN = MAX_UNITS / 2
-// The merge cache keeps pieces up to MAX_PIECE_BYTES long with their tokens (a few kB each):
-// the library's default of 100,000 entries could hold hundreds of MB of adversarial pieces.
+// The merge cache keeps pieces of up to MAX_PIECE_BYTES with their tokens (2.5 kB at most each,
+// 40 MB in all); the library's default of 100,000 entries of any length could hold gigabytes.
 const MERGE_CACHE_ENTRIES = 16_384
 // o200k_base's pre-tokenizer, the library's own (a copy: this one's lastIndex is ours), to find
 // long pieces.
@@ -48,6 +49,7 @@ export function loadTokenizer(): Promise<void> {
   loading ??= Promise.all([import('gpt-tokenizer'), import('gpt-tokenizer/encodingParams/constants')]).then(
     ([m, c]) => {
       m.setMergeCacheSize(MERGE_CACHE_ENTRIES)
+      classes = buildClasses()
       split = new RegExp(c.O200K_TOKEN_SPLIT_REGEX.source, c.O200K_TOKEN_SPLIT_REGEX.flags)
       lib = m as unknown as Lib
     },
@@ -89,7 +91,7 @@ export function encode(text: string): number[] {
 /**
  * Tokens of a text, in time linear in its length. Exact for any text whose pieces are at most
  * MAX_PIECE_BYTES long (all ordinary text); a longer piece counts its chunks plus CUT_MARGIN per
- * cut and one more CUT_MARGIN, which keeps it at or above its exact count.
+ * cut and per end of the piece, which keeps it at or above its exact count.
  */
 export function countTokens(text: string): number {
   const l = loaded()
@@ -111,48 +113,73 @@ export function countTokens(text: string): number {
   return n
 }
 
+// What each UTF-16 code unit can be in o200k's split, as bits (built at load, 64 KB): \s; a
+// letter or mark (\p{L}, \p{M}); a character of a punctuation run ([^\s\p{L}\p{N}], marks
+// included); one of \r \n /. Half a surrogate pair may be a letter or a symbol: both bits.
+const WS = 1
+const LETTER = 2
+const PUNCT = 4
+const SLASH = 8
+let classes: Uint8Array | undefined
+
+function buildClasses(): Uint8Array {
+  const t = new Uint8Array(0x10000)
+  const letter = /[\p{L}\p{M}]/u
+  const punct = /[^\s\p{L}\p{N}]/u
+  for (let c = 0; c < 0x10000; c++) {
+    if (c >= 0xd800 && c <= 0xdfff) {
+      t[c] = LETTER | PUNCT
+      continue
+    }
+    const ch = String.fromCharCode(c)
+    t[c] =
+      (/\s/.test(ch) ? WS : 0) |
+      (letter.test(ch) ? LETTER : 0) |
+      (punct.test(ch) ? PUNCT : 0) |
+      (c === 10 || c === 13 || c === 47 ? SLASH : 0)
+  }
+  return t
+}
+
+// A piece of the split longer than MAX_UNITS is a letter run (one leading character, letters and
+// marks, a contraction of at most 3), a punctuation run with one leading space and a run of
+// \r \n /, or a whitespace run (digits come 3 at most): it holds a run of at least this many
+// code units of one kind.
+const LETTER_RUN = MAX_UNITS - 3
+const PUNCT_RUN = MAX_UNITS / 2
+const WS_RUN = MAX_UNITS
+// Every run of PUNCT_RUN or more holds two samples STEP apart.
+const STEP = PUNCT_RUN / 2
+
 /**
- * Whether the text may hold a pre-tokenizer piece longer than MAX_UNITS. Every piece of o200k's
- * split is a letter run (with one leading character and a contraction), at most three digits,
- * an optional space with a punctuation run and a run of \r \n /, or a whitespace run: one longer
- * than MAX_UNITS = 2 x RUN holds a run of RUN code units of one of those three kinds.
+ * Whether the text may hold a pre-tokenizer piece longer than MAX_UNITS (one that may be longer
+ * than MAX_PIECE_BYTES): never false when it does. It looks only where two samples STEP apart
+ * share a kind: about one code unit in 20 for ordinary text.
  */
 export function hasLongRun(text: string): boolean {
   if (text.length <= MAX_UNITS) return false
-  let space = 0
-  let other = 0
-  let slashes = 0
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i)
-    if (isSpace(c)) {
-      space++
-      other = 0
-    } else {
-      other++
-      space = 0
-    }
-    if (c === 10 || c === 13 || c === 47) slashes++
-    else slashes = 0
-    if (space >= RUN || other >= RUN || slashes >= RUN) return true
+  const k = classes!
+  for (let p = 0; p + STEP < text.length; p += STEP) {
+    const both = k[text.charCodeAt(p)]! & k[text.charCodeAt(p + STEP)]!
+    if (both === 0) continue
+    if (both & LETTER && runAround(text, p, LETTER) >= LETTER_RUN) return true
+    if (both & PUNCT && runAround(text, p, PUNCT) >= PUNCT_RUN) return true
+    if (both & SLASH && runAround(text, p, SLASH) >= PUNCT_RUN) return true
+    if (both & WS && runAround(text, p, WS) >= WS_RUN) return true
   }
   return false
 }
 
-/** JavaScript's \s (WhiteSpace and LineTerminator), which the split regex uses. */
-function isSpace(c: number): boolean {
-  if (c <= 32) return c === 32 || (c >= 9 && c <= 13)
-  if (c < 160) return false
-  return (
-    c === 160 ||
-    c === 0x1680 ||
-    (c >= 0x2000 && c <= 0x200a) ||
-    c === 0x2028 ||
-    c === 0x2029 ||
-    c === 0x202f ||
-    c === 0x205f ||
-    c === 0x3000 ||
-    c === 0xfeff
-  )
+/** The length of the run of `kind` through p and p + STEP; 0 when it does not reach p + STEP. */
+function runAround(text: string, p: number, kind: number): number {
+  const k = classes!
+  let end = p + 1
+  while (end <= p + STEP && k[text.charCodeAt(end)]! & kind) end++
+  if (end <= p + STEP) return 0
+  while (end < text.length && k[text.charCodeAt(end)]! & kind) end++
+  let start = p
+  while (start > 0 && k[text.charCodeAt(start - 1)]! & kind) start--
+  return end - start
 }
 
 /**

@@ -11,7 +11,9 @@ import { requestId } from '../ids.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, FileRecord, Store } from '../storage/store.ts'
-import { sanitizeUsage } from '../upstream/sse.ts'
+import { upstreamError } from '../upstream/openai-compatible.ts'
+import { cleanUpstreamMessage, cleanUpstreamParam } from '../upstream/redact.ts'
+import { estimatedUsage, sanitizePromptUsage, sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
 import { type LineCost, priceLine, validateFile } from './validate.ts'
@@ -224,12 +226,18 @@ async function callUpstream(
       return transient(line, reqId, 'upstream sent a malformed body')
     if (endpoint === '/v1/chat/completions') parsed.id = `chatcmpl-${requestId()}`
     parsed.model = modelId
-    const reported = sanitizeUsage(parsed.usage)
+    const chat = endpoint === '/v1/chat/completions'
+    const reported = chat ? sanitizeUsage(parsed.usage) : sanitizePromptUsage(parsed.usage)
     const usage = {
       promptTokens: reported?.prompt_tokens ?? countedPrompt,
-      completionTokens:
-        reported?.completion_tokens ??
-        (endpoint === '/v1/chat/completions' ? countTokens(answerText(parsed)) : 0),
+      completionTokens: reported?.completion_tokens ?? (chat ? countTokens(answerText(parsed)) : 0),
+    }
+    // The line shows the usage billed: the upstream's when sane, else Tropa's count, marked.
+    if (!reported) {
+      const e = estimatedUsage(usage.promptTokens, usage.completionTokens)
+      parsed.usage = chat
+        ? e
+        : { prompt_tokens: e.prompt_tokens, total_tokens: e.total_tokens, estimated: true }
     }
     const result = JSON.stringify({
       id: `batch_req_${requestId()}`,
@@ -271,11 +279,17 @@ async function callUpstream(
   }
   // As for live requests: these say the node failed, not the request (src/upstream/openai-compatible.ts).
   if (status >= 400 && status < 500 && ![401, 403, 404, 408, 409, 425, 429].includes(status)) {
-    // The upstream refused the request itself: retrying elsewhere would not help.
-    let errBody: unknown = text
-    try {
-      errBody = JSON.parse(text)
-    } catch {}
+    // The upstream refused the request itself: retrying elsewhere would not help. Its message
+    // goes into the error file cleaned of credentials and paths, as on the live path.
+    const { message, param } = upstreamError(text)
+    const errBody = {
+      error: {
+        message: cleanUpstreamMessage(message),
+        type: 'invalid_request_error',
+        param: cleanUpstreamParam(param),
+        code: null,
+      },
+    }
     await store.finishLine(
       line.batchId,
       line.line,

@@ -15,7 +15,7 @@ import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch
 import { chatPrefix, NO_PREFIX } from './prefix.ts'
 import {
   COUNT_SLICE_CHARS,
-  countChatPromptAsync,
+  countChatPromptLive,
   countTokens,
   countTokensYielding,
   loadTokenizer,
@@ -62,7 +62,8 @@ export async function chatCompletion(
   const model = deps.catalogue.getOfKind(body.model, 'chat')
   checkMessages(body.messages)
   await loadTokenizer()
-  const promptTokens = await countChatPromptAsync(body.messages, body.tools, model.contextLength)
+  const counted = countChatPromptLive(body.messages, body.tools, model.contextLength)
+  const promptTokens = typeof counted === 'number' ? counted : await counted
   const maxOut = outputBudget(model, promptTokens, askedOutput(body))
   const choices = body.n ?? 1
   const worst = costNano(reservedPromptTokens(promptTokens), maxOut * choices, model.price)

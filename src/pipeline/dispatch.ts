@@ -187,7 +187,14 @@ export async function dispatch<T>(
       throw signal.reason ?? err
     }
     if (err instanceof UpstreamRejected) {
-      // The node answered; it refused this request, as any node would.
+      // The node answered; it refused this request, as any node would. The client gets its
+      // message cleaned; the operator, the original.
+      deps.log('warn', 'upstream rejected the request', {
+        node: a.candidate.node.name,
+        model: d.model.id,
+        status: err.upstreamStatus,
+        upstreamMessage: err.detail,
+      })
       finishAttempt(deps, a, 'ok')
       cancelRest()
       throw err

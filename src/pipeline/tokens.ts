@@ -8,10 +8,10 @@ export function countTokens(text: string): number {
   return text.length === 0 ? 0 : count(text)
 }
 
-// Counting is CPU on the event loop (1 to 3 s per MB for text made to be slow, random letters or
-// base64): the live endpoints count at most SLICE code units at a time and let other requests
-// run in between, and stop once past the model's context.
-const SLICE = 16_384
+// Counting is CPU on the event loop (up to about 1.5 s per MB for text made to be slow, such as
+// random letters): the live endpoints count about SLICE code units at a time (tens of ms at
+// worst) and let other requests run in between, and stop once past the model's context.
+const SLICE = 8192
 const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve))
 
 /**
@@ -125,9 +125,24 @@ export function countChatPrompt(
 
 /**
  * countChatPrompt for the live endpoint: the same count, without holding the event loop on a
- * long prompt, and stopping once past `limit` (the request is refused then anyway).
+ * long prompt, and stopping once past `limit` (the request is refused then anyway). A number
+ * when the prompt is short (no promise, no turn of the event loop), else a promise of it.
  */
-export async function countChatPromptAsync(
+export function countChatPromptLive(
+  messages: readonly ChatMessage[],
+  tools: readonly unknown[] | undefined,
+  limit: number,
+): number | Promise<number> {
+  let n = 0
+  let size = 0
+  const fixed = promptParts(messages, tools, (text) => {
+    size += text.length
+    if (size <= SLICE) n += countTokens(text)
+  })
+  return size <= SLICE ? fixed + n : countChatPromptSliced(messages, tools, limit)
+}
+
+async function countChatPromptSliced(
   messages: readonly ChatMessage[],
   tools: readonly unknown[] | undefined,
   limit: number,

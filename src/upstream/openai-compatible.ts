@@ -1,5 +1,6 @@
 import { UpstreamFailed, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable } from '../errors.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from './adapter.ts'
+import { cleanUpstreamMessage, cleanUpstreamParam } from './redact.ts'
 import type { Watchdog } from './watchdog.ts'
 
 /** Statuses that say the node (not the request) failed: another node may well succeed. */
@@ -93,16 +94,31 @@ async function readCapped(response: Response, cap: number): Promise<string> {
 }
 
 function classify(call: UpstreamCall, status: number, body: string): Error {
-  let message = body.slice(0, 500)
-  try {
-    const parsed = JSON.parse(body) as { error?: { message?: unknown } | string; message?: unknown }
-    const m = typeof parsed.error === 'string' ? parsed.error : (parsed.error?.message ?? parsed.message)
-    if (typeof m === 'string') message = m
-  } catch {
-    // not JSON: keep the text
-  }
   if (status >= 500 || NODE_FAILURE.has(status))
     return new UpstreamFailed(`${call.route.node} answered ${status}`, 'upstream_error', status)
   // The upstream refused this request itself (a bad tool schema, say): another node would too.
-  return new UpstreamRejected(`upstream rejected the request: ${message}`, status)
+  // Its message reaches the client cleaned of credentials and paths; the original, the log.
+  const { message, param } = upstreamError(body)
+  return new UpstreamRejected(
+    `upstream rejected the request: ${cleanUpstreamMessage(message)}`,
+    status,
+    cleanUpstreamParam(param),
+    message.slice(0, 4096),
+  )
+}
+
+/** The message and param of an upstream's error body (OpenAI's shape, a bare string, or text). */
+export function upstreamError(body: string): { message: string; param: unknown } {
+  try {
+    const parsed = JSON.parse(body) as {
+      error?: { message?: unknown; param?: unknown } | string
+      message?: unknown
+    }
+    const e = parsed?.error
+    const m = typeof e === 'string' ? e : (e?.message ?? parsed?.message)
+    if (typeof m === 'string') return { message: m, param: typeof e === 'object' ? e?.param : undefined }
+  } catch {
+    // not JSON: the text
+  }
+  return { message: body.slice(0, 4096), param: undefined }
 }

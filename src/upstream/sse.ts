@@ -11,6 +11,8 @@ export interface Usage {
 }
 
 const MAX_TOKENS_REPORTED = 2 ** 31 - 1
+const saneCount = (x: unknown): x is number =>
+  Number.isSafeInteger(x) && (x as number) >= 0 && (x as number) <= MAX_TOKENS_REPORTED
 
 /**
  * Usage as an upstream reports it is untrusted input: only whole, non-negative, sane counts are
@@ -19,10 +21,15 @@ const MAX_TOKENS_REPORTED = 2 ** 31 - 1
 export function sanitizeUsage(u: unknown): Usage | undefined {
   if (!u || typeof u !== 'object') return undefined
   const { prompt_tokens: p, completion_tokens: c } = u as Record<string, unknown>
-  const ok = (x: unknown): x is number =>
-    Number.isSafeInteger(x) && (x as number) >= 0 && (x as number) <= MAX_TOKENS_REPORTED
-  if (!ok(p) || !ok(c)) return undefined
+  if (!saneCount(p) || !saneCount(c)) return undefined
   return u as Usage
+}
+
+/** sanitizeUsage for embeddings, whose usage has prompt tokens only. */
+export function sanitizePromptUsage(u: unknown): Usage | undefined {
+  if (!u || typeof u !== 'object') return undefined
+  const p = (u as Record<string, unknown>).prompt_tokens
+  return saneCount(p) ? { prompt_tokens: p, completion_tokens: 0 } : undefined
 }
 
 /** The usage Tropa bills when the upstream's is missing or not sane: its own counts, marked. */

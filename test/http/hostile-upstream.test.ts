@@ -1,15 +1,20 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { connect } from 'node:net'
+import OpenAI, { toFile } from 'openai'
 import { rubNumberToNano } from '../../src/billing/money.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 // An upstream that lies or misbehaves: its usage is untrusted input, and none of this may cost
 // money that was not earned, crash the router, or leak a reservation.
 let mode = 'negative'
+const UPSTREAM_SECRET = 'sk-upstream-0123456789abcdefXYZ'
+const logs: { level: string; msg: string; fields?: Record<string, unknown> }[] = []
 const hostile = Bun.serve({
   port: 0,
   hostname: '127.0.0.1',
   async fetch(req) {
+    // Tropa's probes (GET /metrics, /v1/models) find nothing: the node is judged by its answers.
+    if (req.method !== 'POST') return new Response('not found', { status: 404 })
     const body = (await req.json()) as { stream?: boolean }
     const chunk = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`
     const base = { id: 'up', object: 'chat.completion.chunk', created: 1, model: 'm' }
@@ -23,6 +28,17 @@ const hostile = Bun.serve({
               : 'null'
         }}`,
         { headers: { 'content-type': 'application/json' } },
+      )
+    if (mode === 'reject')
+      return Response.json(
+        {
+          error: {
+            message: `Invalid request: key ${UPSTREAM_SECRET} cannot read /srv/tropa/models/config.json (Bearer ${UPSTREAM_SECRET})`,
+            type: 'invalid_request_error',
+            param: 'messages',
+          },
+        },
+        { status: 422 },
       )
     if (mode === 'error-first')
       return new Response(chunk({ error: { message: 'boom' } }), {
@@ -70,6 +86,9 @@ const hostile = Bun.serve({
 let t: Tropa
 beforeAll(async () => {
   t = await startTropa({
+    log: (level, msg, fields) => {
+      logs.push({ level, msg, ...(fields && { fields }) })
+    },
     models: (nodes) => [
       {
         id: 'test/chat',
@@ -243,6 +262,85 @@ describe('a hostile upstream', () => {
       .embeddings.create({ model: 'test/embed', input: 'hello', encoding_format: 'float' })
     expect(r.usage.prompt_tokens).toBe(1)
   })
+
+  test("an upstream's 4xx message reaches the client without its credentials and paths; the log has it", async () => {
+    mode = 'reject'
+    const before = (await usageRows()).length
+    const err = await t
+      .client()
+      .chat.completions.create({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 5,
+      })
+      .catch((e: unknown) => e)
+    expect(err).toBeInstanceOf(OpenAI.UnprocessableEntityError)
+    const e = err as InstanceType<typeof OpenAI.APIError>
+    expect(e.status).toBe(422)
+    expect(e.code).toBe('upstream_rejected')
+    expect(e.param).toBe('messages')
+    expect(e.type).toBe('invalid_request_error')
+    expect(e.message).toContain('upstream rejected the request: Invalid request')
+    expect(e.message).not.toContain('sk-')
+    expect(e.message).not.toContain('/srv')
+    expect(e.message).not.toContain(UPSTREAM_SECRET.slice(3))
+    expect(JSON.stringify(e.error)).not.toContain('/srv')
+    expect((e.error as { message: string }).message.length).toBeLessThanOrEqual(400)
+    // the operator's log has the original
+    const line = logs.find((l) => l.msg === 'upstream rejected the request')!
+    expect(line.fields).toMatchObject({ node: 'hostile', status: 422 })
+    expect(String(line.fields!.upstreamMessage)).toContain(UPSTREAM_SECRET)
+    expect(String(line.fields!.upstreamMessage)).toContain('/srv/tropa/models/config.json')
+    // not billed, nothing held
+    expect((await usageRows()).length).toBe(before)
+    expect(t.svc.identity.org(t.orgId).reservedNano).toBe(0n)
+  })
+
+  test('batch lines: garbage usage shows as the billed estimate; a rejection is cleaned', async () => {
+    const run = async (
+      endpoint: '/v1/chat/completions' | '/v1/embeddings',
+      body: Record<string, unknown>,
+    ) => {
+      const c = t.client()
+      const line = JSON.stringify({ custom_id: 'l1', method: 'POST', url: endpoint, body })
+      const file = await c.files.create({
+        file: await toFile(Buffer.from(`${line}\n`), 'b.jsonl'),
+        purpose: 'batch',
+      })
+      let b = await c.batches.create({ input_file_id: file.id, endpoint, completion_window: '24h' })
+      for (let i = 0; i < 400 && !['completed', 'failed'].includes(b.status); i++) {
+        await Bun.sleep(25)
+        b = await c.batches.retrieve(b.id)
+      }
+      const id = b.output_file_id ?? b.error_file_id
+      return JSON.parse((await (await c.files.content(id!)).text()).trim()) as {
+        response: {
+          status_code: number
+          body: { usage?: Record<string, unknown>; error?: Record<string, unknown> }
+        }
+      }
+    }
+    mode = 'negative'
+    const chat = await run('/v1/chat/completions', {
+      model: 'test/chat',
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 50,
+    })
+    expect(chat.response.body.usage).toMatchObject({ completion_tokens: 2, estimated: true })
+    const emb = await run('/v1/embeddings', { model: 'test/embed', input: 'hello there world' })
+    expect(emb.response.body.usage).toEqual({ prompt_tokens: 3, total_tokens: 3, estimated: true })
+    mode = 'reject'
+    const rejected = await run('/v1/chat/completions', {
+      model: 'test/chat',
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 5,
+    })
+    expect(rejected.response.status_code).toBe(422)
+    const text = JSON.stringify(rejected)
+    expect(text).toContain('Invalid request')
+    expect(text).not.toContain('sk-')
+    expect(text).not.toContain('/srv')
+  }, 30_000)
 
   test('a client that drops an upload mid-way does not take the router down', async () => {
     const u = new URL(t.url)
