@@ -8,7 +8,7 @@ import { SharedMeter } from './billing/shared-meter.ts'
 import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
 import { RedisBus } from './cluster/bus.ts'
-import type { Config } from './config/load.ts'
+import { type Config, ConfigError } from './config/load.ts'
 import { DiskWatch } from './files/disk.ts'
 import { LocalFileStore } from './files/file-store.ts'
 import { FilesService } from './files/service.ts'
@@ -21,7 +21,7 @@ import { LeastInFlight, type RoutingPolicy } from './routing/policy.ts'
 import { PredictedTtft } from './routing/predicted.ts'
 import { NodeProbes } from './routing/probes.ts'
 import type { Store } from './storage/store.ts'
-import { OpenAICompatibleAdapter } from './upstream/openai-compatible.ts'
+import { ProviderRegistry } from './upstream/providers/index.ts'
 import { Watchdog } from './upstream/watchdog.ts'
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error'
@@ -55,6 +55,16 @@ export async function buildServices(
   /** A routing policy instead of the configured one (the HTTP routing benchmark runs peers' policies). */
   policyOverride?: RoutingPolicy,
 ): Promise<Services> {
+  const watchdog = new Watchdog()
+  const providers = new ProviderRegistry(watchdog)
+  const missing = config.models.flatMap((m) =>
+    m.routes
+      .filter((r) => !providers.supports(r.provider))
+      .map(
+        (r) => `${m.id}: route ${r.node} names provider ${r.provider}, which this build has no adapter for`,
+      ),
+  )
+  if (missing.length > 0) throw new ConfigError(missing)
   const workerUrl = threads.batchWorker
   const bus = config.redis.url
     ? new RedisBus(
@@ -86,7 +96,6 @@ export async function buildServices(
     config.storage.ledgerQueueMax,
   )
   ledger.start()
-  const watchdog = new Watchdog()
   // Several nodes: money is admitted in Redis so the limits hold across nodes.
   const shared =
     config.redis.url && config.server.billing
@@ -121,7 +130,7 @@ export async function buildServices(
     limiter: sharedLimiter ?? new LocalRateLimiter(),
     pool,
     policy,
-    adapter: new OpenAICompatibleAdapter(watchdog),
+    adapter: providers,
     watchdog,
     timeouts: config.upstream,
     streamWriteTimeoutMs: config.server.streamWriteTimeoutMs,

@@ -4,7 +4,7 @@
  * and the real routing code (policy, node pool, passive health, hedge budget) driving it. No
  * timers and no wall clock: an event queue advances time, so a run is exact and repeatable.
  */
-import type { ModelConfig } from '../../src/config/load.ts'
+import { type ModelConfig, OPENAI_ROUTE } from '../../src/config/load.ts'
 import { ShareBudget } from '../../src/routing/budget.ts'
 import { type Candidate, NodePool } from '../../src/routing/nodes.ts'
 import { Attempt, type RouteRequest, type RoutingPolicy } from '../../src/routing/policy.ts'
@@ -176,6 +176,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     created: 0,
     price: { promptNano: 0n, completionNano: 0n },
     routes: o.fleet.map((n) => ({
+      ...OPENAI_ROUTE,
       node: n.name,
       baseUrl: `http://${n.name}`,
       upstreamModel: 'm',

@@ -11,7 +11,7 @@ import { requestId } from '../ids.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, FileRecord, Store } from '../storage/store.ts'
-import { upstreamError } from '../upstream/openai-compatible.ts'
+import { openAIError as upstreamError } from '../upstream/providers/http.ts'
 import { cleanUpstreamMessage, cleanUpstreamParam } from '../upstream/redact.ts'
 import { estimatedUsage, sanitizePromptUsage, sanitizeUsage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
@@ -277,7 +277,7 @@ async function callUpstream(
       outcome: reported ? 'ok' : 'ok:estimated',
     }
   }
-  // As for live requests: these say the node failed, not the request (src/upstream/openai-compatible.ts).
+  // As for live requests: these say the node failed, not the request (src/upstream/providers/http.ts).
   if (status >= 400 && status < 500 && ![401, 403, 404, 408, 409, 425, 429].includes(status)) {
     // The upstream refused the request itself: retrying elsewhere would not help. Its message
     // goes into the error file cleaned of credentials and paths, as on the live path.

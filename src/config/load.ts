@@ -2,11 +2,13 @@ import { existsSync, readFileSync } from 'node:fs'
 import { resolve } from 'node:path'
 import { Value, ValueErrorType } from '@sinclair/typebox/value'
 import { type NanoRub, parseRub, perMillionToPerTokenNano } from '../billing/money.ts'
-import { type ConfigFile, ConfigFileSchema, type ModelFile } from './schema.ts'
+import { type ConfigFile, ConfigFileSchema, type ModelFile, type ProviderKind } from './schema.ts'
 
 export interface RouteConfig {
   /** Stable node name (defaults to host:port of the base URL); routing state is kept per node. */
   readonly node: string
+  /** The protocol the upstream speaks; its adapter is src/upstream/providers/<provider>/. */
+  readonly provider: ProviderKind
   readonly baseUrl: string
   readonly upstreamModel: string
   readonly apiKey: string | undefined
@@ -18,7 +20,27 @@ export interface RouteConfig {
   readonly hedge: boolean
   /** The node's Prometheus metrics, if it has them. */
   readonly metricsUrl: string
+  /** Extra static headers of every request. */
+  readonly headers: Readonly<Record<string, string>>
+  /** CA certificates (PEM) to trust, from tls_ca_file. */
+  readonly tlsCa: string | undefined
+  /** Provider options: azure's api_version, gigachat's auth_url and scope, yandex's folder_id. */
+  readonly apiVersion: string | undefined
+  readonly authUrl: string | undefined
+  readonly scope: string | undefined
+  readonly folderId: string | undefined
 }
+/** What a route has when the config says nothing of its provider: OpenAI-compatible, no extras. */
+export const OPENAI_ROUTE = {
+  provider: 'openai',
+  headers: {},
+  tlsCa: undefined,
+  apiVersion: undefined,
+  authUrl: undefined,
+  scope: undefined,
+  folderId: undefined,
+} as const satisfies Partial<RouteConfig>
+
 export interface Price {
   readonly promptNano: NanoRub
   readonly completionNano: NanoRub
@@ -354,8 +376,31 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
           `${where}: routes[${j}].api_key_env names ${r.api_key_env}, which is not set. Fix: export it`,
         )
     }
+    const provider = r.provider ?? 'openai'
+    const need = (key: string, value: unknown, example: string) => {
+      if (value === undefined)
+        problems.push(
+          `${where}: routes[${j}] (provider ${provider}) needs ${key}. Fix: e.g. ${key} = ${example}`,
+        )
+    }
+    if (provider === 'azure') need('api_version', r.api_version, '"2024-10-21"')
+    if (provider === 'yandex') need('folder_id', r.folder_id, '"b1g..."')
+    if (provider === 'gigachat')
+      need('api_key_env', r.api_key_env, '"GIGACHAT_AUTH_KEY" (the authorization key)')
+    let tlsCa: string | undefined
+    if (r.tls_ca_file !== undefined) {
+      try {
+        tlsCa = readFileSync(r.tls_ca_file, 'utf8')
+        if (!tlsCa.includes('-----BEGIN CERTIFICATE-----')) throw new Error('no PEM certificate in it')
+      } catch (err) {
+        problems.push(
+          `${where}: routes[${j}].tls_ca_file ${JSON.stringify(r.tls_ca_file)} cannot be used (${(err as Error).message}). Fix: a readable PEM file of CA certificates`,
+        )
+      }
+    }
     return {
       node: r.name ?? (url ? url.host : `route-${j}`),
+      provider,
       baseUrl: r.base_url.replace(/\/+$/, ''),
       upstreamModel: r.upstream_model ?? m.id.slice(m.id.indexOf('/') + 1),
       apiKey,
@@ -363,7 +408,14 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
       weight: r.weight ?? 1,
       firstByteTimeoutMs: r.first_byte_timeout_ms,
       hedge: r.hedge ?? !(r.billed_per_request ?? false),
-      metricsUrl: r.metrics_url ?? (url ? `${url.origin}/metrics` : ''),
+      // Hosted providers have no Prometheus endpoint of their own.
+      metricsUrl: r.metrics_url ?? (url && provider === 'openai' ? `${url.origin}/metrics` : ''),
+      headers: r.headers ?? {},
+      tlsCa,
+      apiVersion: r.api_version,
+      authUrl: r.auth_url,
+      scope: r.scope,
+      folderId: r.folder_id,
     }
   })
   return {

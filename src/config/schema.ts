@@ -11,9 +11,15 @@ export const PricingSchema = T.Object(
   { additionalProperties: false },
 )
 
+/** The provider kinds a route may name; each has an adapter in src/upstream/providers/<kind>/. */
+export const PROVIDER_KINDS = ['openai', 'azure', 'anthropic', 'gemini', 'gigachat', 'yandex'] as const
+export type ProviderKind = (typeof PROVIDER_KINDS)[number]
+
 export const RouteSchema = T.Object(
   {
-    base_url: T.String({ description: 'OpenAI-compatible base URL including /v1' }),
+    /** Which protocol the upstream speaks (default "openai": any OpenAI-compatible server). */
+    provider: T.Optional(T.Union(PROVIDER_KINDS.map((k) => T.Literal(k)))),
+    base_url: T.String({ description: "the provider's API root (OpenAI-compatible: including /v1)" }),
     upstream_model: T.Optional(T.String({ minLength: 1 })),
     api_key_env: T.Optional(T.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })),
     max_concurrency: T.Optional(T.Integer({ minimum: 1, maximum: 100_000 })),
@@ -27,6 +33,18 @@ export const RouteSchema = T.Object(
     hedge: T.Optional(T.Boolean()),
     /** The node's Prometheus metrics (vLLM, llama.cpp); default: <origin of base_url>/metrics. */
     metrics_url: T.Optional(T.String()),
+    /** azure: the `api-version` query parameter. */
+    api_version: T.Optional(T.String({ minLength: 1 })),
+    /** gigachat: the OAuth endpoint (default https://ngw.devices.sberbank.ru:9443/api/v2/oauth). */
+    auth_url: T.Optional(T.String({ minLength: 1 })),
+    /** gigachat: the OAuth scope (default GIGACHAT_API_PERS). */
+    scope: T.Optional(T.String({ minLength: 1 })),
+    /** yandex: the folder of the model URIs (gpt://<folder_id>/<model>). */
+    folder_id: T.Optional(T.String({ minLength: 1 })),
+    /** A PEM file of CA certificates to trust for this route (GigaChat: the Russian Trusted Root CA). */
+    tls_ca_file: T.Optional(T.String({ minLength: 1 })),
+    /** Extra static headers sent with every request of this route. */
+    headers: T.Optional(T.Record(T.String({ pattern: '^[A-Za-z0-9-]+$' }), T.String())),
   },
   { additionalProperties: false },
 )

@@ -56,7 +56,9 @@ export class NodeProbes {
     const seen = new Set<NodeState>()
     for (const m of models)
       for (const c of pool.candidates(m.id)) {
-        if (seen.has(c.node)) continue
+        // Hosted providers' APIs (Anthropic, Gemini, ...) are judged by their answers alone: their
+        // model lists need their own auth and say nothing of one node's health.
+        if (seen.has(c.node) || c.route.provider !== 'openai') continue
         seen.add(c.node)
         this.targets.push({
           node: c.node,

@@ -1,4 +1,4 @@
-import type { ModelConfig } from '../../src/config/load.ts'
+import { type ModelConfig, OPENAI_ROUTE } from '../../src/config/load.ts'
 import { type Candidate, NodePool } from '../../src/routing/nodes.ts'
 
 /** A node pool of `n` routes of one model (`m/x`) for policy tests; no process behind them. */
@@ -12,6 +12,7 @@ export function routeFleet(n: number, maxConcurrency = 64): { pool: NodePool; ca
     created: 0,
     price: { promptNano: 0n, completionNano: 0n },
     routes: Array.from({ length: n }, (_, i) => ({
+      ...OPENAI_ROUTE,
       node: `n${i}`,
       baseUrl: `http://10.0.0.${i}:8000/v1`,
       upstreamModel: 'x',

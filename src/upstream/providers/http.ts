@@ -1,0 +1,140 @@
+import { UpstreamFailed, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable } from '../../errors.ts'
+import type { UpstreamCall, UpstreamReply } from '../adapter.ts'
+import { cleanUpstreamMessage, cleanUpstreamParam } from '../redact.ts'
+import type { Watchdog } from '../watchdog.ts'
+
+// The HTTP mechanics every provider adapter shares: one POST over Bun's pooled keep-alive fetch
+// under the headers deadline and the caller's abort, the error body read under its own deadline
+// and cap, and the failure classified (node failure -> failover; request refused -> the client's
+// 4xx). A provider adapter only says where to send what, and how to read its errors.
+
+/** One HTTP request to an upstream, as a provider builds it. */
+export interface ProviderRequest {
+  readonly url: string
+  readonly headers: Record<string, string>
+  readonly body: string
+}
+
+/** Statuses that say the node (not the request) failed: another node may well succeed. */
+export const NODE_FAILURE = new Set([401, 403, 404, 408, 409, 425, 429])
+
+/** The message and param of an error body, in a provider's shape. */
+export type ErrorReader = (body: string) => { message: string; param: unknown }
+
+/**
+ * Sends one request and returns the 2xx reply with its body unread. Throws UpstreamUnreachable,
+ * UpstreamFailed, UpstreamTimeout, UpstreamRejected, or the controller's abort reason.
+ */
+export async function sendHttp(
+  call: UpstreamCall,
+  request: ProviderRequest,
+  controller: AbortController,
+  headersDeadlineMs: number,
+  watchdog: Watchdog,
+  classify: (call: UpstreamCall, status: number, body: string) => Error = classifyStatus(openAIError),
+): Promise<UpstreamReply> {
+  const signal = controller.signal
+  if (signal.aborted) throw signal.reason
+  const deadline = watchdog.watch(headersDeadlineMs, () =>
+    controller.abort(new UpstreamTimeout(`${call.route.node} sent no response headers in time`)),
+  )
+  let response: Response
+  try {
+    response = await fetch(request.url, {
+      method: 'POST',
+      headers: request.headers,
+      body: request.body,
+      signal,
+      decompress: true,
+      ...(call.route.tlsCa !== undefined && { tls: { ca: call.route.tlsCa } }),
+    })
+  } catch (err) {
+    if (signal.aborted) throw signal.reason
+    // The raw fetch text (socket errors, Bun's hints) is for logs, not for clients. A refused
+    // connection never reached the node; other errors (a reset) may have.
+    if ((err as { code?: string }).code === 'ECONNREFUSED')
+      throw new UpstreamUnreachable(call.route.node, (err as Error).message)
+    throw new UpstreamFailed(
+      `upstream node ${call.route.node} could not be reached`,
+      'upstream_error',
+      null,
+      (err as Error).message,
+    )
+  } finally {
+    watchdog.clear(deadline)
+  }
+  if (!response.ok) {
+    // The error body is read under its own deadline and size cap, with the abort still wired:
+    // an upstream that stalls after a 5xx header must not hold the request.
+    const d = watchdog.watch(Date.now() + 5_000, () =>
+      controller.abort(new UpstreamTimeout(`${call.route.node} stalled in its error response`)),
+    )
+    let text = ''
+    try {
+      text = await readCapped(response, 64 * 1024)
+    } catch {
+      // classified by status alone
+    } finally {
+      watchdog.clear(d)
+    }
+    if (signal.aborted && !(signal.reason instanceof UpstreamTimeout)) throw signal.reason
+    throw classify(call, response.status, text)
+  }
+  return { response, abort: (reason) => controller.abort(reason) }
+}
+
+/** At most `cap` bytes of a body as text; the rest is not read. */
+export async function readCapped(response: Response, cap: number): Promise<string> {
+  const reader = response.body?.getReader()
+  if (!reader) return ''
+  const decoder = new TextDecoder()
+  let text = ''
+  let size = 0
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    size += value.byteLength
+    text += decoder.decode(value, { stream: true })
+    if (size >= cap) {
+      await reader.cancel().catch(() => {})
+      break
+    }
+  }
+  return text
+}
+
+/**
+ * The usual classification: 5xx and the statuses of NODE_FAILURE fail the node over; any other
+ * status is the request refused, its message cleaned of credentials and paths for the client
+ * (the original kept for the log).
+ */
+export const classifyStatus =
+  (read: ErrorReader, nodeFailure: ReadonlySet<number> = NODE_FAILURE) =>
+  (call: UpstreamCall, status: number, body: string): Error => {
+    if (status >= 500 || nodeFailure.has(status))
+      return new UpstreamFailed(`${call.route.node} answered ${status}`, 'upstream_error', status)
+    // The upstream refused this request itself (a bad tool schema, say): another node would too.
+    const { message, param } = read(body)
+    return new UpstreamRejected(
+      `upstream rejected the request: ${cleanUpstreamMessage(message)}`,
+      status,
+      cleanUpstreamParam(param),
+      message.slice(0, 4096),
+    )
+  }
+
+/** The message and param of an upstream's error body (OpenAI's shape, a bare string, or text). */
+export function openAIError(body: string): { message: string; param: unknown } {
+  try {
+    const parsed = JSON.parse(body) as {
+      error?: { message?: unknown; param?: unknown } | string
+      message?: unknown
+    }
+    const e = parsed?.error
+    const m = typeof e === 'string' ? e : (e?.message ?? parsed?.message)
+    if (typeof m === 'string') return { message: m, param: typeof e === 'object' ? e?.param : undefined }
+  } catch {
+    // not JSON: the text
+  }
+  return { message: body.slice(0, 4096), param: undefined }
+}
