@@ -1,5 +1,6 @@
 import { parseArgs } from 'node:util'
 import { startSimFleet } from './index.ts'
+import { PROTOCOLS, type SimProtocol } from './protocols/index.ts'
 
 const HELP = `tropa sim: simulated OpenAI-compatible inference nodes (continuous batching, prefix cache)
 
@@ -9,7 +10,9 @@ Flags:
   --itl-ms <ms>        inter-token latency (default 20)
   --prefill-tps <n>    prefill tokens per second (default 8000)
   --max-seqs <n>       running sequences at most (default 32)
-  --time-scale <x>     multiply every delay (0: answer at once; default 1)`
+  --time-scale <x>     multiply every delay (0: answer at once; default 1)
+  --protocol <p>       the API the nodes speak: openai (default), or a provider's own
+                       (src/simulator/protocols/)`
 
 /** `tropa sim`: runs nodes until SIGINT or SIGTERM. */
 export async function runSimCommand(argv: string[]): Promise<void> {
@@ -22,6 +25,7 @@ export async function runSimCommand(argv: string[]): Promise<void> {
       'prefill-tps': { type: 'string' },
       'max-seqs': { type: 'string' },
       'time-scale': { type: 'string' },
+      protocol: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -29,6 +33,9 @@ export async function runSimCommand(argv: string[]): Promise<void> {
   if (values.help) return void console.log(HELP)
   const num = (v: string | undefined, d: number) => (v === undefined ? d : Number(v))
   const n = num(values.nodes, 3)
+  const protocol = (values.protocol ?? 'openai') as SimProtocol
+  if (protocol !== 'openai' && !PROTOCOLS[protocol])
+    throw new Error(`--protocol ${protocol}: one of openai, ${Object.keys(PROTOCOLS).join(', ')}`)
   const port = num(values.port, 9101)
   const fleet = await startSimFleet(
     Array.from({ length: n }, (_, i) => ({
@@ -39,6 +46,7 @@ export async function runSimCommand(argv: string[]): Promise<void> {
       maxSeqs: num(values['max-seqs'], 32),
       timeScale: num(values['time-scale'], 1),
       seed: i,
+      protocol,
     })),
   )
   for (const node of fleet.nodes) console.log(`${node.name} ${node.url}`)

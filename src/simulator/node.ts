@@ -1,5 +1,6 @@
 import { loadTokenizer } from '../tokenizer.ts'
 import { Engine, fnv1a, promptBlockHashes } from './engine.ts'
+import { PROTOCOLS, type SimCore, type SimProtocol } from './protocols/index.ts'
 import { inputTokens, renderPrompt } from './render.ts'
 import { prng, toolArguments, words } from './text.ts'
 
@@ -36,6 +37,8 @@ export interface SimNodeOptions {
   seed?: number
   /** Every answer runs to its max_tokens (vLLM's ignore_eos): long outputs on demand. */
   ignoreEos?: boolean
+  /** The API the node speaks (default openai); see protocols/index.ts. */
+  protocol?: SimProtocol
   faults?: Partial<SimFaults>
 }
 
@@ -398,12 +401,30 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     return new Response(`${lines.join('\n')}\n`, { headers: { 'content-type': 'text/plain; version=0.0.4' } })
   }
 
+  const protocol = opts.protocol ?? 'openai'
+  const front = protocol === 'openai' ? undefined : PROTOCOLS[protocol]
+  if (protocol !== 'openai' && !front) throw new Error(`the simulator has no ${protocol} protocol`)
+  const core: SimCore = {
+    chat: async (body, signal) => {
+      stats.requests++
+      await loadTokenizer()
+      return chat(body as ChatBody, signal)
+    },
+    embeddings: async (body) => {
+      stats.requests++
+      await loadTokenizer()
+      return embeddings(body as never)
+    },
+    fault,
+  }
+
   const server = Bun.serve({
     port: opts.port ?? 0,
     hostname: opts.hostname ?? '127.0.0.1',
     // A hanging node must hang until the client gives up, not until Bun's idle timeout.
     idleTimeout: 0,
     async fetch(req) {
+      if (front) return front(req, core)
       const path = new URL(req.url).pathname
       // A hung node hangs on every path, health and metrics included.
       if (faults.hang && req.method === 'GET')
