@@ -14,6 +14,7 @@ import { LocalFileStore } from './files/file-store.ts'
 import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
 import { randomBase62 } from './ids.ts'
+import type { Log } from './log.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
 import { ShareBudget } from './routing/budget.ts'
 import { NodePool } from './routing/nodes.ts'
@@ -24,8 +25,7 @@ import type { Store } from './storage/store.ts'
 import { ProviderRegistry } from './upstream/providers/index.ts'
 import { Watchdog } from './upstream/watchdog.ts'
 
-export type LogLevel = 'debug' | 'info' | 'warn' | 'error'
-export type Log = (level: LogLevel, msg: string, fields?: Record<string, unknown>) => void
+export { consoleLog, type Log, type LogLevel } from './log.ts'
 
 /** Everything the HTTP layer calls, built once by main.ts (or a test) from a config and a store. */
 export interface Services {
@@ -215,15 +215,5 @@ export async function buildServices(
       shared?.close()
       sharedLimiter?.close()
     },
-  }
-}
-
-const ORDER: Record<LogLevel, number> = { debug: 0, info: 1, warn: 2, error: 3 }
-
-/** JSON lines on stderr at or above `level`. */
-export function consoleLog(level: LogLevel): Log {
-  return (l, msg, fields) => {
-    if (ORDER[l] < ORDER[level]) return
-    process.stderr.write(`${JSON.stringify({ t: new Date().toISOString(), level: l, msg, ...fields })}\n`)
   }
 }

@@ -10,7 +10,7 @@ import {
   TropaError,
   unknownPath,
 } from '../errors.ts'
-import type { Log } from '../services.ts'
+import type { Log } from '../log.ts'
 import { fromValueError } from './value-error.ts'
 
 /** The OpenAI error body and status of any error; the only place errors become responses. */

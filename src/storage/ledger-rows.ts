@@ -1,4 +1,4 @@
-import type { LedgerEntry } from './store.ts'
+import type { LedgerEntry } from './records.ts'
 
 /** Strings of a row, as indices into the batch's table of strings (-1 is null). */
 const REF_KIND = 0

@@ -1,5 +1,6 @@
 import type { NanoRub } from '../billing/money.ts'
 import type { LedgerRows } from './ledger-rows.ts'
+import type { LedgerEntry } from './records.ts'
 
 export type KeyKind = 'api' | 'master'
 export type KeyStatus = 'active' | 'disabled' | 'revoked'
@@ -35,25 +36,7 @@ export type KeyPatch = Partial<
   Pick<KeyRecord, 'name' | 'limitNano' | 'status' | 'revokedAt' | 'rpmLimit' | 'tpmLimit'>
 >
 
-/** One billed request (or balance credit): the ledger row of decisions.md. */
-export interface LedgerEntry {
-  readonly requestId: string
-  readonly kind: 'usage' | 'credit'
-  readonly orgId: string
-  readonly keyId: string | null
-  readonly model: string | null
-  readonly node: string | null
-  readonly promptTokens: number
-  readonly completionTokens: number
-  /** Charged amount; a credit is positive and adds to the balance. */
-  readonly costNano: NanoRub
-  readonly batchId: string | null
-  readonly startedAtMs: number
-  readonly endedAtMs: number
-  readonly outcome: string
-  /** Tokens were counted by Tropa because the upstream reported no usage. */
-  readonly estimated: boolean
-}
+export type { LedgerEntry }
 
 /** Usage of one key on one model on one UTC day. */
 export interface UsageRow {
