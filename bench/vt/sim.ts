@@ -175,6 +175,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     dimensions: undefined,
     created: 0,
     price: { promptNano: 0n, completionNano: 0n },
+    fallbacks: [],
     routes: o.fleet.map((n) => ({
       ...OPENAI_ROUTE,
       node: n.name,

@@ -104,6 +104,8 @@ export const ChatRequest = T.Object(
     ),
     response_format: T.Optional(T.Object({ type: T.String() }, open)),
     user: T.Optional(T.String()),
+    /** Fallback models (OpenRouter's form): tried in order when every node of `model` failed. */
+    models: T.Optional(T.Array(T.String({ minLength: 1 }), { maxItems: 8 })),
   },
   open,
 )

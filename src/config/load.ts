@@ -54,6 +54,8 @@ export interface ModelConfig {
   readonly created: number
   readonly price: Price
   readonly routes: readonly RouteConfig[]
+  /** Models tried in order when every node of this one failed (chat). */
+  readonly fallbacks: readonly string[]
 }
 export interface Config {
   readonly source: string
@@ -226,6 +228,15 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       problems.push(`${source}: model ${m.id} is listed twice. Fix: give each model one entry`)
     ids.add(m.id)
   }
+  const byId = new Map(models.map((m) => [m.id, m]))
+  for (const m of models)
+    for (const f of m.fallbacks) {
+      const target = byId.get(f)
+      if (!target || target.kind !== m.kind || f === m.id)
+        problems.push(
+          `${source}: model ${m.id} names ${f} as a fallback, which is ${!target ? 'not a configured model' : f === m.id ? 'itself' : `a model of another kind (${target.kind})`}. Fix: name other ${m.kind} models of this config`,
+        )
+    }
   if (models.length === 0 && !demoEnabled)
     problems.push(`${source}: no models configured. Fix: add [[models]] entries, or start with --demo`)
   if (cfg.redis?.url && cfg.storage?.kind !== 'postgres')
@@ -427,6 +438,7 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
     created: m.created ?? 1_767_225_600,
     price: { promptNano, completionNano },
     routes,
+    fallbacks: m.fallbacks ?? [],
   }
 }
 

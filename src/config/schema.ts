@@ -63,6 +63,8 @@ export const ModelSchema = T.Object(
     pricing_per_million: T.Optional(PricingSchema),
     created: T.Optional(T.Integer({ minimum: 0 })),
     routes: T.Optional(T.Array(RouteSchema)),
+    /** Chat models tried in order when every node of this one failed or is unavailable. */
+    fallbacks: T.Optional(T.Array(T.String({ minLength: 1 }), { maxItems: 8 })),
   },
   { additionalProperties: false },
 )

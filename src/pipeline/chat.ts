@@ -43,19 +43,77 @@ interface ChatCompletion {
   [k: string]: unknown
 }
 
+/** Header naming the model first asked for, on an answer a fallback model gave. */
+export const FALLBACK_HEADER = 'x-tropa-fallback-from'
+
 /**
- * POST /v1/chat/completions, top to bottom: check -> count -> reserve -> route (with failover)
- * -> relay -> settle. The reservation is taken before choosing a node, so a failover never
- * bills twice and a refused request never reaches an upstream.
+ * POST /v1/chat/completions with fallbacks across models: the request's `models` (OpenRouter's
+ * form) after `model`, else the model's configured `fallbacks`. The next model is tried only when
+ * every node of the one before failed or was unavailable before anything reached the client,
+ * never on the client's own error; each model is reserved for and billed at its own price, so a
+ * chain stops at the key's or the organization's limit (402).
  */
 export async function chatCompletion(
   deps: ChatDeps,
   payer: Payer,
-  body: ChatRequest,
+  request: ChatRequest,
   signal: AbortSignal,
   requestId: string,
   sessionHint?: string,
   /** Closes the client's connection soon (a stream whose client stopped reading is dropped). */
+  cut?: () => void,
+): Promise<Response> {
+  const { models, ...body } = request
+  const chain = fallbackChain(deps.catalogue, body.model, models)
+  for (let i = 0; ; i++) {
+    try {
+      const res = await chatWithModel(
+        deps,
+        payer,
+        { ...body, model: chain[i]! },
+        signal,
+        requestId,
+        sessionHint,
+        cut,
+      )
+      if (i > 0) res.headers.set(FALLBACK_HEADER, body.model)
+      return res
+    } catch (err) {
+      // UpstreamFailed: every node failed, timed out or was unavailable (UpstreamRejected, the
+      // request refused by the upstream itself, is the client's error and is not one).
+      if (i + 1 >= chain.length || !(err instanceof UpstreamFailed) || signal.aborted) throw err
+      deps.log('warn', 'model failed; trying its fallback', {
+        requestId,
+        model: chain[i],
+        fallback: chain[i + 1],
+        error: (err as Error).message,
+      })
+    }
+  }
+}
+
+/**
+ * The models to try in order: the one asked for, then the request's or the config's fallbacks;
+ * each checked to be a chat model of the catalogue before anything is tried (404, 400).
+ */
+function fallbackChain(catalogue: Catalogue, first: string, asked: readonly string[] | undefined): string[] {
+  const chain = [...new Set([first, ...(asked ?? catalogue.getOfKind(first, 'chat').fallbacks)])]
+  for (const id of chain) catalogue.getOfKind(id, 'chat')
+  return chain
+}
+
+/**
+ * One model, top to bottom: check -> count -> reserve -> route (with failover) -> relay ->
+ * settle. The reservation is taken before choosing a node, so a failover never bills twice and a
+ * refused request never reaches an upstream.
+ */
+async function chatWithModel(
+  deps: ChatDeps,
+  payer: Payer,
+  body: Omit<ChatRequest, 'models'>,
+  signal: AbortSignal,
+  requestId: string,
+  sessionHint?: string,
   cut?: () => void,
 ): Promise<Response> {
   const startedAtMs = Date.now()

@@ -11,6 +11,7 @@ export function routeFleet(n: number, maxConcurrency = 64): { pool: NodePool; ca
     dimensions: undefined,
     created: 0,
     price: { promptNano: 0n, completionNano: 0n },
+    fallbacks: [],
     routes: Array.from({ length: n }, (_, i) => ({
       ...OPENAI_ROUTE,
       node: `n${i}`,
