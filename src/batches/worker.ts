@@ -5,15 +5,16 @@
 // reservation first, so the hard limits hold across threads.
 import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
+import { UpstreamFailed, UpstreamRejected } from '../errors.ts'
 import { LocalFileStore } from '../files/file-store.ts'
 import { FilesService } from '../files/service.ts'
 import { requestId } from '../ids.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, FileRecord, Store } from '../storage/store.ts'
-import { openAIError as upstreamError } from '../upstream/providers/http.ts'
-import { cleanUpstreamMessage, cleanUpstreamParam } from '../upstream/redact.ts'
+import { ProviderRegistry } from '../upstream/providers/index.ts'
 import { estimatedUsage, sanitizePromptUsage, sanitizeUsage } from '../upstream/sse.ts'
+import { Watchdog } from '../upstream/watchdog.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
 import { type LineCost, priceLine, validateFile } from './validate.ts'
@@ -23,6 +24,8 @@ let cfg: WorkerInit
 let store: Store
 let files: FilesService
 let models: Map<string, ModelConfig>
+/** The same provider adapters as the live path's. */
+const providers = new ProviderRegistry(new Watchdog())
 let stopping = false
 let inFlight = 0
 let nextReq = 0
@@ -180,40 +183,41 @@ async function callUpstream(
   const reqId = reply.reqId
   const path = endpoint === '/v1/chat/completions' ? '/chat/completions' : '/embeddings'
   const requestIdOfLine = `${line.batchId}-${line.line}`
-  const headers: Record<string, string> = { 'content-type': 'application/json' }
-  if (reply.apiKey) headers.authorization = `Bearer ${reply.apiKey}`
   let status = 0
   let text = ''
-  // Headers within the first-byte timeout, then the body within the idle timeout: the live
-  // path's bounds for a non-streamed answer.
+  let rejected: UpstreamRejected | undefined
+  // Through the same provider adapters as live traffic, to the route the main thread chose:
+  // headers within the first-byte timeout, then the body within the idle timeout.
+  const route = cost.model.routes.find((r) => r.node === reply.node)
   const controller = new AbortController()
-  let timer = setTimeout(() => controller.abort(), cfg.firstByteTimeoutMs)
+  let timer: ReturnType<typeof setTimeout> | undefined
   try {
-    const res = await fetch(`${reply.baseUrl}${path}`, {
-      method: 'POST',
-      headers,
-      // The bound reserved for goes upstream, as on the live path (one effective output bound).
-      body: JSON.stringify(
-        cost.maxOut === undefined
-          ? { ...body, model: reply.upstreamModel, stream: false }
-          : body.max_completion_tokens != null
-            ? {
-                ...body,
-                model: reply.upstreamModel,
-                stream: false,
-                max_tokens: cost.maxOut,
-                max_completion_tokens: cost.maxOut,
-              }
-            : { ...body, model: reply.upstreamModel, stream: false, max_tokens: cost.maxOut },
-      ),
-      signal: controller.signal,
-    })
-    clearTimeout(timer)
+    if (!route) throw new Error(`no route ${reply.node} for ${modelId}`)
+    // The bound reserved for goes upstream, as on the live path (one effective output bound).
+    const bounds =
+      cost.maxOut === undefined
+        ? {}
+        : body.max_completion_tokens != null
+          ? { max_tokens: cost.maxOut, max_completion_tokens: cost.maxOut }
+          : { max_tokens: cost.maxOut }
+    const up = await providers.send(
+      {
+        route,
+        path,
+        body: JSON.stringify({ ...body, model: route.upstreamModel, stream: false, ...bounds }),
+        stream: false,
+      },
+      controller,
+      Date.now() + (route.firstByteTimeoutMs ?? cfg.firstByteTimeoutMs),
+    )
     timer = setTimeout(() => controller.abort(), cfg.idleTimeoutMs)
-    status = res.status
-    text = await res.text()
-  } catch {
-    status = 0
+    status = up.response.status
+    text = await up.response.text()
+  } catch (err) {
+    // UpstreamRejected: the upstream refused the request itself. Anything else is the node's
+    // failure (unreachable, timed out, 5xx, the statuses that say the node failed).
+    if (err instanceof UpstreamRejected) rejected = err
+    status = err instanceof UpstreamFailed && err.upstreamStatus !== null ? err.upstreamStatus : 0
   } finally {
     clearTimeout(timer)
   }
@@ -277,19 +281,18 @@ async function callUpstream(
       outcome: reported ? 'ok' : 'ok:estimated',
     }
   }
-  // As for live requests: these say the node failed, not the request (src/upstream/providers/http.ts).
-  if (status >= 400 && status < 500 && ![401, 403, 404, 408, 409, 425, 429].includes(status)) {
+  if (rejected) {
     // The upstream refused the request itself: retrying elsewhere would not help. Its message
-    // goes into the error file cleaned of credentials and paths, as on the live path.
-    const { message, param } = upstreamError(text)
+    // goes into the error file cleaned of credentials and paths (by the adapter), as on the live path.
     const errBody = {
       error: {
-        message: cleanUpstreamMessage(message),
+        message: rejected.message.replace(/^upstream rejected the request: /, ''),
         type: 'invalid_request_error',
-        param: cleanUpstreamParam(param),
+        param: rejected.param,
         code: null,
       },
     }
+    status = rejected.upstreamStatus
     await store.finishLine(
       line.batchId,
       line.line,
