@@ -19,7 +19,9 @@
  * not), `--together` (both loaded at once, 32 connections each, so each round's pair shares the
  * same moments of the machine), `--repeat K` (K fresh pairs of routers one after the other, each
  * for all the rounds, pooled: the mean of the pairs' mean ratios and its standard error), `--aa`
- * (both billing on), `--json FILE` (default .bench/results/money-<time>.json).
+ * (both billing on), `--against EXE` (the other side is another executable, an older build, with
+ * billing on: the ratio is what the working tree costs per request against it), `--json FILE`
+ * (default .bench/results/money-<time>.json).
  */
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
@@ -80,6 +82,7 @@ async function main() {
       seconds: { type: 'string' },
       build: { type: 'boolean' },
       aa: { type: 'boolean' },
+      against: { type: 'string' },
       pin: { type: 'boolean' },
       together: { type: 'boolean' },
       repeat: { type: 'string' },
@@ -105,7 +108,7 @@ async function main() {
   const fleet = await startFleet(repoRoot, dir, logDir, { nodesPerFleet: 3, streamItlMs: 5, holdItlMs: 1000 })
   const ctx: RunContext = { repoRoot, dir, logDir, fleet: fleet.urls, fleetPid: fleet.child.pid }
   log(
-    `${values.aa ? 'A/A run (both with billing on)' : 'billing on against billing off'}; ${pinned ? 'Tropa pinned to CPU 0, fleet and wrk to the others' : 'not pinned'}; ${repeats > 1 ? `${repeats} pairs of routers, ` : ''}${rounds} rounds of ${seconds} s, ${together ? 'both loaded at once (32 connections each)' : 'one after the other'}`,
+    `${values.against ? `this tree against ${values.against} (both with billing on)` : values.aa ? 'A/A run (both with billing on)' : 'billing on against billing off'}; ${pinned ? 'Tropa pinned to CPU 0, fleet and wrk to the others' : 'not pinned'}; ${repeats > 1 ? `${repeats} pairs of routers, ` : ''}${rounds} rounds of ${seconds} s, ${together ? 'both loaded at once (32 connections each)' : 'one after the other'}`,
   )
   const rps: Record<Side, number[]> = { on: [], off: [] }
   const cpu: Record<Side, number[]> = { on: [], off: [] }
@@ -128,8 +131,14 @@ async function main() {
   /** A fresh pair of routers (new processes, new data dirs) loaded for `rounds` rounds. */
   async function onePair(rep: number) {
     const on = await startContestant('tropa', ctx, exe.path, '')
-    // --aa: both with billing on, an A/A run that shows the measure's own noise.
-    const off = await startContestant(values.aa ? 'tropa' : 'tropa-nobill', ctx, exe.path, '')
+    // --aa: both with billing on, an A/A run that shows the measure's own noise. --against EXE:
+    // the other side is another executable (an older build), billing on: what a change costs.
+    const off = await startContestant(
+      values.against || values.aa ? 'tropa' : 'tropa-nobill',
+      ctx,
+      values.against ? resolve(values.against) : exe.path,
+      '',
+    )
     if (pinned) for (const c of [on, off]) pin(c.pid, '0')
     try {
       const wrk = (c: typeof on, connections = 64) =>
