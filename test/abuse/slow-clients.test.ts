@@ -385,6 +385,51 @@ test('downloads of a big file by clients that never read: read from disk as they
   for (const c of clients) c.socket.destroy()
 }, 30_000)
 
+test('uploads abandoned mid-body, over and over: nothing left on disk, others unaffected', async () => {
+  const { key } = await attackerKey('uploads')
+  const boundary = 'abuse-boundary'
+  const head =
+    `--${boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n` +
+    `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n` +
+    'Content-Type: application/jsonl\r\n\r\n'
+  const chunk = Buffer.from(`${'{"custom_id":"x"}'.padEnd(1023, ' ')}\n`.repeat(1024)) // 1 MiB
+  let sent = 0
+  const attack = async (i: number) => {
+    // Declares 150 MiB, sends 1-8 MiB, then goes away without a word.
+    const socket = net.connect(port(), '127.0.0.1')
+    socket.on('error', () => {})
+    await new Promise<void>((resolve) => socket.once('connect', () => resolve()))
+    socket.write(
+      `POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${key}\r\n` +
+        `Content-Type: multipart/form-data; boundary=${boundary}\r\nContent-Length: ${150 * 2 ** 20}\r\n\r\n${head}`,
+    )
+    for (let mb = 0; mb < 1 + (i % 8); mb++) {
+      if (!socket.write(chunk)) await new Promise((resolve) => socket.once('drain', resolve))
+      sent += chunk.length
+    }
+    socket.destroy()
+  }
+  const attacking = (async () => {
+    for (let round = 0; round < 6; round++) await Promise.all(Array.from({ length: 8 }, (_, i) => attack(i)))
+  })()
+  const seen = await watch(3000)
+  await attacking
+  console.log('abandoned uploads:', seen, `${Math.round(sent / 2 ** 20)} MiB sent`)
+  expect(sent).toBeGreaterThan(100 * 2 ** 20)
+  expect(seen.peakRssMiB).toBeLessThan(RSS_MB)
+  expect(seen.healthP99).toBeLessThan(P99_MS)
+  expect(seen.chatP99).toBeLessThan(P99_MS)
+  // Every partial upload is removed once its client is gone: no .part file, no row.
+  const { readdirSync } = await import('node:fs')
+  const partials = () => readdirSync(join(dir, 'files')).filter((f) => f.endsWith('.part'))
+  for (let i = 0; i < 100 && partials().length > 0; i++) await Bun.sleep(20)
+  expect(partials()).toEqual([])
+  const list = (await (
+    await fetch(`${router.url}/v1/files`, { headers: { authorization: `Bearer ${key}` } })
+  ).json()) as { data: unknown[] }
+  expect(list.data).toEqual([])
+}, 60_000)
+
 test('nothing went to stderr (no error printed by a cut stream)', async () => {
   router.proc.kill('SIGTERM')
   await router.proc.exited
