@@ -168,6 +168,12 @@ function toOpenAI(body: Json, model: string, stream: boolean): Json {
   const decls = ((body.tools as { functionDeclarations?: unknown }[] | undefined) ?? []).flatMap((t) =>
     Array.isArray(t?.functionDeclarations) ? (t.functionDeclarations as Json[]) : [],
   )
+  decls.forEach((d, j) => {
+    if (typeof d.name !== 'string' || !FUNCTION_NAME.test(d.name))
+      throw new BadRequest(
+        `* GenerateContentRequest.tools[0].function_declarations[${j}].name: Invalid function name. Must start with a letter or an underscore. Must be alphameric (a-z, A-Z, 0-9), underscores (_), dots (.), colons (:), or dashes (-), with a maximum length of 64.`,
+      )
+  })
   if (decls.length > 0)
     out.tools = decls.map((d) => ({
       type: 'function',
@@ -198,6 +204,8 @@ function toOpenAI(body: Json, model: string, stream: boolean): Json {
     throw new BadRequest('this simulator generates one candidate (candidateCount 1)')
   return out
 }
+
+const FUNCTION_NAME = /^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$/
 
 /** Gemini's Schema writes types in capitals (OBJECT, STRING); JSON Schema in lower case. */
 function lowerTypes(schema: unknown): unknown {
