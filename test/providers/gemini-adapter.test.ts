@@ -1,6 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import type OpenAI from 'openai'
-import { OPENAI_ROUTE } from '../../src/config/load.ts'
+import { ConfigError, loadConfig, OPENAI_ROUTE } from '../../src/config/load.ts'
 import { UpstreamFailed } from '../../src/errors.ts'
 import { GeminiAdapter } from '../../src/upstream/providers/gemini/adapter.ts'
 import { Watchdog } from '../../src/upstream/watchdog.ts'
@@ -462,5 +465,58 @@ describe("Gemini's errors", () => {
     )
     expect(err).toBeInstanceOf(UpstreamFailed)
     expect((err as UpstreamFailed).detail).toContain('API key not valid')
+  })
+})
+
+describe('gemini routes in the config', () => {
+  const load = (baseUrl: string, env: Record<string, string> = { GEMINI_API_KEY: 'AIza-env' }) => {
+    const dir = mkdtempSync(join(tmpdir(), 'tropa-gemini-config-'))
+    const path = join(dir, 'tropa.json')
+    writeFileSync(
+      path,
+      JSON.stringify({
+        models: [
+          {
+            id: 'google/gemini-2.5-flash',
+            context_length: 1_000_000,
+            pricing: CHAT_PRICE,
+            routes: [{ provider: 'gemini', base_url: baseUrl, api_key_env: 'GEMINI_API_KEY' }],
+          },
+        ],
+      }),
+    )
+    try {
+      return loadConfig({ configPath: path }, env)
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
+  }
+
+  test('the API root and api_key_env load; the model name defaults to the id after the provider', () => {
+    const route = load('https://generativelanguage.googleapis.com/').models[0]!.routes[0]!
+    expect(route).toMatchObject({
+      provider: 'gemini',
+      baseUrl: 'https://generativelanguage.googleapis.com',
+      upstreamModel: 'gemini-2.5-flash',
+      apiKey: 'AIza-env',
+      metricsUrl: '',
+    })
+  })
+
+  test('a base_url with the version in it is refused with the fix', () => {
+    for (const url of [
+      'https://generativelanguage.googleapis.com/v1beta',
+      'https://generativelanguage.googleapis.com/v1/',
+      'https://generativelanguage.googleapis.com/v1beta/models',
+    ]) {
+      let err: unknown
+      try {
+        load(url)
+      } catch (e) {
+        err = e
+      }
+      expect(err).toBeInstanceOf(ConfigError)
+      expect((err as ConfigError).problems.join('\n')).toContain('must be the API root')
+    }
   })
 })
