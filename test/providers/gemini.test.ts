@@ -429,4 +429,31 @@ describe('failover and broken streams on gemini routes', () => {
     expect(rows[0]!.completionTokens).toBe(3)
     expect(t.svc.identity.org(t.orgId).reservedNano).toBe(0n)
   })
+
+  test('a client that disconnects mid-stream: the Gemini stream is cancelled, what was sent is billed', async () => {
+    t = await startTropa({ nodes: gemNodes(1, { itlMs: 20, timeScale: 1 }), models: geminiModels() })
+    const controller = new AbortController()
+    const res = await t.fetch('/v1/chat/completions', {
+      method: 'POST',
+      body: JSON.stringify({ ...body, stream: true, max_tokens: 60 }),
+      signal: controller.signal,
+    })
+    const reader = res.body!.getReader()
+    let received = ''
+    while (received.split('"content":"').length < 4) {
+      const { value } = await reader.read()
+      received += new TextDecoder().decode(value)
+    }
+    controller.abort()
+    await Bun.sleep(300)
+    const rows = await usageRows(t)
+    expect(rows).toHaveLength(1)
+    expect(rows[0]!.outcome).toBe('client_disconnected')
+    expect(rows[0]!.completionTokens).toBeGreaterThan(0)
+    expect(rows[0]!.completionTokens).toBeLessThan(60)
+    expect([...t.svc.deps.pool.nodes.values()][0]!.inFlight).toBe(0)
+    // the node's engine stopped generating: no sequence is left running
+    expect(t.nodes[0]!.stats().running).toBe(0)
+    expect(t.svc.identity.org(t.orgId).reservedNano).toBe(0n)
+  })
 })
