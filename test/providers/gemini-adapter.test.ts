@@ -189,6 +189,15 @@ describe('the request Gemini gets', () => {
     expect(seen!.body.toolConfig).toEqual({ functionCallingConfig: { mode: 'AUTO' } })
   })
 
+  test('an http image URL that does not parse is a 400 naming it, not a 500', async () => {
+    const res = await chat({
+      messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'http://[::1' } }] }],
+    })
+    expect(res.status).toBe(400)
+    const body = (await res.json()) as { error: { param: string } }
+    expect(body.error.param).toBe('messages[0].content[0].image_url.url')
+  })
+
   test('the route key goes in x-goog-api-key, the path under /v1beta/models', async () => {
     answer = () =>
       Response.json({

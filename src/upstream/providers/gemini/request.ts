@@ -157,7 +157,13 @@ function userParts(content: unknown, where: string): Json[] {
       if (m) return { inlineData: { mimeType: m[1]!.toLowerCase(), data: url.slice(m[0].length) } }
       if (/^https?:\/\//i.test(url)) {
         // Gemini fetches public URLs itself (FileData); the MIME type, when the name tells it.
-        const ext = /\.([a-z0-9]+)(?:[?#]|$)/i.exec(new URL(url).pathname)?.[1]?.toLowerCase()
+        let path = ''
+        try {
+          path = new URL(url).pathname
+        } catch {
+          throw new InvalidValue(`${at}.image_url.url is not a valid URL`, `${at}.image_url.url`)
+        }
+        const ext = /\.([a-z0-9]+)$/i.exec(path)?.[1]?.toLowerCase()
         const mimeType = ext ? IMAGE_TYPES[ext] : undefined
         return { fileData: { fileUri: url, ...(mimeType && { mimeType }) } }
       }

@@ -161,7 +161,8 @@ export function translateStream(
     } catch {
       throw new UpstreamFailed('the Gemini node sent a malformed stream event')
     }
-    if (r && typeof r === 'object' && r.error !== undefined) {
+    if (!r || typeof r !== 'object') throw new UpstreamFailed('the Gemini node sent a malformed stream event')
+    if (r.error !== undefined) {
       // An error mid-stream: as an OpenAI error event, which the relay reports.
       const e = r.error as { message?: unknown; status?: unknown }
       const message = typeof e?.message === 'string' ? e.message : 'the upstream stream failed'
@@ -265,7 +266,8 @@ export function toEmbeddingList(text: string, model: string, base64: boolean): s
     throw new UpstreamFailed('the Gemini node sent a malformed embeddings response')
   const data = r.embeddings.map((e, index) => {
     const values = (e as { values?: unknown })?.values
-    if (!Array.isArray(values)) throw new UpstreamFailed('the Gemini node sent an embedding without values')
+    if (!Array.isArray(values) || !values.every((v) => typeof v === 'number'))
+      throw new UpstreamFailed('the Gemini node sent an embedding without values')
     const embedding = base64
       ? Buffer.from(new Float32Array(values as number[]).buffer).toString('base64')
       : (values as number[])
