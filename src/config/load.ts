@@ -398,6 +398,11 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
     if (provider === 'yandex') need('folder_id', r.folder_id, '"b1g..."')
     if (provider === 'gigachat')
       need('api_key_env', r.api_key_env, '"GIGACHAT_AUTH_KEY" (the authorization key)')
+    // Gemini's base_url is the API root: the adapter appends /v1beta/models/<model>:<method>.
+    if (provider === 'gemini' && url && /\/v1(?:beta)?(?:\/models)?\/?$/.test(url.pathname))
+      problems.push(
+        `${where}: routes[${j}].base_url ${JSON.stringify(r.base_url)} (provider gemini) must be the API root, without the version: the adapter appends /v1beta/models/<model>. Fix: "https://generativelanguage.googleapis.com"`,
+      )
     let tlsCa: string | undefined
     if (r.tls_ca_file !== undefined) {
       try {
