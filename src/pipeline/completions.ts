@@ -26,24 +26,28 @@ export async function textCompletion(
   const res = await chatCompletion(deps, payer, chat, signal, requestId, sessionHint, cut)
   const id = `cmpl-${requestId}`
   if (chat.stream !== true) {
-    const value = (await res.json()) as ChatCompletionJson
-    const out = {
-      id,
-      object: 'text_completion',
-      created: value.created,
-      model: value.model,
-      choices: (value.choices ?? []).map((c) => ({
-        text: typeof c.message?.content === 'string' ? c.message.content : '',
-        index: c.index ?? 0,
-        logprobs: null,
-        finish_reason: c.finish_reason ?? null,
-      })),
-      usage: value.usage,
-      ...(value.system_fingerprint !== undefined && { system_fingerprint: value.system_fingerprint }),
-    }
+    const out = textCompletionOf((await res.json()) as ChatCompletionJson, id)
     return new Response(JSON.stringify(out), { status: res.status, headers: res.headers })
   }
   return new Response(completionStream(res.body!, id), { status: res.status, headers: res.headers })
+}
+
+/** A chat completion (JSON) as the legacy endpoint's `text_completion` object. */
+export function textCompletionOf(value: ChatCompletionJson, id: string): Record<string, unknown> {
+  return {
+    id,
+    object: 'text_completion',
+    created: value.created,
+    model: value.model,
+    choices: (Array.isArray(value.choices) ? value.choices : []).map((c) => ({
+      text: typeof c?.message?.content === 'string' ? c.message.content : '',
+      index: c?.index ?? 0,
+      logprobs: null,
+      finish_reason: c?.finish_reason ?? null,
+    })),
+    usage: value.usage,
+    ...(value.system_fingerprint !== undefined && { system_fingerprint: value.system_fingerprint }),
+  }
 }
 
 /** The chat request a completions request stands for; 400 for what it cannot carry. */
@@ -94,7 +98,7 @@ interface ChatChoiceJson {
   delta?: { content?: unknown }
   finish_reason?: string | null
 }
-interface ChatCompletionJson {
+export interface ChatCompletionJson {
   created?: number
   model?: string
   choices?: ChatChoiceJson[]

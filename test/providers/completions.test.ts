@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import OpenAI from 'openai'
+import OpenAI, { toFile } from 'openai'
 import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -234,5 +234,77 @@ describe('POST /v1/completions: a client that leaves mid-stream', () => {
     } finally {
       await slow.stop()
     }
+  })
+})
+
+describe('/v1/completions lines in a batch', () => {
+  const jsonl = (rows: unknown[]) => `${rows.map((r) => JSON.stringify(r)).join('\n')}\n`
+  const line = (i: number, body: Record<string, unknown> = {}) => ({
+    custom_id: `c-${i}`,
+    method: 'POST',
+    url: '/v1/completions',
+    body: { model: 'test/chat', prompt: `completion number ${i}`, max_tokens: 10, seed: i, ...body },
+  })
+  async function runBatch(rows: unknown[]) {
+    const client = t.client()
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(jsonl(rows)), 'c.jsonl'),
+      purpose: 'batch',
+    })
+    const created = await client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/completions',
+      completion_window: '24h',
+    })
+    const until = Date.now() + 20_000
+    for (;;) {
+      const b = await client.batches.retrieve(created.id)
+      if (['completed', 'failed', 'expired', 'cancelled'].includes(b.status)) return b
+      if (Date.now() > until) throw new Error(`batch stuck in ${b.status}`)
+      await Bun.sleep(50)
+    }
+  }
+
+  test('text_completion results at exactly half the live price', async () => {
+    const rows = Array.from({ length: 10 }, (_, i) => line(i))
+    const b = await runBatch(rows)
+    expect(b.status).toBe('completed')
+    expect(b.request_counts).toEqual({ total: 10, completed: 10, failed: 0 })
+    const out = (await (await t.client().files.content(b.output_file_id!)).text())
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l))
+    expect(out).toHaveLength(10)
+    await t.svc.ledger.flush()
+    const all = await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)
+    for (const o of out) {
+      expect(o.error).toBeNull()
+      const body = o.response.body as OpenAI.Completion
+      expect(body.object).toBe('text_completion')
+      expect(body.id).toStartWith('cmpl-')
+      expect(body.model).toBe('test/chat')
+      expect(body.choices[0]!.text.length).toBeGreaterThan(0)
+      const i = Number((o.custom_id as string).slice(2))
+      // The same request live: the same answer, twice the price.
+      const { data, response } = await t
+        .client()
+        .completions.create(rows[i]!.body as unknown as OpenAI.CompletionCreateParamsNonStreaming)
+        .withResponse()
+      expect(data.choices[0]!.text).toBe(body.choices[0]!.text)
+      await t.svc.ledger.flush()
+      const rowsNow = await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)
+      const live = rowsNow.find((r) => r.requestId === response.headers.get('x-request-id'))!
+      const batched = all.find((r) => r.batchId === b.id && r.requestId === o.response.request_id)!
+      expect(batched.costNano * 2n).toBe(live.costNano)
+    }
+  }, 30_000)
+
+  test('a line the translation cannot carry fails validation with its param', async () => {
+    const b = await runBatch([line(1), line(2, { prompt: ['a', 'b'] }), line(3, { echo: true })])
+    expect(b.status).toBe('failed')
+    expect((b.errors?.data ?? []).map((e) => [e.line, e.code, e.param])).toEqual([
+      [2, 'invalid_value', 'body.prompt'],
+      [3, 'invalid_value', 'body.echo'],
+    ])
   })
 })
