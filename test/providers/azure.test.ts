@@ -164,6 +164,29 @@ describe('azure route: chat', () => {
   })
 })
 
+describe('azure route: inbound /v1/completions', () => {
+  test('streamed: Azure’s prompt-filter event is left out, text chunks and a priced usage chunk', async () => {
+    t = await startTropa({ nodes: azureNodes(1), models: azureModels(), env })
+    const s = await t.client().completions.create({
+      model: 'azure/gpt-sim',
+      prompt: 'hello',
+      max_tokens: 12,
+      stream: true,
+      stream_options: { include_usage: true },
+    })
+    const chunks: OpenAI.Completion[] = []
+    for await (const c of s) chunks.push(c)
+    expect(chunks[0]!.choices).toHaveLength(1)
+    expect(chunks.every((c) => c.object === 'text_completion' && c.model === 'azure/gpt-sim')).toBe(true)
+    const usage = chunks.at(-1)!.usage!
+    const expected = costNano(usage.prompt_tokens, usage.completion_tokens, PRICE)
+    expect((usage as unknown as { cost_rub: number }).cost_rub).toBe(nanoToRubNumber(expected))
+    const rows = await usageRows(t)
+    expect(rows).toHaveLength(1)
+    expect(rows[0]!.costNano).toBe(expected)
+  })
+})
+
 describe('azure route: errors', () => {
   test('Azure’s 400 is the client’s 400, cleaned, in OpenAI’s shape; nothing billed', async () => {
     // A resource that refuses the route's api-version answers 400 "API version not supported".
@@ -186,6 +209,8 @@ describe('azure route: errors', () => {
   test('401 (a wrong key), 404 (no such resource path) and 503 fail over to the healthy resource', async () => {
     t = await startTropa({
       nodes: azureNodes(4),
+      // three of the four fail: a request may meet all three before the healthy one
+      upstream: { max_attempts: 4 },
       // az-1 has a wrong key (401); az-2's base_url is a path the resource does not serve (404)
       models: azureModels((n) =>
         n.name === 'az-1'
