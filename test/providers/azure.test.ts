@@ -243,6 +243,76 @@ describe('azure route: errors', () => {
     expect(failures('az-1') + failures('az-2') + failures('az-3')).toBeGreaterThan(0)
   })
 
+  test('a resource that breaks or stalls after its prompt-filter event, before any token, is failed over', async () => {
+    // Fakes of a resource that sends Azure's opening event and then breaks, or goes silent.
+    const opening = `data: ${JSON.stringify({ choices: [], created: 0, id: '', model: '', object: '', prompt_filter_results: [] })}\n\n`
+    const fake = (after: 'break' | 'stall') =>
+      Bun.serve({
+        port: 0,
+        hostname: '127.0.0.1',
+        idleTimeout: 0,
+        fetch: () =>
+          new Response(
+            new ReadableStream<Uint8Array>({
+              start(c) {
+                c.enqueue(new TextEncoder().encode(opening))
+                if (after === 'break') setTimeout(() => c.error(new Error('resource died')), 20)
+              },
+            }),
+            { headers: { 'content-type': 'text/event-stream' } },
+          ),
+      })
+    const broken = fake('break')
+    const stalled = fake('stall')
+    try {
+      t = await startTropa({
+        nodes: azureNodes(1),
+        upstream: { first_byte_timeout_ms: 300 },
+        models: (nodes) => [
+          {
+            id: 'azure/gpt-sim',
+            kind: 'chat',
+            context_length: 4096,
+            pricing: CHAT_PRICE,
+            routes: [
+              ...[broken, stalled].map((f, i) => ({
+                name: `fake-${i}`,
+                provider: 'azure' as const,
+                base_url: `http://127.0.0.1:${f.port}`,
+                upstream_model: 'gpt-4o-dep',
+                api_version: '2024-10-21',
+              })),
+              {
+                name: 'az-1',
+                provider: 'azure' as const,
+                base_url: origin(nodes[0]!),
+                upstream_model: 'gpt-4o-dep',
+                api_version: '2024-10-21',
+                api_key_env: 'AZURE_KEY',
+              },
+            ],
+          },
+        ],
+        env,
+      })
+      for (let i = 0; i < 6; i++) {
+        const s = await t.client().chat.completions.create({ model: 'azure/gpt-sim', messages, stream: true })
+        let text = ''
+        for await (const c of s) text += c.choices[0]?.delta.content ?? ''
+        expect(text.length).toBeGreaterThan(0)
+      }
+      const rows = await usageRows(t)
+      expect(rows).toHaveLength(6)
+      expect(rows.every((r) => r.node === 'az-1' && r.outcome === 'ok')).toBe(true)
+      const failures = (name: string) =>
+        [...t!.svc.deps.pool.nodes.values()].find((n) => n.name === name)!.failures
+      expect(failures('fake-0') + failures('fake-1')).toBeGreaterThan(0)
+    } finally {
+      await broken.stop(true)
+      await stalled.stop(true)
+    }
+  })
+
   test('a resource killed mid-stream: one error event, the sent tokens billed', async () => {
     t = await startTropa({
       nodes: azureNodes(1, { timeScale: 1, itlMs: 2, faults: { cutAfterTokens: 3 } }),
