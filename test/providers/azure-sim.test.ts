@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import OpenAI, { AzureOpenAI } from 'openai'
 import { type SimNode, startSimNode } from '../../src/simulator/index.ts'
-import { SIM_AZURE_API_KEY } from '../../src/simulator/protocols/azure.ts'
+import { SIM_AZURE_API_KEY, SIM_FILTER_PROMPT } from '../../src/simulator/protocols/azure.ts'
 
 // The simulated Azure OpenAI resource, checked with openai's own AzureOpenAI client: what the
 // official client accepts, not only what Tropa's adapter expects.
@@ -82,5 +82,17 @@ describe('simulated Azure OpenAI through AzureOpenAI', () => {
     expect(((await bad.json()) as { error: { message: string } }).error.message).toBe(
       'API version not supported',
     )
+  })
+
+  test('a filtered prompt is a BadRequestError with code content_filter', async () => {
+    const err = await azure()
+      .chat.completions.create({
+        model: 'x',
+        messages: [{ role: 'user', content: `a ${SIM_FILTER_PROMPT}` }],
+      })
+      .catch((e: unknown) => e)
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError)
+    expect((err as InstanceType<typeof OpenAI.BadRequestError>).code).toBe('content_filter')
+    expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe('prompt')
   })
 })

@@ -3,7 +3,11 @@ import OpenAI from 'openai'
 import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
 import type { SimNode, SimNodeOptions } from '../../src/simulator/index.ts'
-import { SIM_AZURE_API_KEY } from '../../src/simulator/protocols/azure.ts'
+import {
+  SIM_AZURE_API_KEY,
+  SIM_FILTER_OUTPUT,
+  SIM_FILTER_PROMPT,
+} from '../../src/simulator/protocols/azure.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 // The openai SDK -> Tropa -> an azure route -> the simulated Azure OpenAI resource.
@@ -161,6 +165,34 @@ describe('azure route: chat', () => {
     expect(data.model).toBe('azure/embed-sim')
     const expected = costNano(data.usage.prompt_tokens, 0, EMBED_PRICE)
     expect(response.headers.get('x-tropa-cost-rub')).toBe(nanoToRubNumber(expected).toFixed(6))
+  })
+})
+
+describe('azure route: content filter', () => {
+  test('finish_reason content_filter passes through, plain and streamed; a filtered prompt is the client’s 400', async () => {
+    t = await startTropa({ nodes: azureNodes(1), models: azureModels(), env })
+    const filtered = [{ role: 'user' as const, content: `tell me ${SIM_FILTER_OUTPUT}` }]
+    const c = await t.client().chat.completions.create({ model: 'azure/gpt-sim', messages: filtered })
+    expect(c.choices[0]!.finish_reason).toBe('content_filter')
+    const s = await t
+      .client()
+      .chat.completions.create({ model: 'azure/gpt-sim', messages: filtered, stream: true })
+    let finish: string | null | undefined
+    for await (const ch of s) finish = ch.choices[0]?.finish_reason ?? finish
+    expect(finish).toBe('content_filter')
+    const err = await t
+      .client()
+      .chat.completions.create({
+        model: 'azure/gpt-sim',
+        messages: [{ role: 'user', content: SIM_FILTER_PROMPT }],
+      })
+      .catch((e: unknown) => e)
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError)
+    const e = err as InstanceType<typeof OpenAI.BadRequestError>
+    expect(e.message).toContain('content management policy')
+    expect(e.status).toBe(400)
+    expect(e.message).toContain('upstream rejected the request')
+    expect(await usageRows(t)).toHaveLength(2) // the two answers, not the refusal
   })
 })
 

@@ -9,6 +9,10 @@ import type { ProtocolFront, SimCore } from './index.ts'
 
 /** The key the simulated Azure resource accepts (`api-key: <this>`). */
 export const SIM_AZURE_API_KEY = 'sim-azure-key'
+/** A prompt holding this is refused as Azure refuses a filtered prompt (400 content_filter). */
+export const SIM_FILTER_PROMPT = 'SIM_FILTER_PROMPT'
+/** A prompt holding this gets an answer whose finish_reason is content_filter. */
+export const SIM_FILTER_OUTPUT = 'SIM_FILTER_OUTPUT'
 
 const PATH = /^\/openai\/deployments\/([^/]+)\/(chat\/completions|embeddings)$/
 const API_VERSION = /^\d{4}-\d{2}-\d{2}(-preview)?$/
@@ -48,13 +52,39 @@ export const azureFront: ProtocolFront = async (req: Request, core: SimCore): Pr
   // The deployment is the model, whatever the body says.
   body.model = decodeURIComponent(m[1]!)
   if (m[2] === 'embeddings') return core.embeddings(body)
+  const prompt = JSON.stringify(body.messages ?? null)
+  if (prompt.includes(SIM_FILTER_PROMPT)) return promptFiltered()
+  const filterOutput = prompt.includes(SIM_FILTER_OUTPUT)
   const res = await core.chat(body, req.signal)
   if (!res.ok) return res
-  return body.stream === true ? azureStream(res) : azureCompletion(res)
+  return body.stream === true ? azureStream(res, filterOutput) : azureCompletion(res, filterOutput)
+}
+
+const FILTERED = { filtered: true, severity: 'high' }
+
+/** Azure's 400 for a prompt its content filter stopped. */
+function promptFiltered(): Response {
+  return Response.json(
+    {
+      error: {
+        message:
+          "The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry. To learn more about our content filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
+        type: null,
+        param: 'prompt',
+        code: 'content_filter',
+        status: 400,
+        innererror: {
+          code: 'ResponsibleAIPolicyViolation',
+          content_filter_result: { ...CONTENT_FILTER, violence: FILTERED },
+        },
+      },
+    },
+    { status: 400 },
+  )
 }
 
 /** A completion with Azure's filter results added. */
-async function azureCompletion(res: Response): Promise<Response> {
+async function azureCompletion(res: Response, filterOutput: boolean): Promise<Response> {
   let value: { choices?: Record<string, unknown>[]; [k: string]: unknown }
   try {
     value = (await res.json()) as typeof value
@@ -66,12 +96,15 @@ async function azureCompletion(res: Response): Promise<Response> {
       }),
     )
   }
-  for (const choice of value.choices ?? []) choice.content_filter_results = CONTENT_FILTER
+  for (const choice of value.choices ?? []) {
+    choice.content_filter_results = filterOutput ? { ...CONTENT_FILTER, violence: FILTERED } : CONTENT_FILTER
+    if (filterOutput) choice.finish_reason = 'content_filter'
+  }
   return Response.json({ ...value, prompt_filter_results: PROMPT_FILTER, system_fingerprint: 'fp_sim' })
 }
 
 /** The node's stream, opened by Azure's prompt-filter event (empty choices, id and model). */
-function azureStream(res: Response): Response {
+function azureStream(res: Response, filterOutput: boolean): Response {
   const reader = res.body!.getReader()
   const opening = `data: ${JSON.stringify({ choices: [], created: 0, id: '', model: '', object: '', prompt_filter_results: PROMPT_FILTER })}\n\n`
   let opened = false
@@ -85,7 +118,16 @@ function azureStream(res: Response): Response {
         }
         const { done, value } = await reader.read()
         if (done) c.close()
-        else c.enqueue(value)
+        else if (!filterOutput) c.enqueue(value)
+        // the node writes one event per chunk: its finish reason becomes Azure's filter's
+        else
+          c.enqueue(
+            encoder.encode(
+              new TextDecoder()
+                .decode(value)
+                .replace(/"finish_reason":"(stop|length)"/, '"finish_reason":"content_filter"'),
+            ),
+          )
       },
       cancel(reason) {
         return reader.cancel(reason)
