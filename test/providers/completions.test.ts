@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import net from 'node:net'
 import OpenAI, { toFile } from 'openai'
 import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
@@ -307,4 +308,59 @@ describe('/v1/completions lines in a batch', () => {
       [3, 'invalid_value', 'body.echo'],
     ])
   })
+})
+
+describe('POST /v1/completions: a client that stops reading', () => {
+  test('backpressure holds through the translation: the stream is cut and billed for what was relayed', async () => {
+    const LONG = 150_000
+    const fast = await startTropa({
+      nodes: [
+        {
+          name: 'fast',
+          ignoreEos: true,
+          itlMs: 0.1,
+          iterationOverheadMs: 0,
+          decodeMsPerSeq: 0,
+          prefillTokensPerSec: 10_000_000,
+        },
+      ],
+      models: (nodes) => [
+        {
+          id: 'test/long',
+          context_length: 200_000,
+          pricing: CHAT_PRICE,
+          routes: nodes.map((n) => ({ name: n.name, base_url: n.url, upstream_model: 'chat-up' })),
+        },
+      ],
+    })
+    // server.stream_write_timeout_ms, shortened for the test
+    ;(fast.svc.deps as { streamWriteTimeoutMs: number }).streamWriteTimeoutMs = 1000
+    try {
+      const body = JSON.stringify({
+        model: 'test/long',
+        prompt: 'tell me everything',
+        stream: true,
+        max_tokens: LONG,
+      })
+      const socket = net.connect(Number(new URL(fast.url).port), '127.0.0.1')
+      socket.write(
+        `POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${fast.apiKey}\r\n` +
+          `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+      )
+      socket.pause() // reads nothing
+      let row: Awaited<ReturnType<typeof usageRows>>[number] | undefined
+      const until = Date.now() + 30_000
+      while (!row && Date.now() < until) {
+        await Bun.sleep(200)
+        row = (await usageRows(fast))[0]
+      }
+      socket.destroy()
+      expect(row?.outcome).toBe('client_stalled')
+      expect(row!.completionTokens).toBeGreaterThan(0)
+      expect(row!.completionTokens).toBeLessThan(LONG)
+      expect(fast.nodes[0]!.stats().aborted).toBe(1)
+    } finally {
+      await fast.stop()
+    }
+  }, 40_000)
 })
