@@ -337,7 +337,8 @@ async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate
 }
 
 const ERROR_EVENT = /^data:\s*\{\s*"error"/
-const OPENING_EVENT = /^data:\s*\{\s*"choices"\s*:\s*\[\s*\]/
+/** Azure's opening event, in both key orders it has used: `{"choices":[],...` or `{"id":"",...`. */
+const OPENING_EVENT = /^data:\s*\{\s*(?:"choices"\s*:\s*\[\s*\]|"id"\s*:\s*"")/
 /** How much of a stream's opening Tropa reads before it commits to the node regardless. */
 const MAX_OPENING_BYTES = 64 * 1024
 

@@ -277,7 +277,11 @@ describe('azure route: errors', () => {
 
   test('a resource that breaks or stalls after its prompt-filter event, before any token, is failed over', async () => {
     // Fakes of a resource that sends Azure's opening event and then breaks, or goes silent.
-    const opening = `data: ${JSON.stringify({ choices: [], created: 0, id: '', model: '', object: '', prompt_filter_results: [] })}\n\n`
+    // (both key orders Azure has used: choices first, and id first with usage null)
+    const openings = {
+      break: `data: ${JSON.stringify({ choices: [], created: 0, id: '', model: '', object: '', prompt_filter_results: [] })}\n\n`,
+      stall: `data: ${JSON.stringify({ id: '', object: '', created: 0, model: '', prompt_filter_results: [], choices: [], usage: null })}\n\n`,
+    }
     const fake = (after: 'break' | 'stall') =>
       Bun.serve({
         port: 0,
@@ -287,7 +291,7 @@ describe('azure route: errors', () => {
           new Response(
             new ReadableStream<Uint8Array>({
               start(c) {
-                c.enqueue(new TextEncoder().encode(opening))
+                c.enqueue(new TextEncoder().encode(openings[after]))
                 if (after === 'break') setTimeout(() => c.error(new Error('resource died')), 20)
               },
             }),
