@@ -3,6 +3,7 @@ import { errorMapper } from './http/error-mapper.ts'
 import { adminRoutes } from './http/routes/admin.ts'
 import { batchRoutes } from './http/routes/batches.ts'
 import { chatRoutes } from './http/routes/chat.ts'
+import { completionRoutes } from './http/routes/completions.ts'
 import { docsRoutes } from './http/routes/docs.ts'
 import { embeddingRoutes } from './http/routes/embeddings.ts'
 import { fileRoutes } from './http/routes/files.ts'
@@ -47,6 +48,7 @@ export function createApp(svc: Services) {
     .use(healthRoutes(svc))
     .use(modelRoutes(svc))
     .use(chatRoutes(svc))
+    .use(completionRoutes(svc))
     .use(embeddingRoutes(svc))
     .use(fileRoutes(svc))
     .use(batchRoutes(svc))

@@ -1,5 +1,6 @@
 import { Value } from '@sinclair/typebox/value'
 import { ChatRequest } from '../api/chat.ts'
+import { CompletionRequest } from '../api/completions.ts'
 import { EmbeddingRequest } from '../api/embeddings.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
@@ -7,6 +8,7 @@ import { TropaError } from '../errors.ts'
 import { fromValueError } from '../http/value-error.ts'
 import { MAX_JSON_DEPTH, nestedDeeperThan } from '../json-depth.ts'
 import { askedOutput, checkMessages, outputBudget } from '../pipeline/chat.ts'
+import { toChat } from '../pipeline/completions.ts'
 import { checkInputs } from '../pipeline/embeddings.ts'
 import { countChatPrompt, countTokens, reservedPromptTokens } from '../pipeline/tokens.ts'
 import type { BatchLine } from '../storage/store.ts'
@@ -21,6 +23,8 @@ export interface LineCost {
   readonly worstNano: bigint
   /** Chat: the output bound reserved for, sent upstream as max_tokens (and max_completion_tokens). */
   readonly maxOut?: number
+  /** A /v1/completions line: the chat request it stands for (what is priced and sent). */
+  readonly chatBody?: ChatRequest
 }
 
 /**
@@ -32,8 +36,9 @@ export function priceLine(
   body: unknown,
   models: ReadonlyMap<string, ModelConfig>,
 ): LineCost {
-  const chat = endpoint === '/v1/chat/completions'
-  const schema = chat ? ChatRequest : EmbeddingRequest
+  const legacy = endpoint === '/v1/completions'
+  const chat = legacy || endpoint === '/v1/chat/completions'
+  const schema = legacy ? CompletionRequest : chat ? ChatRequest : EmbeddingRequest
   if (!Value.Check(schema, body)) {
     // The same 400 the live endpoint would give, as this line's error.
     const err = fromValueError(Value.Errors(schema, body).First())
@@ -49,12 +54,13 @@ export function priceLine(
   if (model.kind !== (chat ? 'chat' : 'embedding'))
     throw new LineError('invalid_body', `${model.id} cannot serve ${endpoint}`, 'body.model')
   if (chat) {
-    const req = body as ChatRequest
+    // A legacy completion is priced and run as the chat request it translates to (as live).
+    const req = legacy ? toChat(body as CompletionRequest) : (body as ChatRequest)
     checkMessages(req.messages)
     const promptTokens = countChatPrompt(req.messages, req.tools)
     const maxOut = outputBudget(model, promptTokens, askedOutput(req))
     const worst = costNano(reservedPromptTokens(promptTokens), maxOut * (req.n ?? 1), model.price)
-    return { model, promptTokens, worstNano: batchCostNano(worst), maxOut }
+    return { model, promptTokens, worstNano: batchCostNano(worst), maxOut, ...(legacy && { chatBody: req }) }
   }
   const req = body as EmbeddingRequest
   let promptTokens = 0

@@ -9,6 +9,7 @@ import { UpstreamFailed, UpstreamRejected } from '../errors.ts'
 import { LocalFileStore } from '../files/file-store.ts'
 import { FilesService } from '../files/service.ts'
 import { requestId } from '../ids.ts'
+import { type ChatCompletionJson, textCompletionOf } from '../pipeline/completions.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
 import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, FileRecord, Store } from '../storage/store.ts'
@@ -143,7 +144,13 @@ async function runLine(line: BatchLine) {
     outcome: 'error',
   }
   try {
-    settle = await callUpstream(line, batch, body, cost, reply)
+    settle = await callUpstream(
+      line,
+      batch,
+      (cost.chatBody as Record<string, unknown> | undefined) ?? body,
+      cost,
+      reply,
+    )
   } catch (err) {
     // Its result could not be written (the disk is full): the line goes back to the queue as soon
     // as the store takes writes again, instead of waiting for its lease to run out.
@@ -181,7 +188,9 @@ async function callUpstream(
   const countedPrompt = cost.promptTokens
   const startedAtMs = Date.now()
   const reqId = reply.reqId
-  const path = endpoint === '/v1/chat/completions' ? '/chat/completions' : '/embeddings'
+  // A /v1/completions line goes upstream as its chat request (body is that, already).
+  const chat = endpoint !== '/v1/embeddings'
+  const path = chat ? '/chat/completions' : '/embeddings'
   const requestIdOfLine = `${line.batchId}-${line.line}`
   let status = 0
   let text = ''
@@ -228,9 +237,8 @@ async function callUpstream(
     } catch {}
     if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed))
       return transient(line, reqId, 'upstream sent a malformed body')
-    if (endpoint === '/v1/chat/completions') parsed.id = `chatcmpl-${requestId()}`
+    if (chat) parsed.id = `chatcmpl-${requestId()}`
     parsed.model = modelId
-    const chat = endpoint === '/v1/chat/completions'
     const reported = chat ? sanitizeUsage(parsed.usage) : sanitizePromptUsage(parsed.usage)
     const usage = {
       promptTokens: reported?.prompt_tokens ?? countedPrompt,
@@ -246,7 +254,14 @@ async function callUpstream(
     const result = JSON.stringify({
       id: `batch_req_${requestId()}`,
       custom_id: line.customId,
-      response: { status_code: status, request_id: requestIdOfLine, body: parsed },
+      response: {
+        status_code: status,
+        request_id: requestIdOfLine,
+        body:
+          endpoint === '/v1/completions'
+            ? textCompletionOf(parsed as ChatCompletionJson, `cmpl-${requestId()}`)
+            : parsed,
+      },
       error: null,
     })
     // The ledger row goes in with the result, in one transaction, so a node killed right after

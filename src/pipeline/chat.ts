@@ -370,11 +370,16 @@ async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate
   try {
     const { done, value } = await reader.read()
     if (done || !value) throw new UpstreamFailed(`${c.node.name} closed the stream before its first token`)
+    const head = new TextDecoder().decode(value.subarray(0, 64))
     // An error as the very first event is a failure before the first byte: fail over.
-    if (/^data:\s*\{\s*"error"/.test(new TextDecoder().decode(value.subarray(0, 64)))) {
+    if (ERROR_EVENT.test(head)) {
       reply.abort(new UpstreamFailed('upstream error event'))
       throw new UpstreamFailed(`${c.node.name} answered its stream with an error`)
     }
+    // Azure opens a stream with an event of empty choices (its prompt filter results), before any
+    // token: read on to the event after it, so that a resource failing or stalling in between is
+    // still failed over under the first-token deadline.
+    if (OPENING_EVENT.test(head)) return { reply, reader, chunk: await pastOpening(reader, value, reply, c) }
     return { reply, reader, chunk: value }
   } catch (err) {
     if (err instanceof UpstreamFailed) throw err
@@ -386,6 +391,37 @@ async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate
     )
   } finally {
     deps.watchdog.clear(deadline)
+  }
+}
+
+const ERROR_EVENT = /^data:\s*\{\s*"error"/
+/** Azure's opening event, in both key orders it has used: `{"choices":[],...` or `{"id":"",...`. */
+const OPENING_EVENT = /^data:\s*\{\s*(?:"choices"\s*:\s*\[\s*\]|"id"\s*:\s*"")/
+/** How much of a stream's opening Tropa reads before it commits to the node regardless. */
+const MAX_OPENING_BYTES = 64 * 1024
+
+/** The stream's first bytes up to and including the start of the event after its opening one. */
+async function pastOpening(
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  first: Uint8Array,
+  reply: UpstreamReply,
+  c: Candidate,
+): Promise<Uint8Array> {
+  let chunk = first
+  for (;;) {
+    const text = new TextDecoder().decode(chunk)
+    const end = /\r?\n\r?\n/.exec(text)
+    if (end && text.length > end.index + end[0].length) {
+      if (ERROR_EVENT.test(text.slice(end.index + end[0].length))) {
+        reply.abort(new UpstreamFailed('upstream error event'))
+        throw new UpstreamFailed(`${c.node.name} answered its stream with an error`)
+      }
+      return chunk
+    }
+    if (chunk.byteLength > MAX_OPENING_BYTES) return chunk
+    const { done, value } = await reader.read()
+    if (done || !value) throw new UpstreamFailed(`${c.node.name} closed the stream before its first token`)
+    chunk = Buffer.concat([chunk, value])
   }
 }
 

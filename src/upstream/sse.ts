@@ -45,6 +45,7 @@ export function estimatedUsage(promptTokens: number, completionTokens: number): 
 // A chunk that carries usage (`"usage": null`, which vLLM sends on every chunk, does not).
 const USAGE_FIELD = /"usage"\s*:\s*(?!null\b)\S/
 const ID_FIELD = /"id"\s*:\s*"((?:[^"\\]|\\.)*)"/
+const EMPTY_CHOICES = /"choices"\s*:\s*\[\s*\]/
 const MODEL_FIELD = /"model"\s*:\s*"((?:[^"\\]|\\.)*)"/
 const encoder = new TextEncoder()
 /** Generated text is copied out of the chunks' strings every this many chars (about 1,000 tokens). */
@@ -136,7 +137,10 @@ export class ChatStreamRelay {
       const usageEvent = { id: this.completionId, object: 'chat.completion.chunk', model: this.modelId }
       return `data: ${JSON.stringify({ ...usageEvent, created: Math.floor(Date.now() / 1000), choices: [], usage: shown })}\n\n${text}`
     }
-    if (this.idFrom === undefined) this.learn(payload)
+    if (this.idFrom === undefined) {
+      const opening = this.learn(payload, text)
+      if (opening !== undefined) return opening
+    }
     if (payload.includes('"usage"') && USAGE_FIELD.test(payload)) {
       const parsed = safeParse(payload) as
         | { id?: string; model?: string; usage?: unknown; choices?: unknown[] }
@@ -184,12 +188,24 @@ export class ChatStreamRelay {
       : this.generatedPieces.join('') + this.generatedTail
   }
 
-  private learn(payload: string) {
+  /**
+   * Learns the upstream's id and model strings from its first event. Azure opens a stream with an
+   * event of empty id, model and choices (and no usage, or `"usage":null`) carrying only its
+   * prompt_filter_results: that one is relayed with Tropa's id and model (returned), and the
+   * strings are learnt from the next event.
+   */
+  private learn(payload: string, text: string): string | undefined {
     const id = ID_FIELD.exec(payload)
     const model = MODEL_FIELD.exec(payload)
+    if (id?.[1] === '' && EMPTY_CHOICES.test(payload) && !USAGE_FIELD.test(payload)) {
+      text = text.replace(id[0], this.idTo)
+      const m = MODEL_FIELD.exec(text)
+      return m?.[1] === '' ? text.replace(m[0], this.modelTo) : text
+    }
     // copies, or they would keep the first chunk alive for the whole stream
     this.idFrom = id ? copyOf(id[0]) : ''
     this.modelFrom = model ? copyOf(model[0]) : ''
+    return undefined
   }
 
   private rewrite(text: string): string {

@@ -51,3 +51,30 @@ test('a long stream keeps its generated text, not every chunk it relayed', () =>
   // Before, each stream held every decoded chunk: ~200 MB here.
   expect(heldMB).toBeLessThan(40)
 })
+
+test("Azure's opening prompt-filter event, in either key order and with usage null, is relayed under Tropa's id; the upstream's id is learnt from the next event", () => {
+  const openings = [
+    '{"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}',
+    '{"id":"","object":"","created":0,"model":"","prompt_annotations":[{"prompt_index":0,"content_filter_results":{}}],"choices":[],"usage":null}',
+  ]
+  for (const opening of openings) {
+    const relay = new ChatStreamRelay('chatcmpl-tropa', 'azure/m', false, () => ({
+      prompt_tokens: 1,
+      completion_tokens: 1,
+    }))
+    const chunk = (content: string) =>
+      `data: {"id":"chatcmpl-up1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"finish_reason":null,"delta":{"content":"${content}"}}],"usage":null}\n\n`
+    const out = new TextDecoder().decode(
+      relay.push(new TextEncoder().encode(`data: ${opening}\n\n${chunk('Hel')}${chunk('lo')}`)),
+    )
+    const events = out
+      .split('\n\n')
+      .filter(Boolean)
+      .map((e) => JSON.parse(e.slice(6)) as { id: string; model: string; choices: unknown[] })
+    expect(events).toHaveLength(3)
+    expect(events.map((e) => e.id)).toEqual(['chatcmpl-tropa', 'chatcmpl-tropa', 'chatcmpl-tropa'])
+    expect(events.map((e) => e.model)).toEqual(['azure/m', 'azure/m', 'azure/m'])
+    expect(events[0]!.choices).toEqual([])
+    expect(relay.generated).toBe('Hello')
+  }
+})

@@ -1,4 +1,5 @@
 import type { ProviderKind } from '../../config/schema.ts'
+import { azureFront } from './azure.ts'
 import { geminiFront } from './gemini.ts'
 
 // A simulated node speaks OpenAI's API natively; `protocol` puts a front on it that speaks a
@@ -25,4 +26,5 @@ export type SimProtocol = ProviderKind
 /** The fronts this build has; `openai` needs none. */
 export const PROTOCOLS: Partial<Record<SimProtocol, ProtocolFront>> = {
   gemini: geminiFront,
+  azure: azureFront,
 }

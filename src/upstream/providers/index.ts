@@ -1,6 +1,7 @@
 import type { ProviderKind } from '../../config/schema.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from '../adapter.ts'
 import type { Watchdog } from '../watchdog.ts'
+import { AzureAdapter } from './azure/adapter.ts'
 import { GeminiAdapter } from './gemini/adapter.ts'
 import { OpenAICompatibleAdapter } from './openai/adapter.ts'
 
@@ -17,6 +18,7 @@ export class ProviderRegistry implements UpstreamAdapter {
     this.adapters = {
       openai: new OpenAICompatibleAdapter(watchdog),
       gemini: new GeminiAdapter(watchdog),
+      azure: new AzureAdapter(watchdog),
     }
   }
 

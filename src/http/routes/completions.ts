@@ -1,0 +1,31 @@
+import { Elysia } from 'elysia'
+import { CompletionRequest } from '../../api/completions.ts'
+import { textCompletion } from '../../pipeline/completions.ts'
+import type { Services } from '../../services.ts'
+import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
+import { jsonBody, jsonRequestBody } from '../body.ts'
+
+export const completionRoutes = (svc: Services) =>
+  new Elysia()
+    .derive(authenticate(svc))
+    .post(
+      '/v1/completions',
+      ({ principal, body, request, set, server }) =>
+        textCompletion(
+          svc.deps,
+          payerOf(principal),
+          body as CompletionRequest,
+          request.signal,
+          set.headers['x-request-id'] as string,
+          request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
+          () => server?.timeout(request, 1),
+        ),
+      {
+        parse: jsonBody(svc.config.server.maxBodyBytes, CompletionRequest, authenticateFirst(svc)),
+        detail: {
+          tags: ['completions'],
+          summary: 'Legacy text completion on a chat model (JSON, or SSE with stream: true)',
+          requestBody: jsonRequestBody(CompletionRequest),
+        },
+      },
+    )
