@@ -1,4 +1,5 @@
 import type { ProviderKind } from '../../config/schema.ts'
+import { anthropicFront } from './anthropic.ts'
 
 // A simulated node speaks OpenAI's API natively; `protocol` puts a front on it that speaks a
 // provider's own API as its public reference describes it (paths, auth, fields, event names,
@@ -22,4 +23,6 @@ export type ProtocolFront = (req: Request, core: SimCore) => Promise<Response>
 export type SimProtocol = ProviderKind
 
 /** The fronts this build has; `openai` needs none. */
-export const PROTOCOLS: Partial<Record<SimProtocol, ProtocolFront>> = {}
+export const PROTOCOLS: Partial<Record<SimProtocol, ProtocolFront>> = {
+  anthropic: anthropicFront,
+}
