@@ -383,6 +383,10 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
           `${where}: routes[${j}] (provider ${provider}) needs ${key}. Fix: e.g. ${key} = ${example}`,
         )
     }
+    if (provider === 'anthropic' && kind === 'embedding')
+      problems.push(
+        `${where}: routes[${j}] (provider anthropic): Anthropic has no embeddings API. Fix: serve this embedding model from another provider`,
+      )
     if (provider === 'azure') need('api_version', r.api_version, '"2024-10-21"')
     if (provider === 'yandex') need('folder_id', r.folder_id, '"b1g..."')
     if (provider === 'gigachat')

@@ -1,6 +1,7 @@
 import type { ProviderKind } from '../../config/schema.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from '../adapter.ts'
 import type { Watchdog } from '../watchdog.ts'
+import { AnthropicAdapter } from './anthropic/adapter.ts'
 import { OpenAICompatibleAdapter } from './openai/adapter.ts'
 
 // A provider is a folder: providers/<kind>/ holds its adapter (the request mapped from Tropa's
@@ -15,6 +16,7 @@ export class ProviderRegistry implements UpstreamAdapter {
   constructor(watchdog: Watchdog) {
     this.adapters = {
       openai: new OpenAICompatibleAdapter(watchdog),
+      anthropic: new AnthropicAdapter(watchdog),
     }
   }
 
