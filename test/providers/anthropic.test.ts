@@ -1,0 +1,403 @@
+import { afterEach, describe, expect, test } from 'bun:test'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import OpenAI from 'openai'
+import { ConfigError, loadConfig } from '../../src/config/load.ts'
+import type { ModelFile } from '../../src/config/schema.ts'
+import type { Log } from '../../src/services.ts'
+import type { SimNode, SimNodeOptions } from '../../src/simulator/index.ts'
+import { ANTHROPIC_SIM_KEY } from '../../src/simulator/protocols/anthropic.ts'
+import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
+
+// The openai SDK -> Tropa -> an anthropic route -> the simulated Messages API. Tropa speaks
+// OpenAI to the client and Anthropic to the node; usage and cost are the node's own counts.
+
+let t: Tropa | undefined
+afterEach(async () => {
+  await t?.stop()
+  t = undefined
+})
+
+const MODEL = 'anthropic/claude-sim'
+
+function anthropicModel(nodes: SimNode[], keys: Record<string, string> = {}): ModelFile[] {
+  return [
+    {
+      id: MODEL,
+      kind: 'chat',
+      context_length: 8192,
+      pricing: CHAT_PRICE,
+      routes: nodes.map((n) => ({
+        name: n.name,
+        provider: 'anthropic',
+        base_url: n.url.replace(/\/v1$/, ''),
+        upstream_model: 'claude-sim-up',
+        max_concurrency: 64,
+        headers: { 'x-api-key': keys[n.name] ?? ANTHROPIC_SIM_KEY },
+      })),
+    },
+  ]
+}
+
+const antNode = (name: string, extra: Partial<SimNodeOptions> = {}): SimNodeOptions => ({
+  name,
+  timeScale: 0,
+  seed: 1,
+  protocol: 'anthropic',
+  ...extra,
+})
+
+async function start(nodes: SimNodeOptions[], keys: Record<string, string> = {}, log?: Log) {
+  t = await startTropa({ nodes, models: (n) => anthropicModel(n, keys), ...(log && { log }) })
+  return t
+}
+
+/** The exact cost at CHAT_PRICE, in roubles (nano-rouble arithmetic, as Tropa bills). */
+const costOf = (p: number, c: number) => Number(BigInt(p) * 30_000n + BigInt(c) * 60_000n) / 1e9
+
+const simTotals = (tr: Tropa) =>
+  tr.nodes.reduce(
+    (a, n) => ({
+      prompt: a.prompt + n.stats().promptTokens,
+      completion: a.completion + n.stats().completionTokens,
+    }),
+    { prompt: 0, completion: 0 },
+  )
+
+const weatherTool: OpenAI.ChatCompletionTool = {
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'The weather in a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  },
+}
+
+describe('chat through an anthropic route', () => {
+  test('plain: text, finish stop, usage and cost exactly the node counts', async () => {
+    const tr = await start([antNode('ant-1')])
+    const res = await tr.client().chat.completions.create({
+      model: MODEL,
+      max_tokens: 100,
+      messages: [{ role: 'user', content: 'Say hello' }],
+    })
+    expect(res.model).toBe(MODEL)
+    expect(res.object).toBe('chat.completion')
+    expect(typeof res.choices[0]!.message.content).toBe('string')
+    expect(res.choices[0]!.message.content!.length).toBeGreaterThan(0)
+    expect(res.choices[0]!.finish_reason).toBe('stop')
+    const sim = simTotals(tr)
+    const u = res.usage as OpenAI.CompletionUsage & { cost_rub: number }
+    expect(u.prompt_tokens).toBe(sim.prompt)
+    expect(u.completion_tokens).toBe(sim.completion)
+    expect(u.total_tokens).toBe(sim.prompt + sim.completion)
+    expect(u.cost_rub).toBe(costOf(sim.prompt, sim.completion))
+  })
+
+  test('max_tokens reaches the node: finish length at exactly that many tokens', async () => {
+    const tr = await start([antNode('ant-1')])
+    const res = await tr.client().chat.completions.create({
+      model: MODEL,
+      max_tokens: 3,
+      messages: [{ role: 'user', content: 'Tell me a long story' }],
+    })
+    expect(res.choices[0]!.finish_reason).toBe('length')
+    expect(res.usage!.completion_tokens).toBe(3)
+  })
+
+  test('cache reads are prompt tokens too, reported as cached_tokens', async () => {
+    const tr = await start([antNode('ant-1')])
+    const ask = () =>
+      tr.client().chat.completions.create({
+        model: MODEL,
+        max_tokens: 10,
+        messages: [{ role: 'user', content: 'word '.repeat(300) }],
+      })
+    const a = await ask()
+    const b = await ask()
+    expect(b.usage!.prompt_tokens).toBe(a.usage!.prompt_tokens)
+    expect(b.usage!.prompt_tokens_details?.cached_tokens).toBeGreaterThan(0)
+    expect(tr.nodes[0]!.stats().cachedTokens).toBe(b.usage!.prompt_tokens_details!.cached_tokens!)
+  })
+
+  test('streamed: chunks, finish stop, the usage chunk at the node counts and its cost, [DONE]', async () => {
+    const tr = await start([antNode('ant-1')])
+    const stream = await tr.client().chat.completions.create({
+      model: MODEL,
+      max_tokens: 100,
+      stream: true,
+      stream_options: { include_usage: true },
+      messages: [{ role: 'user', content: 'Say hello' }],
+    })
+    let text = ''
+    let finish: string | null = null
+    let usage: (OpenAI.CompletionUsage & { cost_rub?: number }) | undefined
+    const ids = new Set<string>()
+    for await (const c of stream) {
+      ids.add(c.id)
+      expect(c.model).toBe(MODEL)
+      text += c.choices[0]?.delta.content ?? ''
+      finish = c.choices[0]?.finish_reason ?? finish
+      if (c.usage) usage = c.usage
+    }
+    expect(ids.size).toBe(1)
+    expect(text.length).toBeGreaterThan(0)
+    expect(finish).toBe('stop')
+    const sim = simTotals(tr)
+    expect(usage?.prompt_tokens).toBe(sim.prompt)
+    expect(usage?.completion_tokens).toBe(sim.completion)
+    expect(usage?.cost_rub).toBe(costOf(sim.prompt, sim.completion))
+    await tr.svc.ledger.flush()
+    const rows = (await tr.svc.store.ledgerForOrg(tr.orgId, 0, Date.now() + 1000)).filter(
+      (r) => r.kind === 'usage',
+    )
+    expect(rows).toHaveLength(1)
+    expect(rows[0]!.estimated).toBe(false)
+    expect(rows[0]!.promptTokens).toBe(sim.prompt)
+    expect(rows[0]!.completionTokens).toBe(sim.completion)
+  })
+
+  test('the same text streamed and not', async () => {
+    const tr = await start([antNode('ant-1')])
+    const req = { model: MODEL, max_tokens: 50, messages: [{ role: 'user' as const, content: 'Go on' }] }
+    const plain = await tr.client().chat.completions.create(req)
+    let text = ''
+    for await (const c of await tr.client().chat.completions.create({ ...req, stream: true }))
+      text += c.choices[0]?.delta.content ?? ''
+    expect(text).toBe(plain.choices[0]!.message.content!)
+  })
+
+  test('tools: tool_calls (plain and streamed), then the tool result answered', async () => {
+    const tr = await start([antNode('ant-1')])
+    const client = tr.client()
+    const ask: OpenAI.ChatCompletionCreateParamsNonStreaming = {
+      model: MODEL,
+      max_tokens: 100,
+      tools: [weatherTool],
+      messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    }
+    const res = await client.chat.completions.create(ask)
+    expect(res.choices[0]!.finish_reason).toBe('tool_calls')
+    const call = res.choices[0]!.message.tool_calls![0]! as OpenAI.ChatCompletionMessageFunctionToolCall
+    expect(call.type).toBe('function')
+    expect(call.id).toStartWith('toolu_')
+    expect(call.function.name).toBe('get_weather')
+    const args = JSON.parse(call.function.arguments) as { city: unknown }
+    expect(typeof args.city).toBe('string')
+
+    // streamed: the deltas carry index, id and name first, then the argument fragments
+    const deltas: OpenAI.ChatCompletionChunk.Choice.Delta.ToolCall[] = []
+    let finish: string | null = null
+    for await (const c of await client.chat.completions.create({
+      ...ask,
+      stream: true,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    })) {
+      deltas.push(...(c.choices[0]?.delta.tool_calls ?? []))
+      finish = c.choices[0]?.finish_reason ?? finish
+    }
+    expect(finish).toBe('tool_calls')
+    expect(deltas[0]).toMatchObject({ index: 0, type: 'function', function: { name: 'get_weather' } })
+    expect(deltas.every((d) => d.index === 0)).toBe(true)
+    expect(JSON.parse(deltas.map((d) => d.function?.arguments ?? '').join(''))).toEqual(args)
+
+    const after = await client.chat.completions.create({
+      ...ask,
+      messages: [
+        { role: 'user', content: 'Weather in Paris?' },
+        { role: 'assistant', content: null, tool_calls: [call] },
+        { role: 'tool', tool_call_id: call.id, content: 'sunny, 21C' },
+      ],
+    })
+    expect(after.choices[0]!.finish_reason).toBe('stop')
+    expect(after.choices[0]!.message.content!.length).toBeGreaterThan(0)
+    const sim = simTotals(tr)
+    expect(after.usage!.prompt_tokens).toBeGreaterThan(res.usage!.prompt_tokens)
+    expect(res.usage!.prompt_tokens + after.usage!.prompt_tokens).toBeLessThan(sim.prompt)
+  })
+
+  test('system and developer messages reach the node as its system prompt', async () => {
+    const tr = await start([antNode('ant-1')])
+    const ask = (messages: OpenAI.ChatCompletionMessageParam[]) =>
+      tr.client().chat.completions.create({ model: MODEL, max_tokens: 5, messages })
+    const bare = await ask([{ role: 'user', content: 'hi' }])
+    // A system role inside the messages would be a 400 from the Messages API: it is lifted out.
+    const withSystem = await ask([
+      { role: 'system', content: 'You are terse and exact in every answer you give.' },
+      { role: 'developer', content: 'Answer in English.' },
+      { role: 'user', content: 'hi' },
+    ])
+    expect(withSystem.usage!.prompt_tokens).toBeGreaterThan(bare.usage!.prompt_tokens + 5)
+  })
+
+  test('image parts: a data URL and an https URL both reach the node', async () => {
+    const tr = await start([antNode('ant-1')])
+    const png =
+      'data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=='
+    const ask = (content: OpenAI.ChatCompletionContentPart[]) =>
+      tr.client().chat.completions.create({
+        model: MODEL,
+        max_tokens: 5,
+        messages: [{ role: 'user', content }],
+      })
+    const text = await ask([{ type: 'text', text: 'What is this?' }])
+    const images = await ask([
+      { type: 'image_url', image_url: { url: png } },
+      { type: 'image_url', image_url: { url: 'https://example.com/cat.png' } },
+      { type: 'text', text: 'What is this?' },
+    ])
+    // The simulator counts 85 tokens an image.
+    expect(images.usage!.prompt_tokens - text.usage!.prompt_tokens).toBe(170)
+    const bad = await ask([{ type: 'image_url', image_url: { url: 'data:image/bmp;base64,AAAA' } }]).catch(
+      (e) => e,
+    )
+    expect(bad).toBeInstanceOf(OpenAI.BadRequestError)
+  })
+
+  test('stop: the text ends before the stop sequence, finish stop (plain and streamed)', async () => {
+    const tr = await start([antNode('ant-1')])
+    const req = { model: MODEL, max_tokens: 60, messages: [{ role: 'user' as const, content: 'Go on' }] }
+    const full = (await tr.client().chat.completions.create(req)).choices[0]!.message.content!
+    const stop = ` ${full.split(' ')[3]}`
+    const cut = await tr.client().chat.completions.create({ ...req, stop })
+    expect(cut.choices[0]!.message.content).toBe(full.slice(0, full.indexOf(stop)))
+    expect(cut.choices[0]!.finish_reason).toBe('stop')
+    let text = ''
+    for await (const c of await tr.client().chat.completions.create({ ...req, stop: [stop], stream: true }))
+      text += c.choices[0]?.delta.content ?? ''
+    expect(text).toBe(full.slice(0, full.indexOf(stop)))
+  })
+})
+
+describe('what Anthropic cannot do', () => {
+  test('n > 1, logprobs, response_format json: a 400 naming the field; the node is not blamed', async () => {
+    const tr = await start([antNode('ant-1')])
+    const base = { model: MODEL, max_tokens: 5, messages: [{ role: 'user' as const, content: 'hi' }] }
+    for (const [extra, param] of [
+      [{ n: 2 }, 'n'],
+      [{ logprobs: true }, 'logprobs'],
+      [{ response_format: { type: 'json_object' } }, 'response_format'],
+      [{ n: 3 }, 'n'],
+      [{ temperature: 1.5 }, 'temperature'],
+    ] as const) {
+      const err = await tr
+        .client()
+        .chat.completions.create({ ...base, ...extra } as OpenAI.ChatCompletionCreateParamsNonStreaming)
+        .catch((e) => e)
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError)
+      expect(err.code).toBe('invalid_value')
+      expect(err.param).toBe(param)
+    }
+    // Five refusals in a row did not eject the node (it never saw them), and it serves the next.
+    const metrics = await (await fetch(`${tr.url}/metrics`)).text()
+    expect(metrics).toContain('tropa_upstream_ejected{node="ant-1"} 0')
+    const ok = await tr.client().chat.completions.create(base)
+    expect(ok.choices[0]!.message.content!.length).toBeGreaterThan(0)
+    await tr.svc.ledger.flush()
+    const rows = (await tr.svc.store.ledgerForOrg(tr.orgId, 0, Date.now() + 1000)).filter(
+      (r) => r.kind === 'usage',
+    )
+    expect(rows).toHaveLength(1)
+  })
+
+  test('an embedding model on an anthropic route is refused at config load', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tropa-ant-'))
+    const path = join(dir, 'c.json')
+    writeFileSync(
+      path,
+      JSON.stringify({
+        models: [
+          {
+            id: 'anthropic/embed',
+            kind: 'embedding',
+            context_length: 512,
+            dimensions: 256,
+            pricing: { prompt: '0.000001', completion: '0.000000' },
+            routes: [{ provider: 'anthropic', base_url: 'https://api.anthropic.com' }],
+          },
+        ],
+      }),
+    )
+    let problems: readonly string[] = []
+    try {
+      loadConfig({ configPath: path }, {})
+    } catch (err) {
+      if (!(err instanceof ConfigError)) throw err
+      problems = err.problems
+    }
+    expect(problems.some((p) => p.includes('Anthropic has no embeddings API'))).toBe(true)
+  })
+})
+
+describe('upstream errors', () => {
+  test('a 400 from the Messages API: the client gets a 400 with its message, cleaned', async () => {
+    const tr = await start([antNode('ant-1')])
+    const err = await tr
+      .client()
+      .chat.completions.create({
+        model: MODEL,
+        max_tokens: 5,
+        stop: ['   '],
+        messages: [{ role: 'user', content: 'hi' }],
+      })
+      .catch((e) => e)
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError)
+    expect(err.code).toBe('upstream_rejected')
+    expect(err.message).toContain('stop_sequences')
+    expect(err.message).not.toContain(ANTHROPIC_SIM_KEY)
+  })
+
+  test('a node with a wrong key (401) or failing (500, 529) is failed over', async () => {
+    const failed: string[] = []
+    const log: Log = (_l, msg, fields) => {
+      if (msg === 'upstream attempt failed') failed.push(String(fields?.node))
+    }
+    const tr = await start(
+      [antNode('bad-key'), antNode('failing'), antNode('overloaded'), antNode('good')],
+      { 'bad-key': 'sk-ant-wrong-key' },
+      log,
+    )
+    tr.nodes[1]!.setFaults({ errorRate: 1 })
+    tr.nodes[2]!.setFaults({ rate503: 1 })
+    for (let i = 0; i < 8; i++) {
+      const r = await tr.fetch('/v1/chat/completions', {
+        method: 'POST',
+        body: JSON.stringify({
+          model: MODEL,
+          max_tokens: 5,
+          messages: [{ role: 'user', content: `hi ${i}` }],
+        }),
+      })
+      expect(r.status).toBe(200)
+      expect(r.headers.get('x-tropa-node')).toBe('good')
+    }
+    expect(new Set(failed)).toEqual(new Set(['bad-key', 'failing', 'overloaded']))
+  })
+
+  test('an upstream killed mid-stream: one error event, no [DONE], the sent tokens billed', async () => {
+    const tr = await start([antNode('cut', { timeScale: 1, itlMs: 2, faults: { cutAfterTokens: 3 } })])
+    const res = await tr.fetch('/v1/chat/completions', {
+      method: 'POST',
+      body: JSON.stringify({
+        model: MODEL,
+        max_tokens: 40,
+        stream: true,
+        messages: [{ role: 'user', content: 'Tell me a story' }],
+      }),
+    })
+    expect(res.status).toBe(200)
+    const events = (await res.text()).split('\n\n').filter(Boolean)
+    const last = JSON.parse(events.at(-1)!.slice(6)) as { error?: { code: string } }
+    expect(last.error?.code).toBe('upstream_error')
+    expect(events.some((e) => e === 'data: [DONE]')).toBe(false)
+    expect(events.filter((e) => e.includes('"content":"') && !e.includes('"content":""'))).toHaveLength(3)
+    await tr.svc.ledger.flush()
+    const rows = (await tr.svc.store.ledgerForOrg(tr.orgId, 0, Date.now() + 1000)).filter(
+      (r) => r.kind === 'usage',
+    )
+    expect(rows).toHaveLength(1)
+    expect(rows[0]!.estimated).toBe(true)
+    expect(rows[0]!.completionTokens).toBe(3)
+  })
+})
