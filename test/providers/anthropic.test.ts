@@ -348,32 +348,37 @@ describe('upstream errors', () => {
     expect(err.message).not.toContain(ANTHROPIC_SIM_KEY)
   })
 
-  test('a node with a wrong key (401) or failing (500, 529) is failed over', async () => {
-    const failed: string[] = []
-    const log: Log = (_l, msg, fields) => {
-      if (msg === 'upstream attempt failed') failed.push(String(fields?.node))
-    }
-    const tr = await start(
-      [antNode('bad-key'), antNode('failing'), antNode('overloaded'), antNode('good')],
-      { 'bad-key': 'sk-ant-wrong-key' },
-      log,
-    )
-    tr.nodes[1]!.setFaults({ errorRate: 1 })
-    tr.nodes[2]!.setFaults({ rate503: 1 })
-    for (let i = 0; i < 8; i++) {
-      const r = await tr.fetch('/v1/chat/completions', {
-        method: 'POST',
-        body: JSON.stringify({
-          model: MODEL,
-          max_tokens: 5,
-          messages: [{ role: 'user', content: `hi ${i}` }],
-        }),
-      })
-      expect(r.status).toBe(200)
-      expect(r.headers.get('x-tropa-node')).toBe('good')
-    }
-    expect(new Set(failed)).toEqual(new Set(['bad-key', 'failing', 'overloaded']))
-  })
+  // One failing node beside a good one in each case: the attempts a request may make are capped.
+  for (const [label, keys, faults] of [
+    ['a wrong key (401)', { bad: 'sk-ant-wrong-key' }, {}],
+    ['500 api_error', {}, { errorRate: 1 }],
+    ['529 overloaded_error', {}, { rate503: 1 }],
+  ] as const) {
+    test(`a node answering ${label} is failed over`, async () => {
+      const failed: string[] = []
+      const log: Log = (_l, msg, fields) => {
+        if (msg === 'upstream attempt failed') failed.push(String(fields?.node))
+      }
+      const tr = await start([antNode('bad'), antNode('good')], keys, log)
+      tr.nodes[0]!.setFaults(faults)
+      for (let i = 0; i < 10; i++) {
+        const r = await tr.fetch('/v1/chat/completions', {
+          method: 'POST',
+          body: JSON.stringify({
+            model: MODEL,
+            max_tokens: 5,
+            stream: i % 2 === 1,
+            messages: [{ role: 'user', content: `hi ${i}` }],
+          }),
+        })
+        expect(r.status).toBe(200)
+        expect(r.headers.get('x-tropa-node')).toBe('good')
+        await r.arrayBuffer()
+      }
+      expect(failed.length).toBeGreaterThan(0)
+      expect(new Set(failed)).toEqual(new Set(['bad']))
+    })
+  }
 
   test('an upstream killed mid-stream: one error event, no [DONE], the sent tokens billed', async () => {
     const tr = await start([antNode('cut', { timeScale: 1, itlMs: 2, faults: { cutAfterTokens: 3 } })])
