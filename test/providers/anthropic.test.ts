@@ -405,4 +405,101 @@ describe('upstream errors', () => {
     expect(rows[0]!.estimated).toBe(true)
     expect(rows[0]!.completionTokens).toBe(3)
   })
+
+  test('an error event from the Messages API: first, it fails over; mid-stream, the client stream ends with an error', async () => {
+    const ev = (type: string, data: Record<string, unknown>) =>
+      `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`
+    const start = ev('message_start', {
+      message: {
+        id: 'msg_f',
+        type: 'message',
+        role: 'assistant',
+        model: 'x',
+        content: [],
+        usage: { input_tokens: 5, output_tokens: 1 },
+      },
+    })
+    const overloaded = ev('error', { error: { type: 'overloaded_error', message: 'Overloaded' } })
+    const fake = Bun.serve({
+      port: 0,
+      hostname: '127.0.0.1',
+      fetch(req) {
+        const first = new URL(req.url).pathname.startsWith('/first')
+        const body = first
+          ? overloaded
+          : start +
+            ev('content_block_start', { index: 0, content_block: { type: 'text', text: '' } }) +
+            ev('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'Hello there' } }) +
+            overloaded
+        return new Response(body, { headers: { 'content-type': 'text/event-stream' } })
+      },
+    })
+    try {
+      const route = (name: string, base: string) => ({
+        name,
+        provider: 'anthropic' as const,
+        base_url: base,
+        upstream_model: 'x',
+        hedge: false,
+        headers: { 'x-api-key': ANTHROPIC_SIM_KEY },
+      })
+      const fakeUrl = `http://127.0.0.1:${fake.port}`
+      const failed: string[] = []
+      t = await startTropa({
+        log: (_l, msg, fields) => {
+          if (msg === 'upstream attempt failed') failed.push(String(fields?.node))
+        },
+        nodes: [antNode('good')],
+        models: (nodes) => [
+          {
+            id: MODEL,
+            context_length: 8192,
+            pricing: CHAT_PRICE,
+            routes: [
+              route('error-first', `${fakeUrl}/first`),
+              route('good', nodes[0]!.url.replace(/\/v1$/, '')),
+            ],
+          },
+          {
+            id: 'anthropic/mid',
+            context_length: 8192,
+            pricing: CHAT_PRICE,
+            routes: [route('error-mid', `${fakeUrl}/mid`)],
+          },
+        ],
+      })
+      const tr = t
+      const post = (model: string) =>
+        tr.fetch('/v1/chat/completions', {
+          method: 'POST',
+          body: JSON.stringify({
+            model,
+            max_tokens: 20,
+            stream: true,
+            messages: [{ role: 'user', content: 'hi' }],
+          }),
+        })
+      for (let i = 0; i < 10; i++) {
+        const r = await post(MODEL)
+        expect(r.status).toBe(200)
+        expect(r.headers.get('x-tropa-node')).toBe('good')
+        expect(await r.text()).toContain('data: [DONE]')
+      }
+      expect(failed).toContain('error-first')
+      const r = await post('anthropic/mid')
+      const events = (await r.text()).split('\n\n').filter(Boolean)
+      expect(events.some((e) => e.includes('"content":"Hello there"'))).toBe(true)
+      expect(JSON.parse(events.at(-1)!.slice(6)).error.code).toBe('upstream_error')
+      expect(events.includes('data: [DONE]')).toBe(false)
+      await tr.svc.ledger.flush()
+      const rows = (await tr.svc.store.ledgerForOrg(tr.orgId, 0, Date.now() + 1000)).filter(
+        (row) => row.kind === 'usage' && row.model === 'anthropic/mid',
+      )
+      expect(rows).toHaveLength(1)
+      expect(rows[0]!.estimated).toBe(true)
+      expect(rows[0]!.completionTokens).toBeGreaterThan(0)
+    } finally {
+      fake.stop(true)
+    }
+  })
 })

@@ -19,7 +19,6 @@ const VERSIONS = new Set(['2023-06-01', '2026-10-21'])
 type Json = Record<string, unknown>
 
 const encoder = new TextEncoder()
-const decoder = new TextDecoder()
 let seq = 0
 const nextId = (prefix: string) => `${prefix}_sim${(++seq).toString(36).padStart(8, '0')}`
 
@@ -225,6 +224,12 @@ interface Piece {
  */
 class Generation {
   private readonly reader: ReadableStreamDefaultReader<Uint8Array>
+  private readonly decoder = new TextDecoder()
+  /** The node's stream is read as it comes (what it sent before a cut is kept): its text. */
+  private readonly received: string[] = []
+  private ended = false
+  private failure: unknown
+  private wake: (() => void) | undefined
   private buffer = ''
   private text = ''
   private over = false
@@ -241,18 +246,48 @@ class Generation {
     public promptTokens: number,
   ) {
     this.reader = body.getReader()
+    void this.pump()
+  }
+
+  private async pump(): Promise<void> {
+    try {
+      for (;;) {
+        const { done, value } = await this.reader.read()
+        if (done) break
+        this.received.push(this.decoder.decode(value, { stream: true }))
+        this.wake?.()
+      }
+    } catch (err) {
+      this.failure = err ?? new Error('the node broke its stream')
+    }
+    this.ended = true
+    this.wake?.()
+  }
+
+  /** The node's next text; undefined at its end; throws (after what came before) if it broke. */
+  private async take(): Promise<string | undefined> {
+    while (this.received.length === 0) {
+      if (this.ended) {
+        if (this.failure !== undefined) throw this.failure
+        return undefined
+      }
+      await new Promise<void>((resolve) => {
+        this.wake = resolve
+      })
+    }
+    return this.received.shift()
   }
 
   /** The next pieces (never empty); undefined at the end. Throws when the node broke. */
   async next(): Promise<Piece[] | undefined> {
     while (!this.over) {
-      const { done, value } = await this.reader.read()
-      if (done) {
+      const value = await this.take()
+      if (value === undefined) {
         this.over = true
         if (this.finish === null) throw new Error('the node ended its stream early')
         return undefined
       }
-      this.buffer += decoder.decode(value, { stream: true })
+      this.buffer += value
       const pieces: Piece[] = []
       let end = this.buffer.indexOf('\n\n')
       while (end >= 0) {
@@ -403,76 +438,85 @@ function streamed(gen: Generation, id: string, model: string): Response {
   let kind: 'text' | 'tool' | undefined
   let pinged = false
   let firstText = true
-  const body = new ReadableStream<Uint8Array>({
-    async pull(controller) {
-      let out = ''
-      if (!started) {
-        started = true
-        out += sse('message_start', {
-          message: {
-            id,
-            type: 'message',
-            role: 'assistant',
-            model,
-            content: [],
-            stop_reason: null,
-            stop_sequence: null,
-            usage: {
-              input_tokens: gen.promptTokens,
-              cache_creation_input_tokens: 0,
-              cache_read_input_tokens: 0,
-              output_tokens: 1,
+  const body = new ReadableStream<Uint8Array>(
+    {
+      async pull(controller) {
+        let out = ''
+        if (!started) {
+          started = true
+          out += sse('message_start', {
+            message: {
+              id,
+              type: 'message',
+              role: 'assistant',
+              model,
+              content: [],
+              stop_reason: null,
+              stop_sequence: null,
+              usage: {
+                input_tokens: gen.promptTokens,
+                cache_creation_input_tokens: 0,
+                cache_read_input_tokens: 0,
+                output_tokens: 1,
+              },
             },
-          },
-        })
-      }
-      const pieces = await gen.next()
-      if (!pieces) {
-        if (block >= 0) out += sse('content_block_stop', { index: block })
-        // Cumulative usage: the cache reads are known by now.
-        out += sse('message_delta', {
-          delta: { stop_reason: gen.stopReason(), stop_sequence: gen.stopSequence },
-          usage: gen.usage(),
-        })
-        out += sse('message_stop', {})
-        controller.enqueue(encoder.encode(out))
-        controller.close()
-        return
-      }
-      for (const p of pieces) {
-        const want = p.tool ? 'tool' : 'text'
-        if (want !== kind || p.tool?.id !== undefined) {
-          if (block >= 0) out += sse('content_block_stop', { index: block })
-          block++
-          kind = want
-          out += sse('content_block_start', {
-            index: block,
-            content_block: p.tool
-              ? { type: 'tool_use', id: p.tool.id ?? nextId('toolu'), name: p.tool.name ?? 'tool', input: {} }
-              : { type: 'text', text: '' },
           })
-          if (!pinged) {
-            pinged = true
-            out += sse('ping', {})
+        }
+        const pieces = await gen.next()
+        if (!pieces) {
+          if (block >= 0) out += sse('content_block_stop', { index: block })
+          // Cumulative usage: the cache reads are known by now.
+          out += sse('message_delta', {
+            delta: { stop_reason: gen.stopReason(), stop_sequence: gen.stopSequence },
+            usage: gen.usage(),
+          })
+          out += sse('message_stop', {})
+          controller.enqueue(encoder.encode(out))
+          controller.close()
+          return
+        }
+        for (const p of pieces) {
+          const want = p.tool ? 'tool' : 'text'
+          if (want !== kind || p.tool?.id !== undefined) {
+            if (block >= 0) out += sse('content_block_stop', { index: block })
+            block++
+            kind = want
+            out += sse('content_block_start', {
+              index: block,
+              content_block: p.tool
+                ? {
+                    type: 'tool_use',
+                    id: p.tool.id ?? nextId('toolu'),
+                    name: p.tool.name ?? 'tool',
+                    input: {},
+                  }
+                : { type: 'text', text: '' },
+            })
+            if (!pinged) {
+              pinged = true
+              out += sse('ping', {})
+            }
           }
+          let text = p.tool ? p.tool.args : p.text!
+          if (!p.tool && firstText) {
+            firstText = false
+            text = text.trimStart()
+          }
+          if (text.length === 0) continue
+          out += sse('content_block_delta', {
+            index: block,
+            delta: p.tool ? { type: 'input_json_delta', partial_json: text } : { type: 'text_delta', text },
+          })
         }
-        let text = p.tool ? p.tool.args : p.text!
-        if (!p.tool && firstText) {
-          firstText = false
-          text = text.trimStart()
-        }
-        if (text.length === 0) continue
-        out += sse('content_block_delta', {
-          index: block,
-          delta: p.tool ? { type: 'input_json_delta', partial_json: text } : { type: 'text_delta', text },
-        })
-      }
-      controller.enqueue(encoder.encode(out))
+        controller.enqueue(encoder.encode(out))
+      },
+      cancel() {
+        gen.cancel()
+      },
+      // Pulled only when the socket wants more: what was sent before a cut has left the node.
     },
-    cancel() {
-      gen.cancel()
-    },
-  })
+    { highWaterMark: 0 },
+  )
   return new Response(body, {
     headers: {
       'content-type': 'text/event-stream; charset=utf-8',
