@@ -383,6 +383,12 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
           `${where}: routes[${j}] (provider ${provider}) needs ${key}. Fix: e.g. ${key} = ${example}`,
         )
     }
+    if (
+      provider === 'anthropic' &&
+      r.api_key_env === undefined &&
+      !Object.keys(r.headers ?? {}).some((h) => /^(x-api-key|authorization)$/i.test(h))
+    )
+      need('api_key_env', undefined, '"ANTHROPIC_API_KEY" (sent as x-api-key)')
     if (provider === 'anthropic' && kind === 'embedding')
       problems.push(
         `${where}: routes[${j}] (provider anthropic): Anthropic has no embeddings API. Fix: serve this embedding model from another provider`,

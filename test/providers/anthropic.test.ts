@@ -301,7 +301,7 @@ describe('what Anthropic cannot do', () => {
     expect(rows).toHaveLength(1)
   })
 
-  test('an embedding model on an anthropic route is refused at config load', () => {
+  test('config: an embedding model on an anthropic route, or a route with no key, is refused at start', () => {
     const dir = mkdtempSync(join(tmpdir(), 'tropa-ant-'))
     const path = join(dir, 'c.json')
     writeFileSync(
@@ -314,19 +314,37 @@ describe('what Anthropic cannot do', () => {
             context_length: 512,
             dimensions: 256,
             pricing: { prompt: '0.000001', completion: '0.000000' },
+            routes: [{ provider: 'anthropic', base_url: 'https://api.anthropic.com', api_key_env: 'K' }],
+          },
+          {
+            id: 'anthropic/chat',
+            context_length: 512,
+            pricing: { prompt: '0.000001', completion: '0.000001' },
             routes: [{ provider: 'anthropic', base_url: 'https://api.anthropic.com' }],
+          },
+          {
+            id: 'anthropic/chat-2',
+            context_length: 512,
+            pricing: { prompt: '0.000001', completion: '0.000001' },
+            routes: [
+              { provider: 'anthropic', base_url: 'https://api.anthropic.com', headers: { 'X-Api-Key': 'k' } },
+            ],
           },
         ],
       }),
     )
     let problems: readonly string[] = []
     try {
-      loadConfig({ configPath: path }, {})
+      loadConfig({ configPath: path }, { K: 'sk-ant-k' })
     } catch (err) {
       if (!(err instanceof ConfigError)) throw err
       problems = err.problems
     }
     expect(problems.some((p) => p.includes('Anthropic has no embeddings API'))).toBe(true)
+    expect(problems.filter((p) => p.includes('needs api_key_env'))).toEqual([
+      expect.stringContaining('(anthropic/chat)'),
+    ])
+    expect(problems).toHaveLength(2)
   })
 })
 
@@ -500,6 +518,66 @@ describe('upstream errors', () => {
       expect(rows[0]!.completionTokens).toBeGreaterThan(0)
     } finally {
       fake.stop(true)
+    }
+  })
+
+  test('a node that sends no headers in time is failed over (first-byte timeout)', async () => {
+    const hung = Bun.serve({
+      port: 0,
+      hostname: '127.0.0.1',
+      idleTimeout: 0,
+      fetch: (req) =>
+        new Promise<Response>((resolve) =>
+          req.signal.addEventListener('abort', () => resolve(new Response(null, { status: 499 }))),
+        ),
+    })
+    try {
+      t = await startTropa({
+        upstream: { first_byte_timeout_ms: 300 },
+        nodes: [antNode('good')],
+        models: (nodes) => [
+          {
+            id: MODEL,
+            context_length: 8192,
+            pricing: CHAT_PRICE,
+            routes: [
+              {
+                name: 'hung',
+                provider: 'anthropic',
+                base_url: `http://127.0.0.1:${hung.port}`,
+                upstream_model: 'x',
+                hedge: false,
+                headers: { 'x-api-key': ANTHROPIC_SIM_KEY },
+              },
+              {
+                name: 'good',
+                provider: 'anthropic',
+                base_url: nodes[0]!.url.replace(/\/v1$/, ''),
+                upstream_model: 'x',
+                hedge: false,
+                headers: { 'x-api-key': ANTHROPIC_SIM_KEY },
+              },
+            ],
+          },
+        ],
+      })
+      for (let i = 0; i < 4; i++) {
+        const stream = i % 2 === 0
+        const r = await t.fetch('/v1/chat/completions', {
+          method: 'POST',
+          body: JSON.stringify({
+            model: MODEL,
+            max_tokens: 5,
+            stream,
+            messages: [{ role: 'user', content: 'hi' }],
+          }),
+        })
+        expect(r.status).toBe(200)
+        expect(r.headers.get('x-tropa-node')).toBe('good')
+        await r.arrayBuffer()
+      }
+    } finally {
+      hung.stop(true)
     }
   })
 })
