@@ -580,4 +580,77 @@ describe('upstream errors', () => {
       hung.stop(true)
     }
   })
+
+  test('an upstream that only pings after message_start: the idle deadline ends the stream', async () => {
+    const ping = new TextEncoder().encode('event: ping\ndata: {"type":"ping"}\n\n'.repeat(100))
+    const start = `event: message_start\ndata: ${JSON.stringify({
+      type: 'message_start',
+      message: {
+        id: 'msg_p',
+        type: 'message',
+        role: 'assistant',
+        model: 'x',
+        content: [],
+        usage: { input_tokens: 3, output_tokens: 1 },
+      },
+    })}\n\n`
+    const pinger = Bun.serve({
+      port: 0,
+      hostname: '127.0.0.1',
+      idleTimeout: 0,
+      fetch: () => {
+        let timer: ReturnType<typeof setInterval> | undefined
+        return new Response(
+          new ReadableStream({
+            start(c) {
+              c.enqueue(new TextEncoder().encode(start))
+              timer = setInterval(() => c.enqueue(ping), 5)
+            },
+            cancel() {
+              clearInterval(timer)
+            },
+          }),
+          { headers: { 'content-type': 'text/event-stream' } },
+        )
+      },
+    })
+    try {
+      t = await startTropa({
+        upstream: { idle_timeout_ms: 500 },
+        nodes: [antNode('unused')],
+        models: () => [
+          {
+            id: MODEL,
+            context_length: 8192,
+            pricing: CHAT_PRICE,
+            routes: [
+              {
+                name: 'pinger',
+                provider: 'anthropic',
+                base_url: `http://127.0.0.1:${pinger.port}`,
+                upstream_model: 'x',
+                headers: { 'x-api-key': ANTHROPIC_SIM_KEY },
+              },
+            ],
+          },
+        ],
+      })
+      const r = await t.fetch('/v1/chat/completions', {
+        method: 'POST',
+        body: JSON.stringify({
+          model: MODEL,
+          max_tokens: 5,
+          stream: true,
+          messages: [{ role: 'user', content: 'hi' }],
+        }),
+      })
+      expect(r.status).toBe(200)
+      const events = (await r.text()).split('\n\n').filter(Boolean)
+      expect(JSON.parse(events.at(-1)!.slice(6)).error.code).toBe('upstream_timeout')
+      // and the router is still answering
+      expect((await fetch(`${t.url}/health`)).status).toBe(200)
+    } finally {
+      pinger.stop(true)
+    }
+  })
 })

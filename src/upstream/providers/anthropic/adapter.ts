@@ -22,6 +22,8 @@ const NODE_FAILURES: ReadonlySet<number> = new Set([...NODE_FAILURE, 402])
 const classify = classifyStatus(openAIError, NODE_FAILURES)
 
 const encoder = new TextEncoder()
+/** Upstream bytes translated to nothing (pings) after which a stream lets the event loop turn. */
+const SILENT_YIELD_BYTES = 256 * 1024
 
 /**
  * Anthropic's Messages API (POST <base_url>/v1/messages). The OpenAI chat body is translated
@@ -116,8 +118,14 @@ function translateStream(upstream: ReadableStream<Uint8Array>): ReadableStream<U
     {
       async pull(controller) {
         // Until something is sent: pings and block stops translate to nothing, and a pull that
-        // enqueues nothing would not be called again.
+        // enqueues nothing would not be called again. Reads of buffered data resolve without a
+        // turn of the event loop: a flood of such events yields every SILENT_YIELD_BYTES.
+        let silent = 0
         for (;;) {
+          if (silent > SILENT_YIELD_BYTES) {
+            silent = 0
+            await new Promise((resolve) => setImmediate(resolve))
+          }
           const { done, value } = await reader.read()
           if (done) {
             const rest = t.end()
@@ -126,6 +134,7 @@ function translateStream(upstream: ReadableStream<Uint8Array>): ReadableStream<U
             return
           }
           const out = t.push(value)
+          silent += value.byteLength
           if (out.length > 0) {
             controller.enqueue(encoder.encode(out))
             if (t.finished) {
