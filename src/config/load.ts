@@ -50,6 +50,8 @@ export interface ModelConfig {
   readonly ownedBy: string
   readonly kind: 'chat' | 'embedding'
   readonly contextLength: number
+  /** The most tokens one answer may have; undefined: what the context leaves. */
+  readonly maxOutputTokens?: number | undefined
   readonly dimensions: number | undefined
   readonly created: number
   readonly price: Price
@@ -324,6 +326,10 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
     problems.push(
       `${where}: the model has no routes. Fix: add at least one [[models.routes]] with a base_url`,
     )
+  if (m.max_output_tokens !== undefined && m.max_output_tokens > m.context_length)
+    problems.push(
+      `${where}: max_output_tokens ${m.max_output_tokens} is over context_length ${m.context_length}. Fix: the model's output cap, at most its context`,
+    )
   if (kind === 'embedding' && m.dimensions === undefined)
     problems.push(`${where}: an embedding model needs dimensions (its native vector size)`)
   let promptNano = 0n
@@ -433,6 +439,7 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
     ownedBy: m.owned_by ?? m.id.slice(0, m.id.indexOf('/')),
     kind,
     contextLength: m.context_length,
+    maxOutputTokens: m.max_output_tokens,
     dimensions: m.dimensions,
     created: m.created ?? 1_767_225_600,
     price: { promptNano, completionNano },

@@ -106,6 +106,27 @@ describe('chat through an anthropic route', () => {
     expect(res.usage!.completion_tokens).toBe(3)
   })
 
+  test("max_output_tokens (the catalogue's cap) is the bound sent when the request sets none", async () => {
+    t = await startTropa({
+      nodes: [antNode('ant-1', { ignoreEos: true })],
+      models: (nodes) => anthropicModel(nodes).map((m) => ({ ...m, max_output_tokens: 50 })),
+    })
+    const client = t.client()
+    const res = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Tell me a long story' }],
+    })
+    // Every answer runs to its bound here (ignore_eos): the bound sent was 50, not the context left.
+    expect(res.usage!.completion_tokens).toBe(50)
+    expect(res.choices[0]!.finish_reason).toBe('length')
+    const err = await client.chat.completions
+      .create({ model: MODEL, max_tokens: 51, messages: [{ role: 'user', content: 'hi' }] })
+      .catch((e) => e)
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError)
+    expect(err.param).toBe('max_tokens')
+    expect(err.message).toContain('output limit of 50')
+  })
+
   test('cache reads are prompt tokens too, reported as cached_tokens', async () => {
     const tr = await start([antNode('ant-1')])
     const ask = () =>
