@@ -113,6 +113,26 @@ describe('AnthropicStreamTranslator', () => {
     expect(parse(out).at(-1).error.message).toContain('over-long')
   })
 
+  test('a hostile stream: fields missing or of the wrong type still make valid JSON, or an error', () => {
+    const t = new AnthropicStreamTranslator()
+    const out = t.push(
+      new TextEncoder().encode(
+        ev('message_start', { message: { id: 5, model: null } }) +
+          ev('content_block_start', { index: 'x', content_block: { type: 'tool_use' } }) +
+          ev('content_block_delta', { index: 'x', delta: { type: 'input_json_delta', partial_json: 7 } }) +
+          ev('message_delta', { delta: {}, usage: { output_tokens: 'many' } }) +
+          ev('message_stop', {}),
+      ),
+    )
+    const events = parse(out)
+    expect(events.at(-1)).toBe('[DONE]')
+    expect(events.at(-2).usage.completion_tokens).toBeNull()
+    const t2 = new AnthropicStreamTranslator()
+    const events2 = parse(t2.push(new TextEncoder().encode(ev('message_stop', {}))))
+    expect(events2).toHaveLength(1)
+    expect(events2[0].error.message).toContain('message_start')
+  })
+
   test('usage that is not numbers is passed on as not sane (Tropa then counts itself)', () => {
     const c = toChatCompletion({
       id: 'm',
@@ -137,7 +157,12 @@ describe('toAnthropicRequest', () => {
         user: 'u-1',
         parallel_tool_calls: false,
         tool_choice: 'required',
-        tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }],
+        tools: [
+          {
+            type: 'function',
+            function: { name: 'f', parameters: { properties: { q: { type: 'string' } } } },
+          },
+        ],
         messages: [
           { role: 'system', content: 'S1' },
           { role: 'user', content: 'a' },
@@ -165,7 +190,7 @@ describe('toAnthropicRequest', () => {
       stop_sequences: ['END'],
       temperature: 0.2,
       metadata: { user_id: 'u-1' },
-      tools: [{ name: 'f', input_schema: { type: 'object' } }],
+      tools: [{ name: 'f', input_schema: { type: 'object', properties: { q: { type: 'string' } } } }],
       tool_choice: { type: 'any', disable_parallel_tool_use: true },
       messages: [
         {

@@ -163,7 +163,7 @@ export class AnthropicStreamTranslator {
           const index = this.tools.size
           this.tools.set(e.index as number, index)
           return this.chunk(
-            `{"tool_calls":[{"index":${index},"id":${JSON.stringify(b.id)},"type":"function","function":{"name":${JSON.stringify(b.name)},"arguments":""}}]}`,
+            `{"tool_calls":[{"index":${index},"id":${JSON.stringify(String(b.id ?? ''))},"type":"function","function":{"name":${JSON.stringify(String(b.name ?? ''))},"arguments":""}}]}`,
             null,
           )
         }
@@ -201,6 +201,7 @@ export class AnthropicStreamTranslator {
       }
       case 'message_stop':
         this.done = true
+        if (this.head.length === 0) return errorEvent('the upstream sent no message_start', 'upstream_error')
         return `${this.chunk('{}', finishReason(this.stop))}data: ${this.head}],"usage":${JSON.stringify(openAIUsage(this.usage))}}\n\ndata: [DONE]\n\n`
       case 'error': {
         this.done = true

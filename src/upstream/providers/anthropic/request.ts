@@ -83,7 +83,8 @@ export function toAnthropicRequest(openai: Json, stream: boolean, sampling = tru
       const fn = (t.function ?? {}) as Json
       const tool: Json = {
         name: fn.name,
-        input_schema: fn.parameters ?? { type: 'object', properties: {} },
+        // Anthropic wants an object schema; OpenAI lets parameters be absent or untyped.
+        input_schema: { type: 'object', ...(fn.parameters as Json | undefined) },
       }
       if (typeof fn.description === 'string') tool.description = fn.description
       return tool
