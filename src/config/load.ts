@@ -395,6 +395,10 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
       !Object.keys(r.headers ?? {}).some((h) => /^(x-api-key|authorization)$/i.test(h))
     )
       need('api_key_env', undefined, '"ANTHROPIC_API_KEY" (sent as x-api-key)')
+    if (provider === 'anthropic' && url && /\/v1\/?$/.test(url.pathname))
+      problems.push(
+        `${where}: routes[${j}].base_url ${JSON.stringify(r.base_url)} ends in /v1, but an anthropic base_url is the API root (the adapter appends /v1/messages). Fix: e.g. "https://api.anthropic.com"`,
+      )
     if (provider === 'anthropic' && kind === 'embedding')
       problems.push(
         `${where}: routes[${j}] (provider anthropic): Anthropic has no embeddings API. Fix: serve this embedding model from another provider`,

@@ -344,6 +344,12 @@ describe('what Anthropic cannot do', () => {
             routes: [{ provider: 'anthropic', base_url: 'https://api.anthropic.com' }],
           },
           {
+            id: 'anthropic/chat-v1',
+            context_length: 512,
+            pricing: { prompt: '0.000001', completion: '0.000001' },
+            routes: [{ provider: 'anthropic', base_url: 'https://api.anthropic.com/v1/', api_key_env: 'K' }],
+          },
+          {
             id: 'anthropic/chat-2',
             context_length: 512,
             pricing: { prompt: '0.000001', completion: '0.000001' },
@@ -365,7 +371,8 @@ describe('what Anthropic cannot do', () => {
     expect(problems.filter((p) => p.includes('needs api_key_env'))).toEqual([
       expect.stringContaining('(anthropic/chat)'),
     ])
-    expect(problems).toHaveLength(2)
+    expect(problems.some((p) => p.includes('(anthropic/chat-v1)') && p.includes('ends in /v1'))).toBe(true)
+    expect(problems).toHaveLength(3)
   })
 })
 
