@@ -50,6 +50,8 @@ export interface ModelConfig {
   readonly ownedBy: string
   readonly kind: 'chat' | 'embedding'
   readonly contextLength: number
+  /** The most tokens one answer may have; undefined: what the context leaves. */
+  readonly maxOutputTokens?: number | undefined
   readonly dimensions: number | undefined
   readonly created: number
   readonly price: Price
@@ -335,6 +337,10 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
     problems.push(
       `${where}: the model has no routes. Fix: add at least one [[models.routes]] with a base_url`,
     )
+  if (m.max_output_tokens !== undefined && m.max_output_tokens > m.context_length)
+    problems.push(
+      `${where}: max_output_tokens ${m.max_output_tokens} is over context_length ${m.context_length}. Fix: the model's output cap, at most its context`,
+    )
   if (kind === 'embedding' && m.dimensions === undefined)
     problems.push(`${where}: an embedding model needs dimensions (its native vector size)`)
   let promptNano = 0n
@@ -394,6 +400,20 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
           `${where}: routes[${j}] (provider ${provider}) needs ${key}. Fix: e.g. ${key} = ${example}`,
         )
     }
+    if (
+      provider === 'anthropic' &&
+      r.api_key_env === undefined &&
+      !Object.keys(r.headers ?? {}).some((h) => /^(x-api-key|authorization)$/i.test(h))
+    )
+      need('api_key_env', undefined, '"ANTHROPIC_API_KEY" (sent as x-api-key)')
+    if (provider === 'anthropic' && url && /\/v1\/?$/.test(url.pathname))
+      problems.push(
+        `${where}: routes[${j}].base_url ${JSON.stringify(r.base_url)} ends in /v1, but an anthropic base_url is the API root (the adapter appends /v1/messages). Fix: e.g. "https://api.anthropic.com"`,
+      )
+    if (provider === 'anthropic' && kind === 'embedding')
+      problems.push(
+        `${where}: routes[${j}] (provider anthropic): Anthropic has no embeddings API. Fix: serve this embedding model from another provider`,
+      )
     if (provider === 'azure') need('api_version', r.api_version, '"2024-10-21"')
     if (provider === 'yandex') need('folder_id', r.folder_id, '"b1g..."')
     if (provider === 'gigachat')
@@ -439,6 +459,7 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
     ownedBy: m.owned_by ?? m.id.slice(0, m.id.indexOf('/')),
     kind,
     contextLength: m.context_length,
+    maxOutputTokens: m.max_output_tokens,
     dimensions: m.dimensions,
     created: m.created ?? 1_767_225_600,
     price: { promptNano, completionNano },

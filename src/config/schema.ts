@@ -55,6 +55,8 @@ export const ModelSchema = T.Object(
     owned_by: T.Optional(T.String({ minLength: 1 })),
     kind: T.Optional(T.Union([T.Literal('chat'), T.Literal('embedding')])),
     context_length: T.Integer({ minimum: 1 }),
+    /** The most tokens one answer may have (a hosted model's output cap): the bound when a request sets none. */
+    max_output_tokens: T.Optional(T.Integer({ minimum: 1 })),
     /** Native vector size of an embedding model. */
     dimensions: T.Optional(T.Integer({ minimum: 1 })),
     /** Roubles per token, exactly six fractional digits. */

@@ -283,14 +283,23 @@ export function askedOutput(
   return a === undefined ? b : b === undefined ? a : Math.min(a, b)
 }
 
-/** Tokens the answer may use: asked for, or what the context leaves; 400 when it cannot fit. */
+/**
+ * Tokens the answer may use: asked for, or what the context leaves (at most the model's output
+ * cap); 400 when it cannot fit.
+ */
 export function outputBudget(
   model: ModelConfig,
   promptTokens: number,
   asked: number | null | undefined,
 ): number {
   const left = model.contextLength - promptTokens
+  const cap = model.maxOutputTokens
   if (asked !== undefined && asked !== null) {
+    if (cap !== undefined && asked > cap)
+      throw new InvalidValue(
+        `max_tokens ${asked} is over ${model.id}'s output limit of ${cap} tokens`,
+        'max_tokens',
+      )
     if (promptTokens + asked > model.contextLength)
       throw new ContextLengthExceeded(
         `the prompt (${promptTokens} tokens) plus max_tokens (${asked}) exceeds ${model.id}'s context of ${model.contextLength} tokens`,
@@ -301,7 +310,7 @@ export function outputBudget(
     throw new ContextLengthExceeded(
       `the prompt (${promptTokens} tokens) leaves no room in ${model.id}'s context of ${model.contextLength} tokens`,
     )
-  return left
+  return cap !== undefined && cap < left ? cap : left
 }
 
 /** The rules TypeBox cannot say: which roles need content, and tool linkage. */

@@ -1,5 +1,11 @@
 import type { Config, ModelConfig, RouteConfig } from '../config/load.ts'
-import { NoUpstreamAvailable, UpstreamFailed, UpstreamRejected, UpstreamUnreachable } from '../errors.ts'
+import {
+  InvalidRequest,
+  NoUpstreamAvailable,
+  UpstreamFailed,
+  UpstreamRejected,
+  UpstreamUnreachable,
+} from '../errors.ts'
 import type { ShareBudget } from '../routing/budget.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
 import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '../routing/policy.ts'
@@ -196,6 +202,13 @@ export async function dispatch<T>(
         upstreamMessage: err.detail,
       })
       finishAttempt(deps, a, 'ok')
+      cancelRest()
+      throw err
+    }
+    if (err instanceof InvalidRequest) {
+      // A translating adapter found the request has no meaning for its provider (n > 1 on
+      // Anthropic, say): the node never saw it, and must not be judged by it.
+      finishAttempt(deps, a, 'cancelled')
       cancelRest()
       throw err
     }

@@ -1,4 +1,5 @@
 import type { ProviderKind } from '../../config/schema.ts'
+import { anthropicFront } from './anthropic.ts'
 import { azureFront } from './azure.ts'
 import { geminiFront } from './gemini.ts'
 
@@ -27,4 +28,5 @@ export type SimProtocol = ProviderKind
 export const PROTOCOLS: Partial<Record<SimProtocol, ProtocolFront>> = {
   gemini: geminiFront,
   azure: azureFront,
+  anthropic: anthropicFront,
 }

@@ -1,6 +1,7 @@
 import type { ProviderKind } from '../../config/schema.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from '../adapter.ts'
 import type { Watchdog } from '../watchdog.ts'
+import { AnthropicAdapter } from './anthropic/adapter.ts'
 import { AzureAdapter } from './azure/adapter.ts'
 import { GeminiAdapter } from './gemini/adapter.ts'
 import { OpenAICompatibleAdapter } from './openai/adapter.ts'
@@ -19,6 +20,7 @@ export class ProviderRegistry implements UpstreamAdapter {
       openai: new OpenAICompatibleAdapter(watchdog),
       gemini: new GeminiAdapter(watchdog),
       azure: new AzureAdapter(watchdog),
+      anthropic: new AnthropicAdapter(watchdog),
     }
   }
 
