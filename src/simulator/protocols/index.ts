@@ -1,4 +1,6 @@
 import type { ProviderKind } from '../../config/schema.ts'
+import { gigachat } from './gigachat.ts'
+import { yandex } from './yandex.ts'
 
 // A simulated node speaks OpenAI's API natively; `protocol` puts a front on it that speaks a
 // provider's own API as its public reference describes it (paths, auth, fields, event names,
@@ -14,6 +16,10 @@ export interface SimCore {
   embeddings(body: Record<string, unknown>): Promise<Response>
   /** The node's configured fault for this request (an error response), if one fires. */
   fault(): Response | undefined
+  /** How long the node's access tokens live, for protocols with a token exchange (gigachat). */
+  readonly tokenLifetimeMs: number
+  /** Counts one token exchange in the node's stats. */
+  countAuthRequest(): void
 }
 
 /** A protocol front: every request of the node goes through it. */
@@ -22,4 +28,4 @@ export type ProtocolFront = (req: Request, core: SimCore) => Promise<Response>
 export type SimProtocol = ProviderKind
 
 /** The fronts this build has; `openai` needs none. */
-export const PROTOCOLS: Partial<Record<SimProtocol, ProtocolFront>> = {}
+export const PROTOCOLS: Partial<Record<SimProtocol, ProtocolFront>> = { gigachat, yandex }
