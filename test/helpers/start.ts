@@ -27,6 +27,8 @@ export interface TropaOptions {
   postgres?: boolean
   /** Where Tropa's log lines go (default: errors to stderr). */
   log?: Log
+  /** The environment the config is loaded with (routes' api_key_env variables). */
+  env?: Record<string, string>
 }
 
 export interface Tropa {
@@ -104,7 +106,7 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
       models: (opts.models ?? defaultModels)(fleet.nodes),
     }),
   )
-  const config = loadConfig({ configPath }, {})
+  const config = loadConfig({ configPath }, opts.env ?? {})
   const store = await openStore(config.storage)
   const svc = await buildServices(config, store, opts.log ?? consoleLog('error'))
   const app = createApp(svc).listen({ port: 0, hostname: '127.0.0.1' })

@@ -46,6 +46,12 @@ export const gigachat: ProtocolFront = async (req, core) => {
   const path = new URL(req.url).pathname
   if (req.method === 'GET' && path === '/health') return new Response('ok')
   if (req.method === 'POST' && path === '/api/v2/oauth') return oauth(req, core, state)
+  // The simulator's own control (not GigaChat's): every token issued so far stops working, as a
+  // revoked or early-expired token would.
+  if (req.method === 'POST' && path === '/sim/revoke-tokens') {
+    state.tokens.clear()
+    return new Response(null, { status: 204 })
+  }
   if (!path.startsWith('/api/v1/')) return apiError(404, `no route ${req.method} ${path}`)
   const auth = req.headers.get('authorization') ?? ''
   const token = auth.startsWith('Bearer ') ? auth.slice(7) : ''

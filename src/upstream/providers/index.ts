@@ -1,7 +1,9 @@
 import type { ProviderKind } from '../../config/schema.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from '../adapter.ts'
 import type { Watchdog } from '../watchdog.ts'
+import { GigaChatAdapter } from './gigachat/adapter.ts'
 import { OpenAICompatibleAdapter } from './openai/adapter.ts'
+import { YandexAdapter } from './yandex/adapter.ts'
 
 // A provider is a folder: providers/<kind>/ holds its adapter (the request mapped from Tropa's
 // internal form, OpenAI's chat and embeddings, to the provider's; auth; the reply and the stream
@@ -15,6 +17,8 @@ export class ProviderRegistry implements UpstreamAdapter {
   constructor(watchdog: Watchdog) {
     this.adapters = {
       openai: new OpenAICompatibleAdapter(watchdog),
+      gigachat: new GigaChatAdapter(watchdog),
+      yandex: new YandexAdapter(watchdog),
     }
   }
 
