@@ -249,7 +249,12 @@ describe('failures', () => {
     expect(events).not.toContain('data: [DONE]')
     const rows = await usageRows(t)
     expect(rows).toHaveLength(1)
-    expect(rows[0]).toMatchObject({ estimated: true, completionTokens: 3 })
+    // What reached the client is billed: the node sent 3 tokens before the cut, and the last may
+    // be lost with the connection.
+    const received = events.filter((e) => e.includes('"content":')).length
+    expect(received).toBeGreaterThanOrEqual(1)
+    expect(received).toBeLessThanOrEqual(3)
+    expect(rows[0]).toMatchObject({ estimated: true, completionTokens: received })
   })
 })
 

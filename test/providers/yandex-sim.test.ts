@@ -115,6 +115,54 @@ describe('the Yandex Foundation Models fake over plain HTTP', () => {
     expect(String(error.message)).toContain('empty')
   })
 
+  test('tools: a toolCallList with object arguments and status TOOL_CALLS; a toolResultList taken back', async () => {
+    const tools = [
+      {
+        function: {
+          name: 'weatherTool',
+          description: 'Getting current weather in the specified city.',
+          parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+        },
+      },
+    ]
+    const q = { role: 'user', text: 'What is the weather like in Saint Petersburg?' }
+    const res = await fetch(`${base}/completion`, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ modelUri: `gpt://${FOLDER}/yandexgpt`, tools, messages: [q] }),
+    })
+    const { result } = (await res.json()) as {
+      result: { alternatives: { message: { toolCallList: { toolCalls: unknown[] } }; status: string }[] }
+    }
+    expect(result.alternatives[0]!.status).toBe('ALTERNATIVE_STATUS_TOOL_CALLS')
+    const call = result.alternatives[0]!.message.toolCallList.toolCalls[0] as {
+      functionCall: { name: string; arguments: unknown }
+    }
+    expect(call.functionCall.name).toBe('weatherTool')
+    expect(typeof call.functionCall.arguments).toBe('object')
+    const res2 = await fetch(`${base}/completion`, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({
+        modelUri: `gpt://${FOLDER}/yandexgpt`,
+        tools,
+        messages: [
+          q,
+          result.alternatives[0]!.message,
+          {
+            role: 'assistant',
+            toolResultList: { toolResults: [{ functionResult: { name: 'weatherTool', content: '8°C' } }] },
+          },
+        ],
+      }),
+    })
+    const r2 = (await res2.json()) as {
+      result: { alternatives: { message: { text: string }; status: string }[] }
+    }
+    expect(r2.result.alternatives[0]!.status).toMatch(/FINAL/)
+    expect(r2.result.alternatives[0]!.message.text.length).toBeGreaterThan(0)
+  })
+
   test('textEmbedding: one text, its vector and numTokens as a string', async () => {
     const res = await fetch(`${base}/textEmbedding`, {
       method: 'POST',

@@ -7,7 +7,10 @@ import type { ProtocolFront, SimCore } from './index.ts'
 //        {stream, temperature, maxTokens (string)}, messages: [{role, text}]} ->
 //        {result: {alternatives: [{message: {role, text}, status}], usage: {inputTextTokens,
 //        completionTokens, totalTokens} (strings), modelVersion}}; streamed: one such JSON object
-//        per line, each with the whole text so far, PARTIAL until the last (FINAL / TRUNCATED_FINAL)
+//        per line, each with the whole text so far, PARTIAL until the last (FINAL / TRUNCATED_FINAL);
+//        tools: [{function: {name, description, parameters}}] -> a toolCallList message
+//        ({functionCall: {name, arguments (object)}}) with ALTERNATIVE_STATUS_TOOL_CALLS; results come
+//        back as a toolResultList message ({functionResult: {name, content}})
 //   POST /foundationModels/v1/textEmbedding  {modelUri: emb://<folder>/<model>, text} ->
 //        {embedding, numTokens (string), modelVersion}
 // Auth: `Authorization: Api-Key <key>` or `Bearer <IAM token>`; `x-folder-id` (if sent, the folder
@@ -100,13 +103,54 @@ async function completion(
   }
   if (!Array.isArray(body.messages) || body.messages.length === 0)
     return yandexError(400, 'messages: at least one message is required')
-  const messages: { role: string; content: string }[] = []
-  for (const [i, m] of (body.messages as { role?: unknown; text?: unknown }[]).entries()) {
+  const messages: Record<string, unknown>[] = []
+  let n = 0
+  const pending: string[] = []
+  for (const [i, m] of (
+    body.messages as {
+      role?: unknown
+      text?: unknown
+      toolCallList?: { toolCalls?: { functionCall?: { name?: unknown; arguments?: unknown } }[] }
+      toolResultList?: { toolResults?: { functionResult?: { name?: unknown; content?: unknown } }[] }
+    }[]
+  ).entries()) {
     if (m?.role !== 'system' && m?.role !== 'user' && m?.role !== 'assistant')
       return yandexError(400, `messages[${i}].role: unknown role ${JSON.stringify(m?.role)}`)
-    if (typeof m.text !== 'string' || m.text === '')
-      return yandexError(400, `messages[${i}].text: the text of a message cannot be empty`)
-    messages.push({ role: m.role, content: m.text })
+    const kinds = [m.text, m.toolCallList, m.toolResultList].filter((x) => x !== undefined).length
+    if (kinds > 1) return yandexError(400, `messages[${i}]: only one of text, toolCallList, toolResultList`)
+    if (m.toolCallList) {
+      const calls = Array.isArray(m.toolCallList.toolCalls) ? m.toolCallList.toolCalls : []
+      if (calls.length === 0)
+        return yandexError(400, `messages[${i}].toolCallList: toolCalls cannot be empty`)
+      const tool_calls = calls.map((c) => {
+        const id = `call_${++n}`
+        pending.push(id)
+        return {
+          id,
+          type: 'function',
+          function: {
+            name: String(c.functionCall?.name ?? ''),
+            arguments: JSON.stringify(c.functionCall?.arguments ?? {}),
+          },
+        }
+      })
+      messages.push({ role: 'assistant', content: null, tool_calls })
+    } else if (m.toolResultList) {
+      const results = Array.isArray(m.toolResultList.toolResults) ? m.toolResultList.toolResults : []
+      for (const r of results) {
+        if (typeof r.functionResult?.content !== 'string')
+          return yandexError(400, `messages[${i}].toolResultList: functionResult.content is required`)
+        messages.push({
+          role: 'tool',
+          tool_call_id: pending.shift() ?? `call_${++n}`,
+          content: r.functionResult.content,
+        })
+      }
+    } else {
+      if (typeof m.text !== 'string' || m.text === '')
+        return yandexError(400, `messages[${i}].text: the text of a message cannot be empty`)
+      messages.push({ role: m.role, content: m.text })
+    }
   }
   const openai: Record<string, unknown> = { model, messages }
   if (opts.maxTokens !== undefined) {
@@ -120,6 +164,18 @@ async function completion(
       return yandexError(400, 'completionOptions.temperature: must be between 0 and 1')
     openai.temperature = opts.temperature
   }
+  if (body.tools !== undefined) {
+    if (!Array.isArray(body.tools)) return yandexError(400, 'tools: a list is required')
+    const tools: unknown[] = []
+    for (const [i, t] of (
+      body.tools as { function?: { name?: unknown; description?: unknown; parameters?: unknown } }[]
+    ).entries()) {
+      if (typeof t?.function?.name !== 'string' || t.function.name === '')
+        return yandexError(400, `tools[${i}].function.name is required`)
+      tools.push({ type: 'function', function: t.function })
+    }
+    if (tools.length > 0) openai.tools = tools
+  }
   const streamed = opts.stream === true
   if (streamed) {
     openai.stream = true
@@ -129,7 +185,10 @@ async function completion(
   if (!res.ok) return yandexError(res.status, await failedMessage(res))
   if (streamed) return stream(res)
   let reply: {
-    choices: { message: { content: string | null }; finish_reason: string }[]
+    choices: {
+      message: { content: string | null; tool_calls?: { function: { name: string; arguments: string } }[] }
+      finish_reason: string
+    }[]
     usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number }
   }
   try {
@@ -140,7 +199,12 @@ async function completion(
   return Response.json({
     result: {
       alternatives: reply.choices.map((c) => ({
-        message: { role: 'assistant', text: c.message.content ?? '' },
+        message: c.message.tool_calls
+          ? {
+              role: 'assistant',
+              toolCallList: { toolCalls: c.message.tool_calls.map((t) => functionCall(t.function)) },
+            }
+          : { role: 'assistant', text: c.message.content ?? '' },
         status: status(c.finish_reason),
       })),
       usage: usage(reply.usage),
@@ -152,9 +216,21 @@ async function completion(
 const status = (finish: string | null) =>
   finish === 'length'
     ? 'ALTERNATIVE_STATUS_TRUNCATED_FINAL'
-    : finish
-      ? 'ALTERNATIVE_STATUS_FINAL'
-      : 'ALTERNATIVE_STATUS_PARTIAL'
+    : finish === 'tool_calls'
+      ? 'ALTERNATIVE_STATUS_TOOL_CALLS'
+      : finish
+        ? 'ALTERNATIVE_STATUS_FINAL'
+        : 'ALTERNATIVE_STATUS_PARTIAL'
+
+function functionCall(f: { name: string; arguments: string }) {
+  let args: unknown = {}
+  try {
+    args = JSON.parse(f.arguments)
+  } catch {
+    // {}
+  }
+  return { functionCall: { name: f.name, arguments: args } }
+}
 
 const usage = (u: { prompt_tokens: number; completion_tokens: number; total_tokens?: number }) => ({
   inputTextTokens: String(u.prompt_tokens),
@@ -168,6 +244,8 @@ const usage = (u: { prompt_tokens: number; completion_tokens: number; total_toke
  */
 function stream(res: Response): Response {
   let text = ''
+  let name = ''
+  let args = ''
   let finish: string | null = null
   let prompt = 0
   let completion = 0
@@ -175,7 +253,17 @@ function stream(res: Response): Response {
     encoder.encode(
       `${JSON.stringify({
         result: {
-          alternatives: [{ message: { role: 'assistant', text }, status: st }],
+          alternatives: [
+            {
+              message: name
+                ? {
+                    role: 'assistant',
+                    toolCallList: { toolCalls: [functionCall({ name, arguments: args })] },
+                  }
+                : { role: 'assistant', text },
+              status: st,
+            },
+          ],
           usage: usage({ prompt_tokens: prompt, completion_tokens: completion }),
           modelVersion: MODEL_VERSION,
         },
@@ -186,7 +274,10 @@ function stream(res: Response): Response {
       transform(l, controller) {
         if (!l.startsWith('data: ') || l === 'data: [DONE]') return
         const chunk = JSON.parse(l.slice(6)) as {
-          choices: { delta: { content?: string }; finish_reason: string | null }[]
+          choices: {
+            delta: { content?: string; tool_calls?: { function?: { name?: string; arguments?: string } }[] }
+            finish_reason: string | null
+          }[]
           usage?: { prompt_tokens: number; completion_tokens: number }
         }
         const c = chunk.choices[0]
@@ -195,6 +286,9 @@ function stream(res: Response): Response {
           completion++
           controller.enqueue(line('ALTERNATIVE_STATUS_PARTIAL'))
         }
+        const fn = c?.delta.tool_calls?.[0]?.function
+        if (fn?.name) name = fn.name
+        if (fn?.arguments) args += fn.arguments // whole in the final line, as the API sends calls
         if (c?.finish_reason) finish = c.finish_reason
         if (chunk.usage) {
           prompt = chunk.usage.prompt_tokens

@@ -97,44 +97,145 @@ function textOf(content: unknown, where: string): string {
 const modelUri = (scheme: 'gpt' | 'emb', folder: string | undefined, model: string) =>
   model.includes('://') ? model : `${scheme}://${folder ?? ''}/${model}`
 
+function argumentsObject(raw: unknown, where: string): Record<string, unknown> {
+  if (raw === undefined || raw === '') return {}
+  try {
+    const v = typeof raw === 'string' ? JSON.parse(raw) : raw
+    if (v && typeof v === 'object' && !Array.isArray(v)) return v as Record<string, unknown>
+  } catch {
+    // below
+  }
+  throw new InvalidValue(`${where}.function.arguments must be a JSON object for YandexGPT`, where)
+}
+
+interface OpenAIMessage {
+  role?: unknown
+  content?: unknown
+  name?: unknown
+  tool_call_id?: unknown
+  tool_calls?: { id?: unknown; function?: { name?: unknown; arguments?: unknown } }[]
+}
+
 /** Tropa's OpenAI chat body -> the completion request. Throws InvalidValue for what it cannot take. */
 export function toYandexRequest(
   body: Record<string, unknown>,
   folder: string | undefined,
 ): Record<string, unknown> {
-  if (Array.isArray(body.tools) && body.tools.length > 0)
-    throw new InvalidValue(
-      'tools are not supported on YandexGPT routes (Tropa does not translate them)',
-      'tools',
-    )
   const rf = body.response_format as { type?: unknown } | undefined
   if (rf && rf.type !== 'text')
     throw new InvalidValue('response_format is not supported on YandexGPT routes', 'response_format')
   if (typeof body.n === 'number' && body.n !== 1)
     throw new InvalidValue('n must be 1 on YandexGPT routes', 'n')
-  const messages = (Array.isArray(body.messages) ? body.messages : []) as {
-    role?: unknown
-    content?: unknown
-  }[]
-  const out = messages.map((m, i) => {
+  const messages = (Array.isArray(body.messages) ? body.messages : []) as OpenAIMessage[]
+  const out: Record<string, unknown>[] = []
+  const callNames = new Map<string, string>()
+  // Consecutive tool results go back as one toolResultList message.
+  let results: { functionResult: { name: string; content: string } }[] | undefined
+  messages.forEach((m, i) => {
     const where = `messages[${i}]`
+    if (m.role === 'tool' || m.role === 'function') {
+      const name =
+        (typeof m.tool_call_id === 'string' && callNames.get(m.tool_call_id)) ||
+        (typeof m.name === 'string' ? m.name : '')
+      const result = { functionResult: { name, content: textOf(m.content, where) } }
+      if (results) results.push(result)
+      else {
+        results = [result]
+        out.push({ role: 'assistant', toolResultList: { toolResults: results } })
+      }
+      return
+    }
+    results = undefined
     const role = m.role === 'developer' ? 'system' : m.role
     if (role !== 'system' && role !== 'user' && role !== 'assistant')
       throw new InvalidValue(
         `${where}.role ${JSON.stringify(m.role)} is not supported on YandexGPT routes`,
         where,
       )
-    return { role, text: textOf(m.content, where) }
+    const text = textOf(m.content, where)
+    const calls = role === 'assistant' && Array.isArray(m.tool_calls) ? m.tool_calls : []
+    // A message holds text or a toolCallList, not both.
+    if (text !== '' || calls.length === 0) out.push({ role, text })
+    if (calls.length > 0)
+      out.push({
+        role: 'assistant',
+        toolCallList: {
+          toolCalls: calls.map((c, j) => {
+            const name = typeof c?.function?.name === 'string' ? c.function.name : ''
+            if (typeof c?.id === 'string') callNames.set(c.id, name)
+            return {
+              functionCall: {
+                name,
+                arguments: argumentsObject(c?.function?.arguments, `${where}.tool_calls[${j}]`),
+              },
+            }
+          }),
+        },
+      })
   })
   const options: Record<string, unknown> = { stream: body.stream === true }
   if (typeof body.temperature === 'number') options.temperature = body.temperature
   const maxTokens = body.max_tokens ?? body.max_completion_tokens
   if (typeof maxTokens === 'number') options.maxTokens = String(maxTokens)
-  return { modelUri: modelUri('gpt', folder, String(body.model)), completionOptions: options, messages: out }
+  const req: Record<string, unknown> = {
+    modelUri: modelUri('gpt', folder, String(body.model)),
+    completionOptions: options,
+    messages: out,
+  }
+  const tools = yandexTools(body)
+  if (tools) req.tools = tools
+  return req
+}
+
+/**
+ * OpenAI's function tools as Yandex's. The API has no tool_choice: `none` sends no tools, a named
+ * function sends that one only, `auto` and `required` send them all (the model may answer in text).
+ */
+function yandexTools(body: Record<string, unknown>): unknown[] | undefined {
+  const tools = Array.isArray(body.tools)
+    ? (body.tools as { type?: unknown; function?: Record<string, unknown> }[])
+    : []
+  if (tools.length === 0 || body.tool_choice === 'none') return undefined
+  const named = (body.tool_choice as { function?: { name?: unknown } } | undefined)?.function?.name
+  const chosen = typeof named === 'string' ? tools.filter((t) => t?.function?.name === named) : tools
+  if (chosen.length === 0)
+    throw new InvalidValue('tool_choice names a function that is not in tools', 'tool_choice')
+  return chosen.map((t, i) => {
+    if (t?.type !== 'function' || !t.function)
+      throw new InvalidValue(`tools[${i}]: YandexGPT routes take function tools only`, `tools[${i}]`)
+    const f = t.function
+    return {
+      function: {
+        name: f.name,
+        ...(f.description !== undefined && { description: f.description }),
+        parameters: f.parameters ?? { type: 'object', properties: {} },
+      },
+    }
+  })
+}
+
+interface FunctionCall {
+  functionCall?: { name?: unknown; arguments?: unknown }
+}
+
+/** Yandex's toolCalls as OpenAI's tool_calls (ids made here; arguments as a JSON string). */
+function toolCalls(list: FunctionCall[], stream: boolean, from = 0) {
+  return list.slice(from).map((c, j) => ({
+    ...(stream && { index: from + j }),
+    id: `call_${randomId()}`,
+    type: 'function',
+    function: {
+      name: typeof c.functionCall?.name === 'string' ? c.functionCall.name : '',
+      arguments:
+        typeof c.functionCall?.arguments === 'string'
+          ? c.functionCall.arguments
+          : JSON.stringify(c.functionCall?.arguments ?? {}),
+    },
+  }))
 }
 
 interface Alternative {
-  message?: { role?: unknown; text?: unknown }
+  message?: { role?: unknown; text?: unknown; toolCallList?: { toolCalls?: FunctionCall[] } }
   status?: unknown
 }
 interface Result {
@@ -143,8 +244,9 @@ interface Result {
   modelVersion?: unknown
 }
 
-function toOpenAICompletion(reply: { result?: Result }, model: unknown): Record<string, unknown> {
-  const result = reply.result ?? {}
+function toOpenAICompletion(reply: { result?: Result } & Result, model: unknown): Record<string, unknown> {
+  // The REST gateway wraps the answer in `result`; the gRPC reference shows it bare: both are read.
+  const result = reply.result ?? reply
   const alternatives = Array.isArray(result.alternatives) ? result.alternatives : []
   const usage = openAIUsage(result.usage)
   return {
@@ -152,11 +254,19 @@ function toOpenAICompletion(reply: { result?: Result }, model: unknown): Record<
     object: 'chat.completion',
     created: Math.floor(Date.now() / 1000),
     model,
-    choices: alternatives.map((a, index) => ({
-      index,
-      message: { role: 'assistant', content: typeof a.message?.text === 'string' ? a.message.text : '' },
-      finish_reason: finishReason(a.status) ?? 'stop',
-    })),
+    choices: alternatives.map((a, index) => {
+      const calls = a.message?.toolCallList?.toolCalls
+      const text = typeof a.message?.text === 'string' ? a.message.text : ''
+      return {
+        index,
+        message: {
+          role: 'assistant',
+          content: Array.isArray(calls) && text === '' ? null : text,
+          ...(Array.isArray(calls) && calls.length > 0 && { tool_calls: toolCalls(calls, false) }),
+        },
+        finish_reason: finishReason(a.status) ?? 'stop',
+      }
+    }),
     ...(usage && { usage }),
   }
 }
@@ -177,6 +287,7 @@ function streamReply(response: Response, model: unknown, node: string): Response
     choices: [{ index: 0, delta, finish_reason: finish }],
   })
   let sent = 0
+  let callsSent = 0
   let first = true
   let finished = false
   const body = response.body
@@ -185,17 +296,18 @@ function streamReply(response: Response, model: unknown, node: string): Response
     new TransformStream<string, Uint8Array>({
       transform(line, controller) {
         if (finished || line.trim() === '') return
-        let parsed: { result?: Result; error?: unknown }
+        let parsed: { result?: Result; error?: unknown } & Result
         try {
-          parsed = JSON.parse(line) as { result?: Result; error?: unknown }
+          parsed = JSON.parse(line) as { result?: Result; error?: unknown } & Result
         } catch {
           throw new UpstreamFailed(`${node} sent a stream line that is not JSON`, 'upstream_error')
         }
-        if (!parsed?.result) {
+        const result = parsed?.result ?? (Array.isArray(parsed?.alternatives) ? parsed : undefined)
+        if (!result) {
           const m = yandexError(line)
           throw new UpstreamFailed(`${node} failed mid-stream: ${cleanUpstreamMessage(m)}`, 'upstream_error')
         }
-        const alt = parsed.result.alternatives?.[0]
+        const alt = result.alternatives?.[0]
         const text = typeof alt?.message?.text === 'string' ? alt.message.text : ''
         const finish = finishReason(alt?.status)
         if (text.length > sent || first) {
@@ -205,10 +317,16 @@ function streamReply(response: Response, model: unknown, node: string): Response
           first = false
           controller.enqueue(sseEvent(chunk(delta, null)))
         }
+        // Tool calls come whole; each is sent once, however many lines repeat it.
+        const calls = alt?.message?.toolCallList?.toolCalls
+        if (Array.isArray(calls) && calls.length > callsSent) {
+          controller.enqueue(sseEvent(chunk({ tool_calls: toolCalls(calls, true, callsSent) }, null)))
+          callsSent = calls.length
+        }
         if (finish) {
           finished = true
           controller.enqueue(sseEvent(chunk({}, finish)))
-          const usage = openAIUsage(parsed.result.usage)
+          const usage = openAIUsage(result.usage)
           if (usage)
             controller.enqueue(
               sseEvent({ id, object: 'chat.completion.chunk', created, model, choices: [], usage }),
