@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, test } from 'bun:test'
-import type { APIError, default as OpenAI } from 'openai'
+import OpenAI, { type APIError } from 'openai'
 import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
 import type { SimNode, SimNodeOptions } from '../../src/simulator/index.ts'
@@ -217,6 +217,47 @@ describe('failures', () => {
         .chat.completions.create({ model: 'gigachat/gigachat-sim', messages, max_tokens: 4 })
         .withResponse()
       expect(response.headers.get('x-tropa-node')).toBe('giga-2')
+    }
+  })
+
+  test('an OAuth endpoint that never answers is the node failing at its headers deadline: the request fails over', async () => {
+    // The exchange's own timeout is 10 s; the route's first-byte deadline (500 ms) bounds the wait.
+    let exchanges = 0
+    const hung = Bun.serve({
+      port: 0,
+      hostname: '127.0.0.1',
+      idleTimeout: 0,
+      fetch: () => {
+        exchanges++
+        return new Promise<Response>(() => {})
+      },
+    })
+    try {
+      t = await startTropa({
+        nodes: [giga('giga-hung'), giga('giga-2', { seed: 2 })],
+        models: (nodes) =>
+          models(nodes).map((m) => ({
+            ...m,
+            // The hung node is the router's first choice.
+            routes: (m.routes ?? []).map((r) =>
+              r.name === 'giga-hung'
+                ? { ...r, weight: 1000, auth_url: `http://127.0.0.1:${hung.port}/api/v2/oauth` }
+                : r,
+            ),
+          })),
+        env: { GIGACHAT_KEY: KEY },
+        upstream: { first_byte_timeout_ms: 500 },
+      })
+      const client = new OpenAI({ baseURL: t.baseURL, apiKey: t.apiKey, maxRetries: 0, timeout: 5_000 })
+      for (let i = 0; i < 3; i++) {
+        const { response } = await client.chat.completions
+          .create({ model: 'gigachat/gigachat-sim', messages, max_tokens: 4 })
+          .withResponse()
+        expect(response.headers.get('x-tropa-node')).toBe('giga-2')
+      }
+      expect(exchanges).toBeGreaterThan(0)
+    } finally {
+      hung.stop(true)
     }
   })
 

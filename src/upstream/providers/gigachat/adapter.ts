@@ -1,4 +1,10 @@
-import { InvalidJson, InvalidValue, UpstreamFailed, UpstreamRejected } from '../../../errors.ts'
+import {
+  InvalidJson,
+  InvalidValue,
+  UpstreamFailed,
+  UpstreamRejected,
+  UpstreamTimeout,
+} from '../../../errors.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from '../../adapter.ts'
 import { cleanUpstreamMessage } from '../../redact.ts'
 import type { Watchdog } from '../../watchdog.ts'
@@ -83,16 +89,27 @@ export class GigaChatAdapter implements UpstreamAdapter {
         this.watchdog,
         classify,
       )
-    let token = await this.auth.token(call.route, controller.signal)
+    // Waiting for a token counts against the headers deadline, as the request itself does.
+    const token = async () => {
+      const d = this.watchdog.watch(headersDeadlineMs, () =>
+        controller.abort(new UpstreamTimeout(`${call.route.node}: no GigaChat access token in time`)),
+      )
+      try {
+        return await this.auth.token(call.route, controller.signal)
+      } finally {
+        this.watchdog.clear(d)
+      }
+    }
+    let current = await token()
     let reply: UpstreamReply
     try {
-      reply = await request(token)
+      reply = await request(current)
     } catch (err) {
       if (!(err instanceof TokenRefused)) throw err
       // The token expired early or was revoked: one new exchange (shared), one retry.
-      this.auth.invalidate(call.route, token)
-      token = await this.auth.token(call.route, controller.signal)
-      reply = await request(token)
+      this.auth.invalidate(call.route, current)
+      current = await token()
+      reply = await request(current)
     }
     const { response } = reply
     const node = call.route.node
