@@ -249,6 +249,32 @@ describe('failures', () => {
     expect([502, 503]).toContain(err.status!)
   })
 
+  test('a client that leaves mid-stream stops the upstream stream and pays for what it was sent', async () => {
+    t = await start([ya('ya-slow', { timeScale: 1, itlMs: 20, ignoreEos: true })])
+    const controller = new AbortController()
+    const res = await t.fetch('/v1/chat/completions', {
+      method: 'POST',
+      body: JSON.stringify({ model: 'yandex/yandexgpt-sim', messages, stream: true, max_tokens: 200 }),
+      signal: controller.signal,
+    })
+    const reader = res.body!.getReader()
+    let received = ''
+    while (received.split('"content":"').length < 4) {
+      const { value } = await reader.read()
+      received += new TextDecoder().decode(value)
+    }
+    controller.abort()
+    await Bun.sleep(300)
+    const rows = await usageRows(t)
+    expect(rows).toHaveLength(1)
+    expect(rows[0]!.outcome).toBe('client_disconnected')
+    expect(rows[0]!.completionTokens).toBeGreaterThan(0)
+    expect(rows[0]!.completionTokens).toBeLessThan(200)
+    expect([...t.svc.deps.pool.nodes.values()][0]!.inFlight).toBe(0)
+    // The node stopped generating (it would run to its 200 tokens, 4 s, otherwise).
+    expect(t.nodes[0]!.stats().running).toBe(0)
+  })
+
   test('a stream killed mid-way ends with an error event, and the tokens sent are billed', async () => {
     t = await start([ya('ya-cut', { timeScale: 1, itlMs: 2, faults: { cutAfterTokens: 3 } })])
     const res = await t.fetch('/v1/chat/completions', {

@@ -30,8 +30,6 @@ interface Entry {
  */
 export class GigaChatAuth {
   private readonly entries = new Map<string, Entry>()
-  /** Exchanges made (for tests and logs). */
-  exchanges = 0
 
   /** A valid access token for the route, from the cache or a (shared) exchange. */
   async token(route: RouteConfig, signal: AbortSignal): Promise<string> {
@@ -73,7 +71,6 @@ export class GigaChatAuth {
   }
 
   private async exchange(route: RouteConfig): Promise<Token> {
-    this.exchanges++
     const url = route.authUrl ?? DEFAULT_AUTH_URL
     const signal = AbortSignal.timeout(EXCHANGE_TIMEOUT_MS)
     let res: Response
