@@ -95,6 +95,12 @@ describe('the Yandex Foundation Models fake over plain HTTP', () => {
       body: request(false),
     })
     expect(iam.status).toBe(200)
+    const iamAsKey = await fetch(`${base}/completion`, {
+      method: 'POST',
+      headers: { ...headers, authorization: 'Api-Key t1.simiamtoken' },
+      body: request(false),
+    })
+    expect(iamAsKey.status).toBe(401)
     const other = await fetch(`${base}/completion`, {
       method: 'POST',
       headers: { ...headers, 'x-folder-id': 'b1gother' },

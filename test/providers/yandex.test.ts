@@ -275,6 +275,14 @@ describe('failures', () => {
     expect(t.nodes[0]!.stats().running).toBe(0)
   })
 
+  test('an IAM token (t1.) as the credential goes as Bearer', async () => {
+    t = await start([ya('ya-1')], 't1.9euelZqSimIamToken')
+    const r = await t
+      .client()
+      .chat.completions.create({ model: 'yandex/yandexgpt-sim', messages, max_tokens: 4 })
+    expect(r.choices[0]!.message.content!.length).toBeGreaterThan(0)
+  })
+
   test('a stream killed mid-way ends with an error event, and the tokens sent are billed', async () => {
     t = await start([ya('ya-cut', { timeScale: 1, itlMs: 2, faults: { cutAfterTokens: 3 } })])
     const res = await t.fetch('/v1/chat/completions', {

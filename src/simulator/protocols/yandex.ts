@@ -70,8 +70,10 @@ export const yandex: ProtocolFront = async (req, core) => {
   if (!known) return yandexError(404, `Not Found: ${req.method} ${path}`)
   if (req.method !== 'POST') return yandexError(404, `Not Found: ${req.method} ${path}`)
   const auth = req.headers.get('authorization') ?? ''
-  const key = /^(Api-Key|Bearer) (\S+)$/.exec(auth)?.[2]
-  if (!key) return yandexError(401, 'The token is invalid')
+  const [, authScheme, key] = /^(Api-Key|Bearer) (\S+)$/.exec(auth) ?? []
+  // IAM tokens (t1.…) go as Bearer, API keys as Api-Key: the other way round is refused.
+  if (!key || (authScheme === 'Bearer') !== key.startsWith('t1.'))
+    return yandexError(401, 'The token is invalid')
   const failed = core.fault()
   if (failed) return yandexError(failed.status, await failedMessage(failed))
   let body: Record<string, unknown>
