@@ -1,4 +1,7 @@
 import { afterEach, describe, expect, test } from 'bun:test'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import OpenAI, { type APIError } from 'openai'
 import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
@@ -363,5 +366,115 @@ describe('embeddings through a gigachat route', () => {
       .client()
       .embeddings.create({ model: 'gigachat/embeddings', input: 'одно', encoding_format: 'float' })
     expect(floats.data[0]!.embedding).toHaveLength(256)
+  })
+})
+
+/** A CA and a certificate for 127.0.0.1 signed by it (what GigaChat's Russian Trusted Root CA chain is to Tropa). */
+function testCa(dir: string) {
+  const run = (...args: string[]) => {
+    const r = Bun.spawnSync(['openssl', ...args], { cwd: dir, stderr: 'pipe' })
+    if (r.exitCode !== 0) throw new Error(`openssl ${args[0]}: ${r.stderr.toString()}`)
+  }
+  run(
+    'req',
+    '-x509',
+    '-newkey',
+    'rsa:2048',
+    '-nodes',
+    '-keyout',
+    'ca.key',
+    '-out',
+    'ca.pem',
+    '-days',
+    '1',
+    '-subj',
+    '/CN=Tropa Test Root CA',
+  )
+  run(
+    'req',
+    '-newkey',
+    'rsa:2048',
+    '-nodes',
+    '-keyout',
+    'srv.key',
+    '-out',
+    'srv.csr',
+    '-subj',
+    '/CN=127.0.0.1',
+  )
+  writeFileSync(join(dir, 'ext'), 'subjectAltName=IP:127.0.0.1\n')
+  run(
+    'x509',
+    '-req',
+    '-in',
+    'srv.csr',
+    '-CA',
+    'ca.pem',
+    '-CAkey',
+    'ca.key',
+    '-CAcreateserial',
+    '-out',
+    'srv.pem',
+    '-days',
+    '1',
+    '-extfile',
+    'ext',
+  )
+  return {
+    caFile: join(dir, 'ca.pem'),
+    cert: readFileSync(join(dir, 'srv.pem'), 'utf8'),
+    key: readFileSync(join(dir, 'srv.key'), 'utf8'),
+  }
+}
+
+describe('tls_ca_file', () => {
+  test('the OAuth exchange trusts the route CA: with it the token comes, without it the node fails', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tropa-giga-tls-'))
+    const ca = testCa(dir)
+    let simOrigin = ''
+    // An HTTPS OAuth endpoint whose certificate only the test CA vouches for, passing on to the fake.
+    const oauth = Bun.serve({
+      port: 0,
+      hostname: '127.0.0.1',
+      tls: { cert: ca.cert, key: ca.key },
+      fetch: (req) =>
+        fetch(`${simOrigin}/api/v2/oauth`, { method: 'POST', headers: req.headers, body: req.body }),
+    })
+    try {
+      const withCa = (trusted: boolean) =>
+        startTropa({
+          nodes: [giga('giga-tls')],
+          models: (nodes) => {
+            simOrigin = origin(nodes[0]!)
+            return models(nodes).map((m) => ({
+              ...m,
+              routes: (m.routes ?? []).map((r) => ({
+                ...r,
+                auth_url: `https://127.0.0.1:${oauth.port}/api/v2/oauth`,
+                ...(trusted && { tls_ca_file: ca.caFile }),
+              })),
+            }))
+          },
+          env: { GIGACHAT_KEY: KEY },
+        })
+      t = await withCa(true)
+      const r = await t
+        .client()
+        .chat.completions.create({ model: 'gigachat/gigachat-sim', messages, max_tokens: 4 })
+      expect(r.choices[0]!.message.content!.length).toBeGreaterThan(0)
+      expect(totals(t).auth).toBe(1)
+      await t.stop()
+      t = undefined
+      t = await withCa(false)
+      const err = (await t
+        .client()
+        .chat.completions.create({ model: 'gigachat/gigachat-sim', messages, max_tokens: 4 })
+        .catch((e: unknown) => e)) as APIError
+      expect([502, 503]).toContain(err.status!)
+      expect(totals(t).auth).toBe(0)
+    } finally {
+      oauth.stop(true)
+      rmSync(dir, { recursive: true, force: true })
+    }
   })
 })
