@@ -306,6 +306,33 @@ describe('failures', () => {
     expect(t.nodes[0]!.stats().running).toBe(0)
   })
 
+  test('a token refused again after the refresh fails the node over (one refresh per attempt, not a loop)', async () => {
+    // giga-a's route takes its tokens from giga-b's OAuth endpoint: giga-a refuses every one.
+    t = await startTropa({
+      nodes: [giga('giga-a'), giga('giga-b', { seed: 2 })],
+      models: (nodes) =>
+        models(nodes).map((m) => ({
+          ...m,
+          routes: (m.routes ?? []).map((r) => ({
+            ...r,
+            ...(r.name === 'giga-a' && { weight: 1000 }),
+            auth_url: `${origin(nodes[1]!)}/api/v2/oauth`,
+          })),
+        })),
+      env: { GIGACHAT_KEY: KEY },
+    })
+    const { response } = await t
+      .client()
+      .chat.completions.create({ model: 'gigachat/gigachat-sim', messages, max_tokens: 4 })
+      .withResponse()
+    expect(response.headers.get('x-tropa-node')).toBe('giga-b')
+    const [a, b] = t.nodes
+    expect(a!.stats().authRequests).toBe(0)
+    // The first token, and one refresh after giga-a's 401 (giga-a, weighted, is tried first): no more.
+    expect(b!.stats().authRequests).toBe(2)
+    expect(a!.stats().chatRequests).toBe(0)
+  })
+
   test('a stream killed mid-way ends with an error event, and the tokens sent are billed', async () => {
     t = await start([giga('giga-cut', { timeScale: 1, itlMs: 2, faults: { cutAfterTokens: 3 } })])
     const res = await t.fetch('/v1/chat/completions', {
