@@ -12,7 +12,8 @@ Flags:
   --max-seqs <n>       running sequences at most (default 32)
   --time-scale <x>     multiply every delay (0: answer at once; default 1)
   --protocol <p>       the API the nodes speak: openai (default), or a provider's own
-                       (src/simulator/protocols/)`
+                       (src/simulator/protocols/)
+  --token-lifetime-ms <ms>  how long issued access tokens live (gigachat; default 1800000)`
 
 /** `tropa sim`: runs nodes until SIGINT or SIGTERM. */
 export async function runSimCommand(argv: string[]): Promise<void> {
@@ -26,6 +27,7 @@ export async function runSimCommand(argv: string[]): Promise<void> {
       'max-seqs': { type: 'string' },
       'time-scale': { type: 'string' },
       protocol: { type: 'string' },
+      'token-lifetime-ms': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -47,6 +49,7 @@ export async function runSimCommand(argv: string[]): Promise<void> {
       timeScale: num(values['time-scale'], 1),
       seed: i,
       protocol,
+      tokenLifetimeMs: num(values['token-lifetime-ms'], 30 * 60_000),
     })),
   )
   for (const node of fleet.nodes) console.log(`${node.name} ${node.url}`)

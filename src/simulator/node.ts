@@ -39,6 +39,8 @@ export interface SimNodeOptions {
   ignoreEos?: boolean
   /** The API the node speaks (default openai); see protocols/index.ts. */
   protocol?: SimProtocol
+  /** How long the access tokens of a protocol with a token exchange (gigachat) live (default 30 min). */
+  tokenLifetimeMs?: number
   faults?: Partial<SimFaults>
 }
 
@@ -51,6 +53,8 @@ export interface SimNodeStats {
   promptTokens: number
   completionTokens: number
   cachedTokens: number
+  /** Token exchanges answered (gigachat's OAuth endpoint). */
+  authRequests: number
   running: number
   waiting: number
 }
@@ -416,6 +420,10 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
       return embeddings(body as never)
     },
     fault,
+    tokenLifetimeMs: opts.tokenLifetimeMs ?? 30 * 60_000,
+    countAuthRequest: () => {
+      stats.authRequests++
+    },
   }
 
   const server = Bun.serve({
@@ -503,6 +511,7 @@ function emptyStats(): SimNodeStats {
     promptTokens: 0,
     completionTokens: 0,
     cachedTokens: 0,
+    authRequests: 0,
     running: 0,
     waiting: 0,
   }

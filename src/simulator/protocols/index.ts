@@ -2,6 +2,8 @@ import type { ProviderKind } from '../../config/schema.ts'
 import { anthropicFront } from './anthropic.ts'
 import { azureFront } from './azure.ts'
 import { geminiFront } from './gemini.ts'
+import { gigachat } from './gigachat.ts'
+import { yandex } from './yandex.ts'
 
 // A simulated node speaks OpenAI's API natively; `protocol` puts a front on it that speaks a
 // provider's own API as its public reference describes it (paths, auth, fields, event names,
@@ -17,6 +19,10 @@ export interface SimCore {
   embeddings(body: Record<string, unknown>): Promise<Response>
   /** The node's configured fault for this request (an error response), if one fires. */
   fault(): Response | undefined
+  /** How long the node's access tokens live, for protocols with a token exchange (gigachat). */
+  readonly tokenLifetimeMs: number
+  /** Counts one token exchange in the node's stats. */
+  countAuthRequest(): void
 }
 
 /** A protocol front: every request of the node goes through it. */
@@ -29,4 +35,6 @@ export const PROTOCOLS: Partial<Record<SimProtocol, ProtocolFront>> = {
   gemini: geminiFront,
   azure: azureFront,
   anthropic: anthropicFront,
+  gigachat,
+  yandex,
 }

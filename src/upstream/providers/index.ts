@@ -4,7 +4,9 @@ import type { Watchdog } from '../watchdog.ts'
 import { AnthropicAdapter } from './anthropic/adapter.ts'
 import { AzureAdapter } from './azure/adapter.ts'
 import { GeminiAdapter } from './gemini/adapter.ts'
+import { GigaChatAdapter } from './gigachat/adapter.ts'
 import { OpenAICompatibleAdapter } from './openai/adapter.ts'
+import { YandexAdapter } from './yandex/adapter.ts'
 
 // A provider is a folder: providers/<kind>/ holds its adapter (the request mapped from Tropa's
 // internal form, OpenAI's chat and embeddings, to the provider's; auth; the reply and the stream
@@ -21,6 +23,8 @@ export class ProviderRegistry implements UpstreamAdapter {
       gemini: new GeminiAdapter(watchdog),
       azure: new AzureAdapter(watchdog),
       anthropic: new AnthropicAdapter(watchdog),
+      gigachat: new GigaChatAdapter(watchdog),
+      yandex: new YandexAdapter(watchdog),
     }
   }
 
