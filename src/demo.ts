@@ -1,55 +1,168 @@
 import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { type Config, ConfigError, checkModel, type ModelConfig } from './config/load.ts'
+import type { ModelFile } from './config/schema.ts'
 import type { Services } from './services.ts'
 import { type SimNode, startSimFleet } from './simulator/index.ts'
+import { ANTHROPIC_SIM_KEY } from './simulator/protocols/anthropic.ts'
+import { SIM_AZURE_API_KEY } from './simulator/protocols/azure.ts'
+import type { SimProtocol } from './simulator/protocols/index.ts'
 
-/** The demo fleet: simulated nodes in this process, one chat and one embedding model on all of them. */
+type RouteFile = NonNullable<ModelFile['routes']>[number]
+
+/** One simulated node per provider protocol, serving one model each through its native adapter. */
+const PROVIDER_NODES = [
+  'anthropic',
+  'gemini',
+  'azure',
+  'gigachat',
+  'yandex',
+] as const satisfies readonly SimProtocol[]
+
+/** The demo's credentials for the simulated providers (they accept these, and only these shapes). */
+const DEMO_ENV = { GIGACHAT_SIM_AUTH_KEY: btoa('sim:secret'), YANDEX_SIM_KEY: 'AQVNsimkey' }
+
+/**
+ * The demo fleet, in this process: `n` OpenAI-compatible nodes serving the sim/ models, and one
+ * node per provider protocol (Anthropic, Gemini, Azure OpenAI, GigaChat, YandexGPT).
+ */
 export async function startDemoFleet(n: number): Promise<{ nodes: SimNode[]; stop(): Promise<void> }> {
-  return startSimFleet(
-    Array.from({ length: n }, (_, i) => ({
+  return startSimFleet([
+    ...Array.from({ length: n }, (_, i) => ({
       name: `sim-${i + 1}`,
       // A mildly heterogeneous fleet, so routing has something to do.
       prefillTokensPerSec: 8000 - i * 1500,
       itlMs: 15 + i * 5,
       seed: i,
     })),
-  )
+    ...PROVIDER_NODES.map((protocol, i) => ({
+      name: `${protocol}-sim`,
+      protocol,
+      prefillTokensPerSec: 8000,
+      itlMs: 15,
+      seed: 100 + i,
+    })),
+  ])
 }
 
 export function demoModels(nodes: readonly SimNode[]): ModelConfig[] {
   const problems: string[] = []
+  const openai = nodes.filter((n) => n.name.startsWith('sim-'))
   const routes = (upstream: string) =>
-    nodes.map((n) => ({ name: n.name, base_url: n.url, upstream_model: upstream, max_concurrency: 64 }))
-  const models = [
-    checkModel(
-      {
-        id: 'sim/chat-small',
-        owned_by: 'sim',
-        kind: 'chat',
-        context_length: 8192,
-        pricing_per_million: { prompt: '30', completion: '60' },
-        routes: routes('chat-small'),
-      },
-      'demo: sim/chat-small',
-      {},
-      problems,
-    ),
-    checkModel(
-      {
-        id: 'sim/embed-small',
-        owned_by: 'sim',
-        kind: 'embedding',
-        context_length: 8192,
-        dimensions: 256,
-        pricing_per_million: { prompt: '2', completion: '0' },
-        routes: routes('embed-small'),
-      },
-      'demo: sim/embed-small',
-      {},
-      problems,
-    ),
+    openai.map((n) => ({ name: n.name, base_url: n.url, upstream_model: upstream, max_concurrency: 64 }))
+  const origin = (protocol: SimProtocol) => {
+    const node = nodes.find((n) => n.name === `${protocol}-sim`)
+    return node ? new URL(node.url).origin : undefined
+  }
+  const chat = (id: string, price: { prompt: string; completion: string }, route: RouteFile): ModelFile => ({
+    id,
+    kind: 'chat',
+    context_length: 8192,
+    max_output_tokens: 2048,
+    pricing_per_million: price,
+    // A hosted API bills per request: no hedged copies.
+    routes: [{ billed_per_request: true, max_concurrency: 64, ...route }],
+  })
+  const files: ModelFile[] = [
+    {
+      id: 'sim/chat-small',
+      owned_by: 'sim',
+      kind: 'chat',
+      context_length: 8192,
+      pricing_per_million: { prompt: '30', completion: '60' },
+      routes: routes('chat-small'),
+    },
+    {
+      id: 'sim/embed-small',
+      owned_by: 'sim',
+      kind: 'embedding',
+      context_length: 8192,
+      dimensions: 256,
+      pricing_per_million: { prompt: '2', completion: '0' },
+      routes: routes('embed-small'),
+    },
   ]
+  const at = {
+    anthropic: origin('anthropic'),
+    gemini: origin('gemini'),
+    azure: origin('azure'),
+    gigachat: origin('gigachat'),
+    yandex: origin('yandex'),
+  }
+  if (at.anthropic)
+    files.push(
+      chat(
+        'anthropic/claude-sim',
+        { prompt: '300', completion: '1500' },
+        {
+          name: 'anthropic-sim',
+          provider: 'anthropic',
+          base_url: at.anthropic,
+          upstream_model: 'claude-sim',
+          headers: { 'x-api-key': ANTHROPIC_SIM_KEY },
+        },
+      ),
+    )
+  if (at.gemini)
+    files.push(
+      chat(
+        'google/gemini-sim',
+        { prompt: '30', completion: '250' },
+        {
+          name: 'gemini-sim',
+          provider: 'gemini',
+          base_url: at.gemini,
+          upstream_model: 'gemini-2.5-flash',
+          headers: { 'x-goog-api-key': 'AIzaSyDemo-sim-key-0000000000000000000' },
+        },
+      ),
+    )
+  if (at.azure)
+    files.push(
+      chat(
+        'azure/gpt-4o-sim',
+        { prompt: '250', completion: '1000' },
+        {
+          name: 'azure-sim',
+          provider: 'azure',
+          base_url: at.azure,
+          upstream_model: 'gpt-4o-sim',
+          api_version: '2024-10-21',
+          headers: { 'api-key': SIM_AZURE_API_KEY },
+        },
+      ),
+    )
+  if (at.gigachat)
+    files.push(
+      chat(
+        'gigachat/gigachat-sim',
+        { prompt: '30', completion: '60' },
+        {
+          name: 'gigachat-sim',
+          provider: 'gigachat',
+          base_url: `${at.gigachat}/api/v1`,
+          auth_url: `${at.gigachat}/api/v2/oauth`,
+          api_key_env: 'GIGACHAT_SIM_AUTH_KEY',
+          upstream_model: 'GigaChat',
+        },
+      ),
+    )
+  if (at.yandex)
+    files.push(
+      chat(
+        'yandex/yandexgpt-sim',
+        { prompt: '30', completion: '60' },
+        {
+          name: 'yandex-sim',
+          provider: 'yandex',
+          base_url: at.yandex,
+          folder_id: 'b1gdemo',
+          api_key_env: 'YANDEX_SIM_KEY',
+          upstream_model: 'yandexgpt/latest',
+        },
+      ),
+    )
+  const models = files.map((f) => checkModel(f, `demo: ${f.id}`, DEMO_ENV, problems))
   if (problems.length > 0) throw new ConfigError(problems)
   return models
 }

@@ -183,10 +183,28 @@ describe('the compiled executable', () => {
         apiKey: second.creds.api_key,
         maxRetries: 0,
       })
+      const providerModels = [
+        'anthropic/claude-sim',
+        'google/gemini-sim',
+        'azure/gpt-4o-sim',
+        'gigachat/gigachat-sim',
+        'yandex/yandexgpt-sim',
+      ]
       expect((await client.models.list()).data.map((m) => m.id)).toEqual([
         'sim/chat-small',
         'sim/embed-small',
+        ...providerModels,
       ])
+      // Each provider's adapter and simulated front are in the executable: one answer through each.
+      for (const model of providerModels) {
+        const done = await client.chat.completions.create({
+          model,
+          messages: [{ role: 'user', content: 'hi' }],
+          max_tokens: 3,
+        })
+        expect(done.model).toBe(model)
+        expect(done.usage?.completion_tokens).toBeGreaterThan(0)
+      }
     } finally {
       second.proc.kill('SIGTERM')
       await second.proc.exited
