@@ -1,0 +1,134 @@
+import { type Static, Type as T } from '@sinclair/typebox'
+
+// OpenAI's Responses API (POST /v1/responses) as Tropa checks it. Unlike chat, the request is
+// translated, not passed through, so a field Tropa does not know is refused (OpenAI refuses it
+// too) rather than silently dropped. Items and content parts stay open: the SDK adds fields such
+// as `id` and `status` to items it sends back.
+const open = { additionalProperties: true } as const
+const closed = { additionalProperties: false } as const
+/** A `type` other than these: such an object is refused by name when translated, and a known type that is malformed fails its own branch (a clear param). */
+const otherThan = (...known: string[]) => T.String({ pattern: `^(?!(${known.join('|')})$)` })
+
+export const InputText = T.Object({ type: T.Literal('input_text'), text: T.String() }, open)
+export const OutputText = T.Object({ type: T.Literal('output_text'), text: T.String() }, open)
+export const InputImage = T.Object(
+  {
+    type: T.Literal('input_image'),
+    image_url: T.Optional(T.Union([T.String({ minLength: 1 }), T.Null()])),
+    file_id: T.Optional(T.Union([T.String(), T.Null()])),
+    detail: T.Optional(T.Union([T.Literal('auto'), T.Literal('low'), T.Literal('high')])),
+  },
+  open,
+)
+/** Any other part type (input_file, input_audio, refusal...): refused by name when translated. */
+export const OtherPart = T.Object({ type: otherThan('input_text', 'output_text', 'input_image') }, open)
+export const ContentPart = T.Union([InputText, OutputText, InputImage, OtherPart])
+export type ResponsesContentPart = Static<typeof ContentPart>
+
+export const MessageItem = T.Object(
+  {
+    type: T.Optional(T.Literal('message')),
+    role: T.Union([T.Literal('user'), T.Literal('assistant'), T.Literal('system'), T.Literal('developer')]),
+    content: T.Union([T.String(), T.Array(ContentPart)]),
+  },
+  open,
+)
+export const FunctionCallItem = T.Object(
+  {
+    type: T.Literal('function_call'),
+    call_id: T.String({ minLength: 1 }),
+    name: T.String({ minLength: 1 }),
+    arguments: T.String(),
+  },
+  open,
+)
+export const FunctionCallOutputItem = T.Object(
+  {
+    type: T.Literal('function_call_output'),
+    call_id: T.String({ minLength: 1 }),
+    output: T.Union([T.String(), T.Array(ContentPart)]),
+  },
+  open,
+)
+/** Any other item type (reasoning, item_reference, web_search_call...): refused when translated. */
+export const OtherItem = T.Object(
+  { type: otherThan('message', 'function_call', 'function_call_output') },
+  open,
+)
+export const InputItem = T.Union([MessageItem, FunctionCallItem, FunctionCallOutputItem, OtherItem])
+export type InputItem = Static<typeof InputItem>
+
+export const FunctionTool = T.Object(
+  {
+    type: T.Literal('function'),
+    name: T.String({ minLength: 1, maxLength: 64 }),
+    description: T.Optional(T.Union([T.String(), T.Null()])),
+    parameters: T.Optional(T.Union([T.Object({}, open), T.Null()])),
+    strict: T.Optional(T.Union([T.Boolean(), T.Null()])),
+  },
+  open,
+)
+/** Built-in tools (web_search, file_search, ...) pass the schema and are refused by name. */
+export const AnyTool = T.Union([FunctionTool, T.Object({ type: otherThan('function') }, open)])
+
+export const ResponsesRequest = T.Object(
+  {
+    model: T.String({ minLength: 1 }),
+    input: T.Union([T.String(), T.Array(InputItem)]),
+    instructions: T.Optional(T.Union([T.String(), T.Null()])),
+    tools: T.Optional(T.Array(AnyTool)),
+    tool_choice: T.Optional(
+      T.Union([
+        T.Literal('none'),
+        T.Literal('auto'),
+        T.Literal('required'),
+        T.Object({ type: T.Literal('function'), name: T.String({ minLength: 1 }) }, open),
+      ]),
+    ),
+    parallel_tool_calls: T.Optional(T.Union([T.Boolean(), T.Null()])),
+    max_output_tokens: T.Optional(T.Union([T.Integer({ minimum: 1 }), T.Null()])),
+    temperature: T.Optional(T.Union([T.Number({ minimum: 0, maximum: 2 }), T.Null()])),
+    top_p: T.Optional(T.Union([T.Number({ minimum: 0, maximum: 1 }), T.Null()])),
+    stream: T.Optional(T.Union([T.Boolean(), T.Null()])),
+    store: T.Optional(T.Union([T.Boolean(), T.Null()])),
+    previous_response_id: T.Optional(T.Union([T.String({ minLength: 1 }), T.Null()])),
+    metadata: T.Optional(
+      T.Union([
+        T.Record(T.String({ maxLength: 64 }), T.String({ maxLength: 512 }), { maxProperties: 16 }),
+        T.Null(),
+      ]),
+    ),
+    user: T.Optional(T.Union([T.String(), T.Null()])),
+    /** Only the text format; json_object and json_schema become chat's response_format. */
+    text: T.Optional(
+      T.Union([
+        T.Object(
+          {
+            format: T.Optional(
+              T.Union([
+                T.Object({ type: T.Literal('text') }, open),
+                T.Object({ type: T.Literal('json_object') }, open),
+                T.Object(
+                  {
+                    type: T.Literal('json_schema'),
+                    name: T.String({ minLength: 1 }),
+                    schema: T.Object({}, open),
+                    description: T.Optional(T.String()),
+                    strict: T.Optional(T.Union([T.Boolean(), T.Null()])),
+                  },
+                  open,
+                ),
+              ]),
+            ),
+          },
+          open,
+        ),
+        T.Null(),
+      ]),
+    ),
+    truncation: T.Optional(T.Union([T.Literal('disabled'), T.Null()])),
+    background: T.Optional(T.Union([T.Literal(false), T.Null()])),
+  },
+  closed,
+)
+export type ResponsesRequest = Static<typeof ResponsesRequest>

@@ -1,0 +1,46 @@
+import { Elysia, t } from 'elysia'
+import { ResponsesRequest } from '../../api/responses.ts'
+import { ResponsesService } from '../../responses/service.ts'
+import type { Services } from '../../services.ts'
+import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
+import { jsonBody, jsonRequestBody } from '../body.ts'
+
+const Params = t.Object({ response_id: t.String() })
+
+/** OpenAI's Responses API over the chat lifecycle; stored responses per organization. */
+export const responseRoutes = (svc: Services) => {
+  const responses = new ResponsesService(svc.deps, svc.store)
+  const tags = ['responses']
+  return new Elysia()
+    .derive(authenticate(svc))
+    .post(
+      '/v1/responses',
+      ({ principal, body, request, set, server }) =>
+        responses.create(
+          payerOf(principal),
+          body as ResponsesRequest,
+          request.signal,
+          set.headers['x-request-id'] as string,
+          request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
+          () => server?.timeout(request, 1),
+        ),
+      {
+        parse: jsonBody(svc.config.server.maxBodyBytes, ResponsesRequest, authenticateFirst(svc)),
+        detail: {
+          tags,
+          summary: 'Create a response (JSON, or SSE with stream: true) on a chat model',
+          requestBody: jsonRequestBody(ResponsesRequest),
+        },
+      },
+    )
+    .get(
+      '/v1/responses/:response_id',
+      ({ principal, params }) => responses.get(payerOf(principal).org.id, params.response_id),
+      { params: Params, detail: { tags, summary: 'A stored response' } },
+    )
+    .delete(
+      '/v1/responses/:response_id',
+      ({ principal, params }) => responses.remove(payerOf(principal).org.id, params.response_id),
+      { params: Params, detail: { tags, summary: 'Delete a stored response' } },
+    )
+}

@@ -1,0 +1,130 @@
+import type { ResponsesRequest } from '../api/responses.ts'
+import { InvalidValue, responseNotFound } from '../errors.ts'
+import { sortableId } from '../ids.ts'
+import { type ChatDeps, chatCompletion, type Payer } from '../pipeline/chat.ts'
+import type { Store } from '../storage/store.ts'
+import type { Usage } from '../upstream/sse.ts'
+import { ResponsesStreamTranslator, responsesStream } from './stream.ts'
+import {
+  type Item,
+  inputItems,
+  outputOfCompletion,
+  type ResponseHead,
+  type ResponseObject,
+  responseObject,
+  responsesUsage,
+  statusOf,
+  toChatRequest,
+} from './translate.ts'
+
+/**
+ * A stored conversation (the previous one, this input and this output, as JSON) is at most this
+ * big: a chain of previous_response_id cannot grow a row without bound. Past it: a 400.
+ */
+export const MAX_STORED_CONVERSATION_BYTES = 8 * 1024 * 1024
+
+/**
+ * POST/GET/DELETE /v1/responses: translate in (items -> an OpenAI chat request), run the chat
+ * lifecycle unchanged (reserve -> route -> relay -> settle), translate out; stored responses
+ * are kept per organization in the store.
+ */
+export class ResponsesService {
+  constructor(
+    private readonly deps: ChatDeps,
+    private readonly store: Store,
+  ) {}
+
+  async create(
+    payer: Payer,
+    body: ResponsesRequest,
+    signal: AbortSignal,
+    requestId: string,
+    sessionHint?: string,
+    cut?: () => void,
+  ): Promise<Response> {
+    const store = body.store !== false
+    let prior: Item[] = []
+    if (body.previous_response_id) {
+      const rec = await this.store.getResponse(payer.org.id, body.previous_response_id)
+      if (!rec) throw responseNotFound(body.previous_response_id, 'previous_response_id')
+      prior = JSON.parse(rec.conversation) as Item[]
+    }
+    const items = prior.concat(inputItems(body.input))
+    const chat = toChatRequest(body, items, prior.length)
+    // Refused before anything is billed: what would be stored is already too big.
+    if (store) {
+      const bytes = Buffer.byteLength(JSON.stringify(items))
+      if (bytes > MAX_STORED_CONVERSATION_BYTES)
+        throw new InvalidValue(
+          `the conversation to store (previous_response_id's and this input) is ${bytes} bytes, more than ${MAX_STORED_CONVERSATION_BYTES}; start a new conversation or send store: false`,
+          body.previous_response_id ? 'previous_response_id' : 'input',
+        )
+    }
+    const head: ResponseHead = {
+      id: `resp_${sortableId()}`,
+      createdAt: Math.floor(Date.now() / 1000),
+      model: body.model,
+      body,
+      store,
+    }
+    const answer = await chatCompletion(this.deps, payer, chat, signal, requestId, sessionHint, cut)
+    const headers: Record<string, string> = {}
+    for (const name of ['x-tropa-node', 'x-tropa-cost-rub']) {
+      const v = answer.headers.get(name)
+      if (v !== null) headers[name] = v
+    }
+    const keep = async (r: ResponseObject): Promise<ResponseObject> => {
+      if (!store) return r
+      try {
+        await this.store.putResponse({
+          id: r.id,
+          orgId: payer.org.id,
+          conversation: JSON.stringify([...items, ...(r.output as unknown as Item[])]),
+          response: JSON.stringify(r),
+          createdAt: r.created_at,
+        })
+        return r
+      } catch (err) {
+        // The answer is billed and is the client's: it gets it, marked as not stored.
+        this.deps.log('error', 'storing a response failed', { error: String(err), requestId })
+        return { ...r, store: false }
+      }
+    }
+
+    if (body.stream !== true) {
+      const completion = (await answer.json()) as {
+        choices?: { message?: { content?: unknown; tool_calls?: unknown }; finish_reason?: string | null }[]
+        usage: Usage
+      }
+      const choice = completion.choices?.[0]
+      const { status, incomplete_details } = statusOf(choice?.finish_reason)
+      const output = outputOfCompletion(choice?.message, status === 'completed' ? 'completed' : 'incomplete')
+      const r = await keep(
+        responseObject(head, status, output, responsesUsage(completion.usage), { incomplete_details }),
+      )
+      return Response.json(r, { headers })
+    }
+
+    const translator = new ResponsesStreamTranslator(head)
+    return new Response(responsesStream(answer.body!, translator, keep), {
+      headers: {
+        ...headers,
+        'content-type': 'text/event-stream; charset=utf-8',
+        'cache-control': 'no-cache',
+        connection: 'keep-alive',
+      },
+    })
+  }
+
+  /** A stored response of the caller's organization, as the JSON it was returned as. */
+  async get(orgId: string, id: string): Promise<Response> {
+    const rec = await this.store.getResponse(orgId, id)
+    if (!rec) throw responseNotFound(id)
+    return new Response(rec.response, { headers: { 'content-type': 'application/json' } })
+  }
+
+  async remove(orgId: string, id: string) {
+    if (!(await this.store.deleteResponse(orgId, id))) throw responseNotFound(id)
+    return { id, object: 'response', deleted: true }
+  }
+}

@@ -1,0 +1,368 @@
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import OpenAI from 'openai'
+import { costNano, formatRub, rubNumberToNano } from '../../src/billing/money.ts'
+import { newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
+
+// OpenAI's Responses API on Tropa, over the default OpenAI-protocol simulated nodes, through the
+// official SDK: translated into a chat request, billed as one.
+const weather = {
+  type: 'function' as const,
+  name: 'get_weather',
+  description: 'The weather in a city',
+  parameters: {
+    type: 'object',
+    properties: { city: { type: 'string' } },
+    required: ['city'],
+    additionalProperties: false,
+  },
+  strict: true,
+}
+
+async function otherOrgClient(t: Tropa): Promise<OpenAI> {
+  const res = await t.admin('/v1/admin/organizations', { name: `other-${Date.now()}`, balance_rub: 10 })
+  const org = (await res.json()) as { master_key: string }
+  const k = await newApiKey(t, { name: 'other' }, org.master_key)
+  return t.client(k.key)
+}
+
+function suite(name: string, postgres: boolean) {
+  describe(`responses (${name})`, () => {
+    let t: Tropa
+    let client: OpenAI
+    beforeAll(async () => {
+      t = await startTropa({ postgres })
+      client = t.client()
+    })
+    afterAll(() => t.stop())
+
+    test('string input: a completed response, output_text, usage and cost as for the same chat request', async () => {
+      const { data: r, response } = await client.responses
+        .create({ model: 'test/chat', input: 'Tell me about routers.', max_output_tokens: 40 })
+        .withResponse()
+      expect(r.id).toMatch(/^resp_/)
+      expect(r.object).toBe('response')
+      expect(r.model).toBe('test/chat')
+      expect((r as unknown as { store: boolean }).store).toBe(true)
+      expect(['completed', 'incomplete']).toContain(r.status!)
+      expect(r.output).toHaveLength(1)
+      const item = r.output[0]!
+      expect(item.type).toBe('message')
+      if (item.type !== 'message') throw new Error('not a message')
+      expect(item.id).toMatch(/^msg_/)
+      expect(item.role).toBe('assistant')
+      expect(item.content[0]!.type).toBe('output_text')
+      expect(r.output_text.length).toBeGreaterThan(0)
+      const u = r.usage!
+      expect(u.total_tokens).toBe(u.input_tokens + u.output_tokens)
+      expect(u.output_tokens_details.reasoning_tokens).toBe(0)
+      expect(typeof u.input_tokens_details.cached_tokens).toBe('number')
+
+      // The same request as chat: same prompt, same tokens, same text, same cost.
+      const { data: c, response: chatRes } = await client.chat.completions
+        .create({
+          model: 'test/chat',
+          messages: [{ role: 'user', content: 'Tell me about routers.' }],
+          max_tokens: 40,
+        })
+        .withResponse()
+      expect(u.input_tokens).toBe(c.usage!.prompt_tokens)
+      expect(u.output_tokens).toBe(c.usage!.completion_tokens)
+      expect(r.output_text).toBe(c.choices[0]!.message.content!)
+      const price = t.svc.deps.catalogue.getOfKind('test/chat', 'chat').price
+      const cost = formatRub(costNano(u.input_tokens, u.output_tokens, price))
+      expect(response.headers.get('x-tropa-cost-rub')).toBe(cost)
+      expect(chatRes.headers.get('x-tropa-cost-rub')).toBe(cost)
+      expect((u as unknown as { cost_rub: number }).cost_rub).toBe(Number(cost))
+      // The ledger has it at that cost.
+      await t.svc.ledger.flush()
+      const rows = await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)
+      expect(rows.some((row) => row.costNano === rubNumberToNano(Number(cost)))).toBe(true)
+    })
+
+    test('item input with instructions, a developer message and content parts', async () => {
+      const r = await client.responses.create({
+        model: 'test/chat',
+        instructions: 'Answer briefly.',
+        input: [
+          { role: 'developer', content: 'Be kind.' },
+          { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] },
+          { role: 'assistant', content: 'Hi!' },
+          { role: 'user', content: 'And now?' },
+        ],
+        max_output_tokens: 10,
+      })
+      expect(r.instructions).toBe('Answer briefly.')
+      expect(r.output_text.length).toBeGreaterThan(0)
+      const short = await client.responses.create({
+        model: 'test/chat',
+        input: 'And now?',
+        max_output_tokens: 10,
+      })
+      expect(r.usage!.input_tokens).toBeGreaterThan(short.usage!.input_tokens + 8)
+    })
+
+    test('max_output_tokens reached: incomplete, with its reason', async () => {
+      const r = await client.responses.create({
+        model: 'test/chat',
+        input: 'Tell me a long story.',
+        max_output_tokens: 2,
+      })
+      expect(r.status).toBe('incomplete')
+      expect(r.incomplete_details).toEqual({ reason: 'max_output_tokens' })
+      expect(r.usage!.output_tokens).toBe(2)
+    })
+
+    test('a function tool round trip: function_call, then its output with previous_response_id', async () => {
+      const first = await client.responses.create({
+        model: 'test/chat',
+        input: 'What is the weather in Paris?',
+        tools: [weather],
+      })
+      expect(first.status).toBe('completed')
+      const call = first.output.find((o) => o.type === 'function_call')
+      if (call?.type !== 'function_call') throw new Error('no function call')
+      expect(call.id).toMatch(/^fc_/)
+      expect(call.name).toBe('get_weather')
+      expect(JSON.parse(call.arguments)).toHaveProperty('city')
+      expect(first.tools).toHaveLength(1)
+
+      const second = await client.responses.create({
+        model: 'test/chat',
+        previous_response_id: first.id,
+        input: [{ type: 'function_call_output', call_id: call.call_id, output: '{"temp_c": 21}' }],
+        tools: [weather],
+      })
+      // The tool's answer is the last turn, so the model answers in words.
+      expect(second.previous_response_id).toBe(first.id)
+      expect(second.output[0]!.type).toBe('message')
+      expect(second.output_text.length).toBeGreaterThan(0)
+      expect(second.usage!.input_tokens).toBeGreaterThan(first.usage!.input_tokens)
+
+      // A function_call_output whose call is nowhere in the conversation: a clear 400.
+      const err = await client.responses
+        .create({
+          model: 'test/chat',
+          input: [{ type: 'function_call_output', call_id: 'call_nope', output: 'x' }],
+        })
+        .catch((e) => e)
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError)
+      expect(err.param).toBe('input[0].call_id')
+    })
+
+    test('function_call items in the input continue a conversation without store', async () => {
+      const r = await client.responses.create({
+        model: 'test/chat',
+        store: false,
+        input: [
+          { role: 'user', content: 'Weather in Oslo?' },
+          { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Oslo"}' },
+          { type: 'function_call_output', call_id: 'call_1', output: '{"temp_c": -3}' },
+        ],
+        tools: [weather],
+      })
+      expect(r.output[0]!.type).toBe('message')
+      expect((r as unknown as { store: boolean }).store).toBe(false)
+    })
+
+    test('previous_response_id continues the conversation: the node sees the earlier turns', async () => {
+      const a = await client.responses.create({
+        model: 'test/chat',
+        input: 'My name is Ada.',
+        max_output_tokens: 8,
+      })
+      const b = await client.responses.create({
+        model: 'test/chat',
+        previous_response_id: a.id,
+        input: 'What is my name?',
+        max_output_tokens: 8,
+      })
+      const alone = await client.responses.create({
+        model: 'test/chat',
+        input: 'What is my name?',
+        max_output_tokens: 8,
+        store: false,
+      })
+      // The earlier turn (its input and its answer) is in the prompt.
+      expect(b.usage!.input_tokens).toBeGreaterThan(alone.usage!.input_tokens + a.usage!.output_tokens)
+      const c = await client.responses.create({
+        model: 'test/chat',
+        previous_response_id: b.id,
+        input: 'Again?',
+        max_output_tokens: 8,
+      })
+      expect(c.usage!.input_tokens).toBeGreaterThan(b.usage!.input_tokens + b.usage!.output_tokens)
+    })
+
+    test('retrieve and delete per organization; store: false is not kept', async () => {
+      const r = await client.responses.create({
+        model: 'test/chat',
+        input: 'Keep this.',
+        max_output_tokens: 8,
+        metadata: { purpose: 'test' },
+      })
+      const got = await client.responses.retrieve(r.id)
+      expect(got.id).toBe(r.id)
+      expect(got.output_text).toBe(r.output_text)
+      expect(got.usage).toEqual(r.usage)
+      expect(got.metadata).toEqual({ purpose: 'test' })
+
+      // Another organization can neither read it, continue from it nor delete it.
+      const other = await otherOrgClient(t)
+      expect(await other.responses.retrieve(r.id).catch((e) => e)).toBeInstanceOf(OpenAI.NotFoundError)
+      const cont = await other.responses
+        .create({ model: 'test/chat', previous_response_id: r.id, input: 'steal' })
+        .catch((e) => e)
+      expect(cont).toBeInstanceOf(OpenAI.NotFoundError)
+      expect(cont.param).toBe('previous_response_id')
+      expect(cont.code).toBe('response_not_found')
+      expect(await other.responses.delete(r.id).catch((e) => e)).toBeInstanceOf(OpenAI.NotFoundError)
+
+      const raw = await t.fetch(`/v1/responses/${r.id}`, { method: 'DELETE' })
+      expect(await raw.json()).toEqual({ id: r.id, object: 'response', deleted: true })
+      expect(await client.responses.retrieve(r.id).catch((e) => e)).toBeInstanceOf(OpenAI.NotFoundError)
+      expect(await client.responses.delete(r.id).catch((e) => e)).toBeInstanceOf(OpenAI.NotFoundError)
+
+      const unstored = await client.responses.create({
+        model: 'test/chat',
+        input: 'Forget this.',
+        max_output_tokens: 4,
+        store: false,
+      })
+      expect((unstored as unknown as { store: boolean }).store).toBe(false)
+      expect(await client.responses.retrieve(unstored.id).catch((e) => e)).toBeInstanceOf(
+        OpenAI.NotFoundError,
+      )
+      const unknown = await client.responses
+        .create({ model: 'test/chat', previous_response_id: 'resp_unknown', input: 'x' })
+        .catch((e) => e)
+      expect(unknown).toBeInstanceOf(OpenAI.NotFoundError)
+    })
+
+    test('streaming: the documented events in order with sequence numbers, then retrievable', async () => {
+      const stream = await client.responses.create({
+        model: 'test/chat',
+        input: 'Stream to me.',
+        max_output_tokens: 30,
+        stream: true,
+      })
+      const events: { type: string; sequence_number: number; [k: string]: unknown }[] = []
+      for await (const e of stream) events.push(e as never)
+      expect(events.map((e) => e.sequence_number)).toEqual(events.map((_, i) => i))
+      const types = events.map((e) => e.type)
+      const deltas = types.filter((x) => x === 'response.output_text.delta').length
+      expect(deltas).toBeGreaterThan(0)
+      const last = events.at(-1)!
+      const final = (last as unknown as { response: OpenAI.Responses.Response }).response
+      expect(types).toEqual([
+        'response.created',
+        'response.in_progress',
+        'response.output_item.added',
+        'response.content_part.added',
+        ...Array(deltas).fill('response.output_text.delta'),
+        'response.output_text.done',
+        'response.content_part.done',
+        'response.output_item.done',
+        final.status === 'incomplete' ? 'response.incomplete' : 'response.completed',
+      ])
+      const text = events
+        .filter((e) => e.type === 'response.output_text.delta')
+        .map((e) => e.delta)
+        .join('')
+      expect(
+        (events.find((e) => e.type === 'response.output_text.done') as unknown as { text: string }).text,
+      ).toBe(text)
+      expect(final.output).toHaveLength(1)
+      expect(final.usage!.output_tokens).toBeGreaterThan(0)
+      expect(final.usage!.total_tokens).toBe(final.usage!.input_tokens + final.usage!.output_tokens)
+      const price = t.svc.deps.catalogue.getOfKind('test/chat', 'chat').price
+      expect((final.usage as unknown as { cost_rub: number }).cost_rub).toBe(
+        Number(formatRub(costNano(final.usage!.input_tokens, final.usage!.output_tokens, price))),
+      )
+      // Stored before response.completed was sent.
+      const got = await client.responses.retrieve(final.id)
+      expect(got.output_text).toBe(text)
+
+      // The same request unstreamed costs the same and says the same.
+      const plain = await client.responses.create({
+        model: 'test/chat',
+        input: 'Stream to me.',
+        max_output_tokens: 30,
+      })
+      // (the simulator trims the leading space of a whole answer, not of a stream's first token)
+      expect(plain.output_text).toBe(text.trimStart())
+      expect(plain.usage!.input_tokens).toBe(final.usage!.input_tokens)
+    })
+
+    test('streaming a function call: arguments deltas, then done, with the SDK stream helper', async () => {
+      const stream = client.responses.stream({
+        model: 'test/chat',
+        input: 'Weather in Rome?',
+        tools: [weather],
+      })
+      const types: string[] = []
+      let args = ''
+      for await (const e of stream) {
+        types.push(e.type)
+        if (e.type === 'response.function_call_arguments.delta') args += e.delta
+      }
+      const final = await stream.finalResponse()
+      const call = final.output[0]!
+      if (call.type !== 'function_call') throw new Error('no function call')
+      expect(call.arguments).toBe(args)
+      expect(JSON.parse(args)).toHaveProperty('city')
+      expect(types[2]).toBe('response.output_item.added')
+      expect(types).toContain('response.function_call_arguments.done')
+      expect(types.at(-2)).toBe('response.output_item.done')
+      expect(types.at(-1)).toBe('response.completed')
+    })
+
+    test('refused clearly: built-in tools, unknown fields, unsupported items and parts', async () => {
+      const cases: [Record<string, unknown>, string][] = [
+        [{ tools: [{ type: 'web_search' }] }, 'tools[0].type'],
+        [{ reasoning_effort: 'high' }, 'reasoning_effort'],
+        [{ input: [{ type: 'item_reference', id: 'x' }] }, 'input[0].type'],
+        [
+          { input: [{ role: 'user', content: [{ type: 'input_file', file_id: 'f' }] }] },
+          'input[0].content[0].type',
+        ],
+        [
+          { input: [{ role: 'user', content: [{ type: 'input_image', file_id: 'f' }] }] },
+          'input[0].content[0].image_url',
+        ],
+        [{ input: [] }, 'input'],
+      ]
+      for (const [extra, param] of cases) {
+        const res = await t.fetch('/v1/responses', {
+          method: 'POST',
+          body: JSON.stringify({ model: 'test/chat', input: 'hi', ...extra }),
+        })
+        const body = (await res.json()) as { error: { param: string; message: string } }
+        expect([res.status, body.error.param]).toEqual([400, param])
+      }
+      const noKey = await t.fetch('/v1/responses', { method: 'POST', key: null, body: '{}' })
+      expect(noKey.status).toBe(401)
+    })
+
+    test('an image by data URL reaches the model as an image part', async () => {
+      const png =
+        'data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=='
+      const r = await client.responses.create({
+        model: 'test/chat',
+        input: [
+          {
+            role: 'user',
+            content: [
+              { type: 'input_text', text: 'What is this?' },
+              { type: 'input_image', image_url: png, detail: 'auto' },
+            ],
+          },
+        ],
+        max_output_tokens: 5,
+      })
+      expect(r.output_text.length).toBeGreaterThan(0)
+    })
+  })
+}
+
+suite('SQLite', false)
+suite('PostgreSQL', true)
