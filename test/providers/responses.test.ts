@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import OpenAI from 'openai'
 import { costNano, formatRub, rubNumberToNano } from '../../src/billing/money.ts'
+import { ResponsesStreamTranslator, responsesStream } from '../../src/responses/stream.ts'
 import { newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
 // OpenAI's Responses API on Tropa, over the default OpenAI-protocol simulated nodes, through the
@@ -366,3 +367,116 @@ function suite(name: string, postgres: boolean) {
 
 suite('SQLite', false)
 suite('PostgreSQL', true)
+
+describe('responses: faults and bounds', () => {
+  let t: Tropa | undefined
+  afterAll(() => t?.stop())
+  const usageRows = async (x: Tropa) => {
+    await x.svc.ledger.flush()
+    return (await x.svc.store.ledgerForOrg(x.orgId, 0, Date.now() + 1000)).filter((r) => r.kind === 'usage')
+  }
+
+  test('a node cut mid-stream: response.failed, the sent tokens billed, nothing stored', async () => {
+    t = await startTropa({ nodes: [{ name: 'cut', itlMs: 2, faults: { cutAfterTokens: 3 } }] })
+    const res = await t.fetch('/v1/responses', {
+      method: 'POST',
+      body: JSON.stringify({ model: 'test/chat', input: 'hi', stream: true, max_output_tokens: 40 }),
+    })
+    expect(res.status).toBe(200)
+    const events = (await res.text())
+      .split('\n\n')
+      .filter(Boolean)
+      .map(
+        (e) =>
+          JSON.parse(e.split('\n')[1]!.slice(6)) as {
+            type: string
+            response?: { id: string; status: string; error: { message: string } }
+          },
+      )
+    const last = events.at(-1)!
+    expect(last.type).toBe('response.failed')
+    expect(last.response!.status).toBe('failed')
+    expect(last.response!.error.message).toContain('broke the stream')
+    expect(events.filter((e) => e.type === 'response.output_text.delta')).toHaveLength(3)
+    const rows = await usageRows(t)
+    expect(rows).toHaveLength(1)
+    expect(rows[0]!.completionTokens).toBe(3)
+    expect((await t.fetch(`/v1/responses/${last.response!.id}`)).status).toBe(404)
+    await t.stop()
+    t = undefined
+  })
+
+  test('a client that disconnects mid-stream cancels the upstream and pays for what it was sent', async () => {
+    t = await startTropa({ nodes: [{ name: 'slow', itlMs: 20, timeScale: 1 }] })
+    const controller = new AbortController()
+    const res = await t.fetch('/v1/responses', {
+      method: 'POST',
+      body: JSON.stringify({ model: 'test/chat', input: 'hi', stream: true, max_output_tokens: 60 }),
+      signal: controller.signal,
+    })
+    const reader = res.body!.getReader()
+    let received = ''
+    while (received.split('response.output_text.delta').length < 6) {
+      const { value } = await reader.read()
+      received += new TextDecoder().decode(value)
+    }
+    controller.abort()
+    for (let i = 0; i < 100 && t.nodes[0]!.stats().aborted === 0; i++) await Bun.sleep(10)
+    expect(t.nodes[0]!.stats().aborted).toBe(1)
+    const rows = await usageRows(t)
+    expect(rows).toHaveLength(1)
+    expect(rows[0]!.outcome).toBe('client_disconnected')
+    expect(rows[0]!.completionTokens).toBeGreaterThan(0)
+    expect(rows[0]!.completionTokens).toBeLessThan(60)
+    await t.stop()
+    t = undefined
+  })
+
+  test('a conversation too big to store is refused before anything is billed; store: false is not bounded by it', async () => {
+    t = await startTropa({ balanceRub: 1000 })
+    const big = 'a '.repeat(4.5 * 1024 * 1024)
+    const res = await t.fetch('/v1/responses', {
+      method: 'POST',
+      body: JSON.stringify({ model: 'test/chat', input: big }),
+    })
+    const body = (await res.json()) as { error: { param: string; message: string } }
+    expect(res.status).toBe(400)
+    expect(body.error.param).toBe('input')
+    expect(body.error.message).toContain('more than 8388608')
+    // Unstored, the same input meets the model's context instead.
+    const unstored = await t.fetch('/v1/responses', {
+      method: 'POST',
+      body: JSON.stringify({ model: 'test/chat', input: big, store: false }),
+    })
+    expect(unstored.status).toBe(400)
+    expect(((await unstored.json()) as { error: { code: string } }).error.code).toBe(
+      'context_length_exceeded',
+    )
+    expect(await usageRows(t)).toHaveLength(0)
+  })
+})
+
+test('the responses stream reads the chat stream only as its client reads (bounded buffering)', async () => {
+  let pulls = 0
+  const chunk = (i: number) =>
+    new TextEncoder().encode(
+      `data: {"id":"c","choices":[{"index":0,"delta":{"content":"w${i} "},"finish_reason":null}]}\n\n`,
+    )
+  const chat = new ReadableStream<Uint8Array>(
+    {
+      pull(c) {
+        pulls++
+        c.enqueue(chunk(pulls))
+      },
+    },
+    { highWaterMark: 0 },
+  )
+  const head = { id: 'resp_x', createdAt: 1, model: 'm', body: { model: 'm', input: 'x' }, store: false }
+  const out = responsesStream(chat, new ResponsesStreamTranslator(head), async (r) => r)
+  const reader = out.getReader()
+  for (let i = 0; i < 5; i++) await reader.read()
+  await Bun.sleep(50)
+  // created+in_progress, then one chat chunk per read: nothing read ahead while nobody reads.
+  expect(pulls).toBeLessThanOrEqual(5)
+  await reader.cancel()
+})
