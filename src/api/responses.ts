@@ -6,8 +6,6 @@ import { type Static, Type as T } from '@sinclair/typebox'
 // as `id` and `status` to items it sends back.
 const open = { additionalProperties: true } as const
 const closed = { additionalProperties: false } as const
-/** A `type` other than these: such an object is refused by name when translated, and a known type that is malformed fails its own branch (a clear param). */
-const otherThan = (...known: string[]) => T.String({ pattern: `^(?!(${known.join('|')})$)` })
 
 export const InputText = T.Object({ type: T.Literal('input_text'), text: T.String() }, open)
 export const OutputText = T.Object({ type: T.Literal('output_text'), text: T.String() }, open)
@@ -20,10 +18,15 @@ export const InputImage = T.Object(
   },
   open,
 )
-/** Any other part type (input_file, input_audio, refusal...): refused by name when translated. */
-export const OtherPart = T.Object({ type: otherThan('input_text', 'output_text', 'input_image') }, open)
-export const ContentPart = T.Union([InputText, OutputText, InputImage, OtherPart])
+/**
+ * A content part as the request schema checks it: any type. A known type is then checked by its
+ * own schema above (http/routes/responses.ts, so a malformed one gets a precise param), any
+ * other (input_file, input_audio, ...) is refused by name when translated.
+ */
+export const ContentPart = T.Object({ type: T.String() }, open)
 export type ResponsesContentPart = Static<typeof ContentPart>
+/** The schema of each known part type. */
+export const PART_SCHEMAS = { input_text: InputText, output_text: OutputText, input_image: InputImage }
 
 export const MessageItem = T.Object(
   {
@@ -50,13 +53,19 @@ export const FunctionCallOutputItem = T.Object(
   },
   open,
 )
-/** Any other item type (reasoning, item_reference, web_search_call...): refused when translated. */
-export const OtherItem = T.Object(
-  { type: otherThan('message', 'function_call', 'function_call_output') },
-  open,
-)
-export const InputItem = T.Union([MessageItem, FunctionCallItem, FunctionCallOutputItem, OtherItem])
+/**
+ * An input item as the request schema checks it: an object with an optional type (a message has
+ * none). A known type is then checked by its own schema (ITEM_SCHEMAS); any other (reasoning,
+ * item_reference, built-in tool calls, ...) is refused by name when translated.
+ */
+export const InputItem = T.Object({ type: T.Optional(T.String()) }, open)
 export type InputItem = Static<typeof InputItem>
+/** The schema of each known item type. */
+export const ITEM_SCHEMAS = {
+  message: MessageItem,
+  function_call: FunctionCallItem,
+  function_call_output: FunctionCallOutputItem,
+}
 
 export const FunctionTool = T.Object(
   {
@@ -68,8 +77,9 @@ export const FunctionTool = T.Object(
   },
   open,
 )
-/** Built-in tools (web_search, file_search, ...) pass the schema and are refused by name. */
-export const AnyTool = T.Union([FunctionTool, T.Object({ type: otherThan('function') }, open)])
+/** A tool as the request schema checks it; a function tool is then checked by FunctionTool, built-in tools (web_search, file_search, ...) are refused by name. */
+export const AnyTool = T.Object({ type: T.String() }, open)
+export const TOOL_SCHEMAS = { function: FunctionTool }
 
 export const ResponsesRequest = T.Object(
   {

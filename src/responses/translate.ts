@@ -29,7 +29,7 @@ export const newCallItemId = () => `fc_${sortableId()}`
 
 /** The request's input as items: a string is one user message; an item without a type is a message. */
 export function inputItems(input: ResponsesRequest['input']): Item[] {
-  if (typeof input === 'string') return [{ type: 'message', role: 'user', content: input }]
+  if (typeof input === 'string') return [{ type: 'message', role: 'user', content: input } as Item]
   return input.map((item) =>
     (item as { type?: unknown }).type === undefined ? ({ ...item, type: 'message' } as Item) : item,
   )
@@ -49,6 +49,8 @@ export function itemsToMessages(items: readonly Item[], from: number): ChatMessa
       const m = item as { role: ChatMessage['role']; content: string | ResponsesContentPart[] }
       // `developer` is OpenAI's newer name for system; not every upstream knows it.
       const role = m.role === 'developer' ? 'system' : m.role
+      if (role !== 'user' && Array.isArray(m.content) && m.content.some((p) => p.type === 'input_image'))
+        throw new InvalidValue(`${at}: only user messages may carry input_image parts`, `${at}.content`)
       const content =
         typeof m.content === 'string'
           ? m.content
@@ -96,7 +98,7 @@ export function itemsToMessages(items: readonly Item[], from: number): ChatMessa
 
 function chatPart(p: ResponsesContentPart, at: string): ContentPart {
   if (p.type === 'input_text' || p.type === 'output_text')
-    return { type: 'text', text: (p as { text: string }).text }
+    return { type: 'text', text: (p as unknown as { text: string }).text }
   if (p.type === 'input_image') {
     const img = p as { image_url?: string | null; detail?: 'auto' | 'low' | 'high' }
     if (!img.image_url)
@@ -121,7 +123,7 @@ function partsText(parts: readonly ResponsesContentPart[], at: string): string {
         `${at}.content[${j}]: only input_text and output_text parts are allowed here`,
         `${at}.content[${j}].type`,
       )
-    text += (p as { text: string }).text
+    text += (p as unknown as { text: string }).text
   })
   return text
 }
@@ -138,7 +140,7 @@ export function toChatRequest(body: ResponsesRequest, items: readonly Item[], fr
         `tools[${i}]: ${quoted(tool.type)} tools are not supported; Tropa serves function tools only`,
         `tools[${i}].type`,
       )
-    const t = tool as {
+    const t = tool as unknown as {
       name: string
       description?: string | null
       parameters?: object | null

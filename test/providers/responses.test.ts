@@ -331,6 +331,22 @@ function suite(name: string, postgres: boolean) {
           'input[0].content[0].image_url',
         ],
         [{ input: [] }, 'input'],
+        [{ input: [{ role: 'user', content: null }] }, 'input[0].content'],
+        [{ input: [{ role: 'tool', content: 'x' }] }, 'input[0].role'],
+        [
+          { input: [{ type: 'function_call', call_id: 'c', name: 'f', arguments: {} }] },
+          'input[0].arguments',
+        ],
+        [
+          { input: [{ role: 'system', content: [{ type: 'input_image', image_url: 'https://x/y.png' }] }] },
+          'input[0].content',
+        ],
+        [
+          { input: [{ role: 'user', content: [{ type: 'input_text', text: 5 }] }] },
+          'input[0].content[0].text',
+        ],
+        [{ tools: [{ type: 'function', description: 'no name' }] }, 'tools[0].name'],
+        [{ previous_response_id: '' }, 'previous_response_id'],
       ]
       for (const [extra, param] of cases) {
         const res = await t.fetch('/v1/responses', {
