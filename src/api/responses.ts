@@ -1,4 +1,6 @@
-import { type Static, Type as T } from '@sinclair/typebox'
+import { type Static, Type as T, type TSchema } from '@sinclair/typebox'
+import { TypeCompiler } from '@sinclair/typebox/compiler'
+import type { ValueError } from '@sinclair/typebox/value'
 
 // OpenAI's Responses API (POST /v1/responses) as Tropa checks it. Unlike chat, the request is
 // translated, not passed through, so a field Tropa does not know is refused (OpenAI refuses it
@@ -142,3 +144,42 @@ export const ResponsesRequest = T.Object(
   closed,
 )
 export type ResponsesRequest = Static<typeof ResponsesRequest>
+
+type Checker = ReturnType<typeof TypeCompiler.Compile>
+const compiled = (schemas: Record<string, TSchema>) =>
+  new Map<string, Checker>(Object.entries(schemas).map(([k, v]) => [k, TypeCompiler.Compile(v)]))
+const ITEMS = compiled(ITEM_SCHEMAS)
+const PARTS = compiled(PART_SCHEMAS)
+const TOOLS = compiled(TOOL_SCHEMAS)
+
+function firstError(check: Checker | undefined, value: unknown, path: string): ValueError | undefined {
+  if (!check || check.Check(value)) return undefined
+  const e = check.Errors(value).First()
+  return e && { ...e, path: `${path}${e.path}` }
+}
+
+/**
+ * The first item, part or tool of a known type that breaks that type's schema (the request
+ * schema lets any type through, so that a malformed known one is named precisely and an unknown
+ * one is refused by name when translated). Its path is from the body's root.
+ */
+export function knownTypeError(body: ResponsesRequest): ValueError | undefined {
+  for (const [i, tool] of (body.tools ?? []).entries()) {
+    const e = firstError(TOOLS.get(tool.type), tool, `/tools/${i}`)
+    if (e) return e
+  }
+  if (typeof body.input === 'string') return undefined
+  for (const [i, item] of body.input.entries()) {
+    const type = item.type ?? 'message'
+    const e = firstError(ITEMS.get(type), item, `/input/${i}`)
+    if (e) return e
+    const field = type === 'message' ? 'content' : type === 'function_call_output' ? 'output' : undefined
+    const parts = field && (item as Record<string, unknown>)[field]
+    if (Array.isArray(parts))
+      for (const [j, p] of (parts as { type: string }[]).entries()) {
+        const pe = firstError(PARTS.get(p.type), p, `/input/${i}/${field}/${j}`)
+        if (pe) return pe
+      }
+  }
+  return undefined
+}

@@ -330,7 +330,9 @@ export function responsesStream(
             const r = t.final()
             if (r) {
               finished = true
-              out += t.finalEvents(await store(r))
+              const kept = await store(r)
+              if (cancelled) return
+              out += t.finalEvents(kept)
             } else if (read.done) out += t.fail('server_error', 'the upstream ended the stream early')
           }
           if (out.length > 0) controller.enqueue(encoder.encode(out))
