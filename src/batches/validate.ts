@@ -1,6 +1,7 @@
 import { Value } from '@sinclair/typebox/value'
 import { ChatRequest } from '../api/chat.ts'
 import { EmbeddingRequest } from '../api/embeddings.ts'
+import { knownTypeError, ResponsesRequest } from '../api/responses.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { TropaError } from '../errors.ts'
@@ -9,6 +10,7 @@ import { MAX_JSON_DEPTH, nestedDeeperThan } from '../json-depth.ts'
 import { askedOutput, checkMessages, outputBudget } from '../pipeline/chat.ts'
 import { checkInputs } from '../pipeline/embeddings.ts'
 import { countChatPrompt, countTokens, reservedPromptTokens } from '../pipeline/tokens.ts'
+import { inputItems, toChatRequest } from '../responses/translate.ts'
 import type { BatchLine } from '../storage/store.ts'
 import type { ValidationError } from './protocol.ts'
 
@@ -21,6 +23,8 @@ export interface LineCost {
   readonly worstNano: bigint
   /** Chat: the output bound reserved for, sent upstream as max_tokens (and max_completion_tokens). */
   readonly maxOut?: number
+  /** /v1/responses: the chat request the line is translated into (what goes upstream). */
+  readonly chat?: ChatRequest
 }
 
 /**
@@ -32,6 +36,10 @@ export function priceLine(
   body: unknown,
   models: ReadonlyMap<string, ModelConfig>,
 ): LineCost {
+  if (endpoint === '/v1/responses') {
+    const chat = chatOf(body)
+    return { ...priceLine('/v1/chat/completions', chat, models), chat }
+  }
   const chat = endpoint === '/v1/chat/completions'
   const schema = chat ? ChatRequest : EmbeddingRequest
   if (!Value.Check(schema, body)) {
@@ -73,6 +81,28 @@ export function priceLine(
     promptTokens,
     worstNano: batchCostNano(costNano(reservedPromptTokens(promptTokens), 0, model.price)),
   }
+}
+
+/**
+ * A /v1/responses line as the chat request it runs as, checked by the live endpoint's rules; a
+ * batch line is not stored and cannot continue a stored response, nor stream.
+ */
+function chatOf(body: unknown): ChatRequest {
+  const invalid = (e: ReturnType<typeof knownTypeError>) => {
+    const err = fromValueError(e)
+    return new LineError('invalid_body', `body.${err.message}`, err.param ? `body.${err.param}` : 'body')
+  }
+  if (!Value.Check(ResponsesRequest, body)) throw invalid(Value.Errors(ResponsesRequest, body).First())
+  const malformed = knownTypeError(body)
+  if (malformed) throw invalid(malformed)
+  if (body.stream === true) throw new LineError('invalid_body', 'a batch line cannot stream', 'body.stream')
+  if (body.previous_response_id != null)
+    throw new LineError(
+      'invalid_body',
+      'a batch line cannot continue a stored response (previous_response_id)',
+      'body.previous_response_id',
+    )
+  return toChatRequest(body, inputItems(body.input), 0)
 }
 
 class LineError extends Error {

@@ -3,17 +3,20 @@
 // batch files, runs leased lines against the upstream the main thread picked, and writes result
 // files. Money and routing stay on the main thread: every line asks it for a node and a
 // reservation first, so the hard limits hold across threads.
+
+import type { ResponsesRequest } from '../api/responses.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { LocalFileStore } from '../files/file-store.ts'
 import { FilesService } from '../files/service.ts'
-import { requestId } from '../ids.ts'
+import { requestId, sortableId } from '../ids.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
+import { responseOfCompletion } from '../responses/translate.ts'
 import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, FileRecord, Store } from '../storage/store.ts'
 import { openAIError as upstreamError } from '../upstream/providers/http.ts'
 import { cleanUpstreamMessage, cleanUpstreamParam } from '../upstream/redact.ts'
-import { estimatedUsage, sanitizePromptUsage, sanitizeUsage } from '../upstream/sse.ts'
+import { estimatedUsage, sanitizePromptUsage, sanitizeUsage, type Usage } from '../upstream/sse.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
 import { type LineCost, priceLine, validateFile } from './validate.ts'
@@ -178,7 +181,9 @@ async function callUpstream(
   const countedPrompt = cost.promptTokens
   const startedAtMs = Date.now()
   const reqId = reply.reqId
-  const path = endpoint === '/v1/chat/completions' ? '/chat/completions' : '/embeddings'
+  const path = endpoint === '/v1/embeddings' ? '/embeddings' : '/chat/completions'
+  // A /v1/responses line runs as the chat request it was translated into.
+  const sent = (cost.chat ?? body) as Record<string, unknown>
   const requestIdOfLine = `${line.batchId}-${line.line}`
   const headers: Record<string, string> = { 'content-type': 'application/json' }
   if (reply.apiKey) headers.authorization = `Bearer ${reply.apiKey}`
@@ -195,16 +200,16 @@ async function callUpstream(
       // The bound reserved for goes upstream, as on the live path (one effective output bound).
       body: JSON.stringify(
         cost.maxOut === undefined
-          ? { ...body, model: reply.upstreamModel, stream: false }
-          : body.max_completion_tokens != null
+          ? { ...sent, model: reply.upstreamModel, stream: false }
+          : sent.max_completion_tokens != null
             ? {
-                ...body,
+                ...sent,
                 model: reply.upstreamModel,
                 stream: false,
                 max_tokens: cost.maxOut,
                 max_completion_tokens: cost.maxOut,
               }
-            : { ...body, model: reply.upstreamModel, stream: false, max_tokens: cost.maxOut },
+            : { ...sent, model: reply.upstreamModel, stream: false, max_tokens: cost.maxOut },
       ),
       signal: controller.signal,
     })
@@ -226,7 +231,7 @@ async function callUpstream(
       return transient(line, reqId, 'upstream sent a malformed body')
     if (endpoint === '/v1/chat/completions') parsed.id = `chatcmpl-${requestId()}`
     parsed.model = modelId
-    const chat = endpoint === '/v1/chat/completions'
+    const chat = endpoint !== '/v1/embeddings'
     const reported = chat ? sanitizeUsage(parsed.usage) : sanitizePromptUsage(parsed.usage)
     const usage = {
       promptTokens: reported?.prompt_tokens ?? countedPrompt,
@@ -242,7 +247,23 @@ async function callUpstream(
     const result = JSON.stringify({
       id: `batch_req_${requestId()}`,
       custom_id: line.customId,
-      response: { status_code: status, request_id: requestIdOfLine, body: parsed },
+      response: {
+        status_code: status,
+        request_id: requestIdOfLine,
+        body:
+          endpoint === '/v1/responses'
+            ? responseOfCompletion(
+                {
+                  id: `resp_${sortableId()}`,
+                  createdAt: Math.floor(Date.now() / 1000),
+                  model: modelId,
+                  body: body as ResponsesRequest,
+                  store: false,
+                },
+                parsed as { choices?: unknown; usage: Usage },
+              )
+            : parsed,
+      },
       error: null,
     })
     // The ledger row goes in with the result, in one transaction, so a node killed right after

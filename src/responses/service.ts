@@ -8,12 +8,9 @@ import { ResponsesStreamTranslator, responsesStream } from './stream.ts'
 import {
   type Item,
   inputItems,
-  outputOfCompletion,
   type ResponseHead,
   type ResponseObject,
-  responseObject,
-  responsesUsage,
-  statusOf,
+  responseOfCompletion,
   toChatRequest,
 } from './translate.ts'
 
@@ -97,16 +94,8 @@ export class ResponsesService {
     }
 
     if (body.stream !== true) {
-      const completion = (await answer.json()) as {
-        choices?: { message?: { content?: unknown; tool_calls?: unknown }; finish_reason?: string | null }[]
-        usage: Usage
-      }
-      const choice = completion.choices?.[0]
-      const { status, incomplete_details } = statusOf(choice?.finish_reason)
-      const output = outputOfCompletion(choice?.message, status === 'completed' ? 'completed' : 'incomplete')
-      const r = await keep(
-        responseObject(head, status, output, responsesUsage(completion.usage), { incomplete_details }),
-      )
+      const completion = (await answer.json()) as { choices?: unknown; usage: Usage }
+      const r = await keep(responseOfCompletion(head, completion))
       return Response.json(r, { headers })
     }
 

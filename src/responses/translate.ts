@@ -300,3 +300,23 @@ export function outputOfCompletion(
     })
   return out
 }
+
+/** A non-streamed chat completion (its usage the one billed) as the Response object. */
+export function responseOfCompletion(
+  head: ResponseHead,
+  completion: {
+    choices?: unknown
+    usage: Usage
+  },
+): ResponseObject {
+  const choices = Array.isArray(completion.choices)
+    ? (completion.choices as {
+        message?: { content?: unknown; tool_calls?: unknown }
+        finish_reason?: string | null
+      }[])
+    : []
+  const choice = choices[0]
+  const { status, incomplete_details } = statusOf(choice?.finish_reason)
+  const output = outputOfCompletion(choice?.message, status === 'completed' ? 'completed' : 'incomplete')
+  return responseObject(head, status, output, responsesUsage(completion.usage), { incomplete_details })
+}

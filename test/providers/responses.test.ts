@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import OpenAI from 'openai'
-import { costNano, formatRub, rubNumberToNano } from '../../src/billing/money.ts'
+import OpenAI, { toFile } from 'openai'
+import { batchCostNano, costNano, formatRub, rubNumberToNano } from '../../src/billing/money.ts'
 import { ResponsesStreamTranslator, responsesStream } from '../../src/responses/stream.ts'
 import { newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -359,6 +359,97 @@ function suite(name: string, postgres: boolean) {
       const noKey = await t.fetch('/v1/responses', { method: 'POST', key: null, body: '{}' })
       expect(noKey.status).toBe(401)
     })
+
+    test('a batch of /v1/responses lines: Response objects in the output file, billed at half', async () => {
+      const bodies = [
+        { model: 'test/chat', input: 'First line.', max_output_tokens: 6 },
+        { model: 'test/chat', instructions: 'Be brief.', input: [{ role: 'user', content: 'Second.' }] },
+        { model: 'test/chat', input: 'Weather in Rome?', tools: [weather] },
+      ]
+      const lines = bodies.map((body, i) =>
+        JSON.stringify({ custom_id: `r${i}`, method: 'POST', url: '/v1/responses', body }),
+      )
+      const bad = [
+        { custom_id: 'bad-stream', body: { model: 'test/chat', input: 'x', stream: true } },
+        { custom_id: 'bad-prev', body: { model: 'test/chat', input: 'x', previous_response_id: 'resp_x' } },
+        { custom_id: 'bad-tool', body: { model: 'test/chat', input: 'x', tools: [{ type: 'web_search' }] } },
+      ].map((l) => JSON.stringify({ ...l, method: 'POST', url: '/v1/responses' }))
+      const file = await client.files.create({
+        file: await toFile(Buffer.from(`${[...lines, ...bad].join('\n')}\n`), 'responses.jsonl'),
+        purpose: 'batch',
+      })
+      let b = await client.batches.create({
+        input_file_id: file.id,
+        endpoint: '/v1/responses',
+        completion_window: '24h',
+      })
+      for (let i = 0; i < 1200 && !['completed', 'failed'].includes(b.status); i++) {
+        await Bun.sleep(25)
+        b = await client.batches.retrieve(b.id)
+      }
+      // A file with invalid lines fails validation as a whole, naming each line.
+      expect(b.status).toBe('failed')
+      expect(b.errors!.data!.map((e) => [e.line, e.param])).toEqual([
+        [4, 'body.stream'],
+        [5, 'body.previous_response_id'],
+        [6, 'body.tools[0].type'],
+      ])
+
+      const good = await client.files.create({
+        file: await toFile(Buffer.from(`${lines.join('\n')}\n`), 'responses.jsonl'),
+        purpose: 'batch',
+      })
+      b = await client.batches.create({
+        input_file_id: good.id,
+        endpoint: '/v1/responses',
+        completion_window: '24h',
+      })
+      for (let i = 0; i < 1200 && !['completed', 'failed'].includes(b.status); i++) {
+        await Bun.sleep(25)
+        b = await client.batches.retrieve(b.id)
+      }
+      expect(b.status).toBe('completed')
+      expect(b.request_counts).toEqual({ total: 3, completed: 3, failed: 0 })
+      const out = (await (await client.files.content(b.output_file_id!)).text())
+        .trim()
+        .split('\n')
+        .map(
+          (l) =>
+            JSON.parse(l) as {
+              custom_id: string
+              response: { status_code: number; body: OpenAI.Responses.Response }
+            },
+        )
+        .sort((x, y) => x.custom_id.localeCompare(y.custom_id))
+      expect(out.map((o) => o.response.status_code)).toEqual([200, 200, 200])
+      for (const o of out) {
+        expect(o.response.body.object).toBe('response')
+        expect(o.response.body.id).toMatch(/^resp_/)
+        expect(o.response.body.model).toBe('test/chat')
+      }
+      expect(out[0]!.response.body.usage!.output_tokens).toBeLessThanOrEqual(6)
+      expect(out[1]!.response.body.instructions).toBe('Be brief.')
+      expect(out[2]!.response.body.output[0]!.type).toBe('function_call')
+      // Billed as chat batch lines: half the live price of the usage each line shows.
+      await t.svc.ledger.flush()
+      const price = t.svc.deps.catalogue.getOfKind('test/chat', 'chat').price
+      const billed = (await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000))
+        .filter((r) => r.batchId === b.id)
+        .map((r) => r.costNano)
+        .sort()
+      const expected = out
+        .map((o) =>
+          batchCostNano(
+            costNano(o.response.body.usage!.input_tokens, o.response.body.usage!.output_tokens, price),
+          ),
+        )
+        .sort()
+      expect(billed).toEqual(expected)
+      // Not stored: a batch line's response cannot be retrieved or continued.
+      expect(await client.responses.retrieve(out[0]!.response.body.id).catch((e) => e)).toBeInstanceOf(
+        OpenAI.NotFoundError,
+      )
+    }, 60_000)
 
     test('an image by data URL reaches the model as an image part', async () => {
       const png =
