@@ -139,6 +139,14 @@ export const ResponsesRequest = T.Object(
       ]),
     ),
     truncation: T.Optional(T.Union([T.Literal('disabled'), T.Null()])),
+    // Accepted and ignored (clients such as Codex send them): no model here reasons, every
+    // output is included, there is one service tier; prompt_cache_key keys routing affinity.
+    reasoning: T.Optional(T.Union([T.Object({}, open), T.Null()])),
+    include: T.Optional(T.Union([T.Array(T.String(), { maxItems: 64 }), T.Null()])),
+    prompt_cache_key: T.Optional(T.Union([T.String({ maxLength: 1024 }), T.Null()])),
+    service_tier: T.Optional(T.Union([T.String({ maxLength: 64 }), T.Null()])),
+    safety_identifier: T.Optional(T.Union([T.String({ maxLength: 1024 }), T.Null()])),
+    stream_options: T.Optional(T.Union([T.Object({}, open), T.Null()])),
     background: T.Optional(T.Union([T.Literal(false), T.Null()])),
   },
   closed,

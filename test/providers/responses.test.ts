@@ -451,6 +451,28 @@ function suite(name: string, postgres: boolean) {
       )
     }, 60_000)
 
+    test('a Codex-style request (reasoning, include, prompt_cache_key, store false, streamed) is served', async () => {
+      const stream = await client.responses.create({
+        model: 'test/chat',
+        instructions: 'You are a coding agent.',
+        input: [
+          { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'List the files.' }] },
+        ],
+        tools: [weather],
+        tool_choice: 'auto',
+        parallel_tool_calls: false,
+        reasoning: { effort: 'medium', summary: 'auto' },
+        store: false,
+        stream: true,
+        include: ['reasoning.encrypted_content'],
+        prompt_cache_key: 'session-1',
+      })
+      let final: OpenAI.Responses.Response | undefined
+      for await (const e of stream) if (e.type === 'response.completed') final = e.response
+      expect(final?.output[0]?.type).toBe('function_call')
+      expect(final?.parallel_tool_calls).toBe(false)
+    })
+
     test('an image by data URL reaches the model as an image part', async () => {
       const png =
         'data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=='

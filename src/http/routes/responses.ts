@@ -25,7 +25,9 @@ export const responseRoutes = (svc: Services) => {
           body as ResponsesRequest,
           request.signal,
           set.headers['x-request-id'] as string,
-          request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
+          request.headers.get(svc.config.routing.sessionHeader) ??
+            (body as ResponsesRequest).prompt_cache_key ??
+            undefined,
           () => server?.timeout(request, 1),
         )
       },
