@@ -130,6 +130,9 @@ function partsText(parts: readonly ResponsesContentPart[], at: string): string {
 
 /** The chat request Tropa's lifecycle runs for a Responses request over these items. */
 export function toChatRequest(body: ResponsesRequest, items: readonly Item[], from: number): ChatRequest {
+  // (TypeBox checks a record's values and count, not its keys' length)
+  for (const key of Object.keys(body.metadata ?? {}))
+    if (key.length > 64) throw new InvalidValue('metadata: a key may be at most 64 characters', 'metadata')
   const messages = itemsToMessages(items, from)
   if (body.instructions) messages.unshift({ role: 'system', content: body.instructions })
   if (messages.length === 0)

@@ -347,6 +347,8 @@ function suite(name: string, postgres: boolean) {
         ],
         [{ tools: [{ type: 'function', description: 'no name' }] }, 'tools[0].name'],
         [{ previous_response_id: '' }, 'previous_response_id'],
+        [{ metadata: { ['k'.repeat(65)]: 'v' } }, 'metadata'],
+        [{ metadata: Object.fromEntries(Array.from({ length: 17 }, (_, i) => [`k${i}`, 'v'])) }, 'metadata'],
       ]
       for (const [extra, param] of cases) {
         const res = await t.fetch('/v1/responses', {
