@@ -14,12 +14,22 @@ import {
   toChatRequest,
 } from './translate.ts'
 
-/**
- * A stored conversation (the previous one and this input, as JSON, with the instructions and
- * tools the stored response repeats) is at most this big before its output is added: a chain of
- * previous_response_id cannot grow a row without bound. Past it: a 400, before any billing.
- */
-export const MAX_STORED_CONVERSATION_BYTES = 8 * 1024 * 1024
+export interface ResponsesConfig {
+  /**
+   * Stored responses older than this are gone (404) and swept from the store; 0 keeps them.
+   */
+  readonly retentionSec: number
+  /**
+   * A stored conversation (the previous one and this input, as JSON, with the instructions and
+   * tools the stored response repeats) is at most this big before its output is added: a chain
+   * of previous_response_id cannot grow a row without bound. Past it: a 400, before any billing.
+   */
+  readonly maxStoredBytes: number
+}
+
+/** Expired responses are swept at most this often, this many rows a statement. */
+const SWEEP_EVERY_MS = 3600_000
+const SWEEP_ROWS = 500
 
 /**
  * POST/GET/DELETE /v1/responses: translate in (items -> an OpenAI chat request), run the chat
@@ -27,10 +37,46 @@ export const MAX_STORED_CONVERSATION_BYTES = 8 * 1024 * 1024
  * are kept per organization in the store.
  */
 export class ResponsesService {
+  private lastSweepMs = 0
+  private sweeping = false
+
   constructor(
     private readonly deps: ChatDeps,
     private readonly store: Store,
+    private readonly cfg: ResponsesConfig,
   ) {}
+
+  /** A stored response of this organization that has not expired. */
+  private async stored(orgId: string, id: string) {
+    const rec = await this.store.getResponse(orgId, id)
+    if (!rec) return undefined
+    const r = this.cfg.retentionSec
+    return r > 0 && rec.createdAt < Date.now() / 1000 - r ? undefined : rec
+  }
+
+  /**
+   * Deletes expired responses in the background, SWEEP_ROWS at a time with the event loop free
+   * in between; started at most once per SWEEP_EVERY_MS (by a request that stores one).
+   */
+  private sweep(): void {
+    const now = Date.now()
+    if (this.cfg.retentionSec === 0 || this.sweeping || now - this.lastSweepMs < SWEEP_EVERY_MS) return
+    this.lastSweepMs = now
+    this.sweeping = true
+    const before = Math.floor(now / 1000) - this.cfg.retentionSec
+    const round = async (): Promise<void> => {
+      const n = await this.store.deleteResponsesBefore(before, SWEEP_ROWS)
+      if (n === SWEEP_ROWS) {
+        await new Promise((resolve) => setImmediate(resolve))
+        return round()
+      }
+    }
+    round()
+      .catch((err) => this.deps.log('error', 'sweeping expired responses failed', { error: String(err) }))
+      .finally(() => {
+        this.sweeping = false
+      })
+  }
 
   async create(
     payer: Payer,
@@ -43,7 +89,7 @@ export class ResponsesService {
     const store = body.store !== false
     let prior: Item[] = []
     if (body.previous_response_id) {
-      const rec = await this.store.getResponse(payer.org.id, body.previous_response_id)
+      const rec = await this.stored(payer.org.id, body.previous_response_id)
       if (!rec) throw responseNotFound(body.previous_response_id, 'previous_response_id')
       prior = JSON.parse(rec.conversation) as Item[]
     }
@@ -56,9 +102,9 @@ export class ResponsesService {
         Buffer.byteLength(JSON.stringify(items)) +
         Buffer.byteLength(body.instructions ?? '') +
         (body.tools ? Buffer.byteLength(JSON.stringify(body.tools)) : 0)
-      if (bytes > MAX_STORED_CONVERSATION_BYTES)
+      if (bytes > this.cfg.maxStoredBytes)
         throw new InvalidValue(
-          `the conversation to store (previous_response_id's, this input, instructions and tools) is ${bytes} bytes, more than ${MAX_STORED_CONVERSATION_BYTES}; start a new conversation or send store: false`,
+          `the conversation to store (previous_response_id's, this input, instructions and tools) is ${bytes} bytes, more than ${this.cfg.maxStoredBytes}; start a new conversation or send store: false`,
           body.previous_response_id ? 'previous_response_id' : 'input',
         )
     }
@@ -85,6 +131,7 @@ export class ResponsesService {
           response: JSON.stringify(r),
           createdAt: r.created_at,
         })
+        this.sweep()
         return r
       } catch (err) {
         // The answer is billed and is the client's: it gets it, marked as not stored.
@@ -112,7 +159,7 @@ export class ResponsesService {
 
   /** A stored response of the caller's organization, as the JSON it was returned as. */
   async get(orgId: string, id: string): Promise<Response> {
-    const rec = await this.store.getResponse(orgId, id)
+    const rec = await this.stored(orgId, id)
     if (!rec) throw responseNotFound(id)
     return new Response(rec.response, { headers: { 'content-type': 'application/json' } })
   }

@@ -254,6 +254,8 @@ export interface Store {
   getResponse(orgId: string, id: string): Promise<ResponseRecord | undefined>
   /** Deletes a response of this organization; whether there was one. */
   deleteResponse(orgId: string, id: string): Promise<boolean>
+  /** Deletes up to `limit` responses created before this Unix time (retention); how many. */
+  deleteResponsesBefore(createdAt: number, limit: number): Promise<number>
 
   close(): Promise<void>
 }

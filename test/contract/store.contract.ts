@@ -220,6 +220,20 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       const big = JSON.stringify(['x'.repeat(3 * 1024 * 1024)])
       await store.putResponse({ id: 'resp_3', orgId: 'o1', conversation: big, response: '{}', createdAt: 2 })
       expect((await store.getResponse('o1', 'resp_3'))?.conversation).toBe(big)
+      // Retention: everything created before the cut goes, whatever its organization.
+      await store.putResponse({
+        id: 'resp_4',
+        orgId: 'o1',
+        conversation: '[]',
+        response: '{}',
+        createdAt: 100,
+      })
+      expect(await store.deleteResponsesBefore(100, 1)).toBe(1) // at most `limit` at a time
+      expect(await store.deleteResponsesBefore(100, 10)).toBe(1) // resp_2 (1) and resp_3 (2) gone
+      expect(await store.getResponse('o2', 'resp_2')).toBeUndefined()
+      expect(await store.getResponse('o1', 'resp_3')).toBeUndefined()
+      expect((await store.getResponse('o1', 'resp_4'))?.createdAt).toBe(100)
+      expect(await store.deleteResponsesBefore(100, 10)).toBe(0)
     })
 
     test('files: insert, get, list newest first, soft delete', async () => {

@@ -568,8 +568,8 @@ describe('responses: faults and bounds', () => {
   })
 
   test('a conversation too big to store is refused before anything is billed; store: false is not bounded by it', async () => {
-    t = await startTropa({ balanceRub: 1000 })
-    const big = 'a '.repeat(4.5 * 1024 * 1024)
+    t = await startTropa({ extra: { responses: { max_stored_bytes: 100_000 } } })
+    const big = 'a '.repeat(60_000)
     const res = await t.fetch('/v1/responses', {
       method: 'POST',
       body: JSON.stringify({ model: 'test/chat', input: big }),
@@ -577,7 +577,7 @@ describe('responses: faults and bounds', () => {
     const body = (await res.json()) as { error: { param: string; message: string } }
     expect(res.status).toBe(400)
     expect(body.error.param).toBe('input')
-    expect(body.error.message).toContain('more than 8388608')
+    expect(body.error.message).toContain('more than 100000')
     // Unstored, the same input meets the model's context instead.
     const unstored = await t.fetch('/v1/responses', {
       method: 'POST',
@@ -588,6 +588,39 @@ describe('responses: faults and bounds', () => {
       'context_length_exceeded',
     )
     expect(await usageRows(t)).toHaveLength(0)
+  })
+
+  test('a response past responses.retention_days (30) is gone, and swept from the store', async () => {
+    const x = t!
+    const old = Math.floor(Date.now() / 1000) - 31 * 86_400
+    const conversation = JSON.stringify([{ type: 'message', role: 'user', content: 'old' }])
+    await x.svc.store.putResponse({
+      id: 'resp_old',
+      orgId: x.orgId,
+      conversation,
+      response: '{}',
+      createdAt: old,
+    })
+    const recent = Math.floor(Date.now() / 1000) - 29 * 86_400
+    await x.svc.store.putResponse({
+      id: 'resp_recent',
+      orgId: x.orgId,
+      conversation,
+      response: '{"id":"resp_recent"}',
+      createdAt: recent,
+    })
+    expect((await x.fetch('/v1/responses/resp_old')).status).toBe(404)
+    expect((await x.fetch('/v1/responses/resp_recent')).status).toBe(200)
+    const cont = await x.fetch('/v1/responses', {
+      method: 'POST',
+      body: JSON.stringify({ model: 'test/chat', input: 'x', previous_response_id: 'resp_old' }),
+    })
+    expect(cont.status).toBe(404)
+    // Storing a response starts the sweep.
+    await x.client().responses.create({ model: 'test/chat', input: 'new', max_output_tokens: 3 })
+    for (let i = 0; i < 100 && (await x.svc.store.getResponse(x.orgId, 'resp_old')); i++) await Bun.sleep(10)
+    expect(await x.svc.store.getResponse(x.orgId, 'resp_old')).toBeUndefined()
+    expect(await x.svc.store.getResponse(x.orgId, 'resp_recent')).toBeDefined()
   })
 })
 

@@ -10,7 +10,7 @@ const Params = t.Object({ response_id: t.String() })
 
 /** OpenAI's Responses API over the chat lifecycle; stored responses per organization. */
 export const responseRoutes = (svc: Services) => {
-  const responses = new ResponsesService(svc.deps, svc.store)
+  const responses = new ResponsesService(svc.deps, svc.store, svc.config.responses)
   const tags = ['responses']
   return new Elysia()
     .derive(authenticate(svc))

@@ -137,5 +137,5 @@ export const responses = pgTable(
     response: text('response').notNull(),
     createdAt: integer('created_at').notNull(),
   },
-  (t) => [index('responses_org').on(t.orgId, t.id)],
+  (t) => [index('responses_org').on(t.orgId, t.id), index('responses_created').on(t.createdAt)],
 )

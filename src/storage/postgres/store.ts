@@ -530,6 +530,13 @@ export class PostgresStore implements Store {
     return gone.length > 0
   }
 
+  async deleteResponsesBefore(createdAt: number, limit: number) {
+    const r = schema.responses
+    const old = this.db.select({ id: r.id }).from(r).where(lt(r.createdAt, createdAt)).limit(limit)
+    const gone = await this.db.delete(r).where(inArray(r.id, old)).returning({ id: r.id })
+    return gone.length
+  }
+
   async close() {
     await this.client.close()
   }

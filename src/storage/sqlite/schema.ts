@@ -145,5 +145,5 @@ export const responses = sqliteTable(
     response: text('response').notNull(),
     createdAt: epoch('created_at').notNull(),
   },
-  (t) => [index('responses_org').on(t.orgId, t.id)],
+  (t) => [index('responses_org').on(t.orgId, t.id), index('responses_created').on(t.createdAt)],
 )

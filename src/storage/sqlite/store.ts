@@ -548,6 +548,19 @@ export class SqliteStore implements Store {
     return gone.length > 0
   }
 
+  async deleteResponsesBefore(createdAt: number, limit: number) {
+    const r = schema.responses
+    const ids = this.db
+      .select({ id: r.id })
+      .from(r)
+      .where(lt(r.createdAt, createdAt))
+      .limit(limit)
+      .all()
+      .map((x) => x.id)
+    if (ids.length > 0) this.db.delete(r).where(inArray(r.id, ids)).run()
+    return ids.length
+  }
+
   async close() {
     this.client.close()
   }

@@ -6,4 +6,5 @@ CREATE TABLE `responses` (
 	`created_at` integer NOT NULL
 );
 --> statement-breakpoint
-CREATE INDEX `responses_org` ON `responses` (`org_id`,`id`);
+CREATE INDEX `responses_org` ON `responses` (`org_id`,`id`);--> statement-breakpoint
+CREATE INDEX `responses_created` ON `responses` (`created_at`);
