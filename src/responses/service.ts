@@ -1,5 +1,5 @@
 import type { ResponsesRequest } from '../api/responses.ts'
-import { InvalidValue, responseNotFound } from '../errors.ts'
+import { InvalidValue, quoted, responseNotFound } from '../errors.ts'
 import { sortableId } from '../ids.ts'
 import { type ChatDeps, chatCompletion, type Payer } from '../pipeline/chat.ts'
 import type { Store } from '../storage/store.ts'
@@ -127,7 +127,7 @@ export class ResponsesService {
         await this.store.putResponse({
           id: r.id,
           orgId: payer.org.id,
-          conversation: JSON.stringify([...items, ...(r.output as unknown as Item[])]),
+          conversation: JSON.stringify([...withIds(items), ...(r.output as unknown as Item[])]),
           response: JSON.stringify(r),
           createdAt: r.created_at,
         })
@@ -164,8 +164,61 @@ export class ResponsesService {
     return new Response(rec.response, { headers: { 'content-type': 'application/json' } })
   }
 
+  /**
+   * GET /v1/responses/{id}/input_items: the items the response answered (its previous
+   * conversation and its input), as OpenAI lists them: a page of `limit`, newest first unless
+   * `order` is asc, after the item `after`.
+   */
+  async inputItems(
+    orgId: string,
+    id: string,
+    q: { limit: number; order: 'asc' | 'desc'; after: string | undefined },
+  ) {
+    const rec = await this.stored(orgId, id)
+    if (!rec) throw responseNotFound(id)
+    const conversation = JSON.parse(rec.conversation) as Item[]
+    const outputs = (JSON.parse(rec.response) as { output?: unknown[] }).output?.length ?? 0
+    const items = conversation.slice(0, conversation.length - outputs).map(listedItem)
+    if (q.order === 'desc') items.reverse()
+    let from = 0
+    if (q.after !== undefined) {
+      from = items.findIndex((item) => item.id === q.after) + 1
+      if (from === 0) throw new InvalidValue(`no input item ${quoted(q.after)} in this response`, 'after')
+    }
+    const data = items.slice(from, from + q.limit)
+    return {
+      object: 'list',
+      data,
+      first_id: data[0]?.id ?? null,
+      last_id: data.at(-1)?.id ?? null,
+      has_more: from + q.limit < items.length,
+    }
+  }
+
   async remove(orgId: string, id: string) {
     if (!(await this.store.deleteResponse(orgId, id))) throw responseNotFound(id)
     return { id, object: 'response', deleted: true }
   }
+}
+
+const ID_PREFIX: Record<string, string> = {
+  message: 'msg_',
+  function_call: 'fc_',
+  function_call_output: 'fco_',
+}
+
+/** Items as stored: each with an id (the input_items list names them), given ones kept. */
+function withIds(items: readonly Item[]): Item[] {
+  return items.map((item) => {
+    if (typeof (item as { id?: unknown }).id === 'string') return item
+    return { ...item, id: `${ID_PREFIX[item.type ?? 'message'] ?? 'item_'}${sortableId()}` } as Item
+  })
+}
+
+/** A stored item as OpenAI lists it: a message's string content as one text part. */
+function listedItem(item: Item): Item & { id?: string } {
+  const m = item as { type?: string; role?: string; content?: unknown }
+  if ((m.type ?? 'message') !== 'message' || typeof m.content !== 'string') return item
+  const type = m.role === 'assistant' ? 'output_text' : 'input_text'
+  return { status: 'completed', ...item, type: 'message', content: [{ type, text: m.content }] } as Item
 }

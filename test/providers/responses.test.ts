@@ -239,6 +239,49 @@ function suite(name: string, postgres: boolean) {
       expect(unknown).toBeInstanceOf(OpenAI.NotFoundError)
     })
 
+    test("input_items lists a response's conversation and input, newest first, in pages", async () => {
+      const a = await client.responses.create({
+        model: 'test/chat',
+        input: [
+          { role: 'developer', content: 'Be kind.' },
+          { role: 'user', content: [{ type: 'input_text', text: 'Hello' }] },
+        ],
+        max_output_tokens: 4,
+      })
+      const b = await client.responses.create({
+        model: 'test/chat',
+        previous_response_id: a.id,
+        input: 'Next',
+        max_output_tokens: 4,
+      })
+      const page = await client.responses.inputItems.list(b.id)
+      const texts = page.data.map((item) => {
+        if (item.type !== 'message') throw new Error(`unexpected ${item.type}`)
+        return [item.role, (item.content[0] as { text: string }).text]
+      })
+      expect(texts).toEqual([
+        ['user', 'Next'],
+        ['assistant', a.output_text],
+        ['user', 'Hello'],
+        ['developer', 'Be kind.'],
+      ])
+      // a's answer keeps its id; every other item got one.
+      expect(page.data[1]!.id).toBe(a.output[0]!.id!)
+      for (const item of page.data) expect(item.id).toMatch(/^msg_/)
+      const asc = await client.responses.inputItems.list(b.id, { order: 'asc', limit: 2 })
+      expect(asc.data.map((i) => i.id)).toEqual([page.data[3]!.id, page.data[2]!.id])
+      expect(asc.has_more).toBe(true)
+      const rest = await client.responses.inputItems.list(b.id, {
+        order: 'asc',
+        limit: 2,
+        after: asc.data[1]!.id,
+      })
+      expect(rest.data.map((i) => i.id)).toEqual([page.data[1]!.id, page.data[0]!.id])
+      expect(rest.has_more).toBe(false)
+      const other = await otherOrgClient(t)
+      expect(await other.responses.inputItems.list(b.id).catch((e) => e)).toBeInstanceOf(OpenAI.NotFoundError)
+    })
+
     test('streaming: the documented events in order with sequence numbers, then retrievable', async () => {
       const stream = await client.responses.create({
         model: 'test/chat',

@@ -4,6 +4,7 @@ import { ResponsesService } from '../../responses/service.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
+import { queryEnum, queryInt } from '../query.ts'
 import { fromValueError } from '../value-error.ts'
 
 const Params = t.Object({ response_id: t.String() })
@@ -44,6 +45,25 @@ export const responseRoutes = (svc: Services) => {
       '/v1/responses/:response_id',
       ({ principal, params }) => responses.get(payerOf(principal).org.id, params.response_id),
       { params: Params, detail: { tags, summary: 'A stored response' } },
+    )
+    .get(
+      '/v1/responses/:response_id/input_items',
+      ({ principal, params, query }) =>
+        responses.inputItems(payerOf(principal).org.id, params.response_id, {
+          limit: queryInt(query.limit, 'limit', 1, 100) ?? 20,
+          order: queryEnum(query.order, 'order', ['asc', 'desc'] as const) ?? 'desc',
+          after: query.after,
+        }),
+      {
+        params: Params,
+        query: t.Object({
+          limit: t.Optional(t.String()),
+          order: t.Optional(t.String()),
+          after: t.Optional(t.String()),
+          include: t.Optional(t.Union([t.String(), t.Array(t.String())])),
+        }),
+        detail: { tags, summary: "A stored response's input items" },
+      },
     )
     .delete(
       '/v1/responses/:response_id',
