@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import net from 'node:net'
 import OpenAI, { toFile } from 'openai'
 import { batchCostNano, costNano, formatRub, rubNumberToNano } from '../../src/billing/money.ts'
 import { ResponsesStreamTranslator, responsesStream } from '../../src/responses/stream.ts'
@@ -691,3 +692,56 @@ test('the responses stream reads the chat stream only as its client reads (bound
   expect(pulls).toBeLessThanOrEqual(5)
   await reader.cancel()
 })
+
+test('a streamed response whose client never reads is cut at the stall timeout and billed what was sent, not the whole answer', async () => {
+  const LONG = 80_000
+  const t = await startTropa({
+    nodes: [
+      {
+        name: 'fast',
+        ignoreEos: true,
+        itlMs: 0.1,
+        iterationOverheadMs: 0,
+        decodeMsPerSeq: 0,
+        prefillTokensPerSec: 10_000_000,
+      },
+    ],
+    models: ([fast]) => [
+      {
+        id: 'test/long',
+        context_length: 100_000,
+        pricing: { prompt: '0.000030', completion: '0.000060' },
+        routes: [{ name: 'fast', base_url: fast!.url }],
+      },
+    ],
+  })
+  try {
+    // (server.stream_write_timeout_ms, shortened for this test)
+    ;(t.svc.deps as { streamWriteTimeoutMs: number }).streamWriteTimeoutMs = 500
+    const body = JSON.stringify({ model: 'test/long', input: 'go', stream: true, max_output_tokens: LONG })
+    const socket = net.connect(Number(new URL(t.url).port), '127.0.0.1')
+    socket.on('error', () => {})
+    socket.pause()
+    socket.on('connect', () => {
+      socket.write(
+        `POST /v1/responses HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${t.apiKey}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+      )
+      socket.pause()
+    })
+    let rows: Awaited<ReturnType<typeof t.svc.store.ledgerForOrg>> = []
+    for (let i = 0; i < 500 && rows.length === 0; i++) {
+      await Bun.sleep(20)
+      await t.svc.ledger.flush()
+      rows = (await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)).filter((r) => r.kind === 'usage')
+    }
+    expect(rows).toHaveLength(1)
+    expect(rows[0]!.outcome).toBe('client_stalled')
+    expect(rows[0]!.completionTokens).toBeGreaterThan(0)
+    // What the socket's buffers took, not the whole answer generated without backpressure.
+    expect(rows[0]!.completionTokens).toBeLessThan(LONG / 2)
+    expect(t.nodes[0]!.stats().aborted).toBe(1)
+    socket.destroy()
+  } finally {
+    await t.stop()
+  }
+}, 30_000)
