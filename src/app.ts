@@ -10,6 +10,7 @@ import { fileRoutes } from './http/routes/files.ts'
 import { healthRoutes } from './http/routes/health.ts'
 import { keyRoutes } from './http/routes/keys.ts'
 import { modelRoutes } from './http/routes/models.ts'
+import { responseRoutes } from './http/routes/responses.ts'
 import { usageRoutes } from './http/routes/usage.ts'
 import { requestId } from './ids.ts'
 import type { Services } from './services.ts'
@@ -49,6 +50,7 @@ export function createApp(svc: Services) {
     .use(modelRoutes(svc))
     .use(chatRoutes(svc))
     .use(completionRoutes(svc))
+    .use(responseRoutes(svc))
     .use(embeddingRoutes(svc))
     .use(fileRoutes(svc))
     .use(batchRoutes(svc))

@@ -110,6 +110,8 @@ export const keyNotFound = (id: string) => new NotFound(`no key ${quoted(id)}`, 
 export const orgNotFound = (id: string) => new NotFound(`no organization ${quoted(id)}`, 'org_not_found')
 export const unknownPath = (method: string, path: string) =>
   new NotFound(`no route ${clipped(method)} ${clipped(path)}`, 'unknown_path')
+export const responseNotFound = (id: string, param: string | null = null) =>
+  new NotFound(`no response ${quoted(id)}`, 'response_not_found', param)
 
 export class Conflict extends TropaError {
   readonly status = 409

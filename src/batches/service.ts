@@ -5,7 +5,12 @@ import { sortableId } from '../ids.ts'
 import type { BatchRecord, Store } from '../storage/store.ts'
 import type { BatchScheduler } from './scheduler.ts'
 
-export const BATCH_ENDPOINTS = ['/v1/chat/completions', '/v1/embeddings', '/v1/completions'] as const
+export const BATCH_ENDPOINTS = [
+  '/v1/chat/completions',
+  '/v1/embeddings',
+  '/v1/completions',
+  '/v1/responses',
+] as const
 
 export const batchNotFound = (id: string) => new NotFound(`no batch ${quoted(id)}`, 'batch_not_found')
 

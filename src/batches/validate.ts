@@ -2,6 +2,7 @@ import { Value } from '@sinclair/typebox/value'
 import { ChatRequest } from '../api/chat.ts'
 import { CompletionRequest } from '../api/completions.ts'
 import { EmbeddingRequest } from '../api/embeddings.ts'
+import { knownTypeError, ResponsesRequest } from '../api/responses.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { TropaError } from '../errors.ts'
@@ -11,6 +12,7 @@ import { askedOutput, checkMessages, outputBudget } from '../pipeline/chat.ts'
 import { toChat } from '../pipeline/completions.ts'
 import { checkInputs } from '../pipeline/embeddings.ts'
 import { countChatPrompt, countTokens, reservedPromptTokens } from '../pipeline/tokens.ts'
+import { inputItems, toChatRequest } from '../responses/translate.ts'
 import type { BatchLine } from '../storage/store.ts'
 import type { ValidationError } from './protocol.ts'
 
@@ -23,7 +25,7 @@ export interface LineCost {
   readonly worstNano: bigint
   /** Chat: the output bound reserved for, sent upstream as max_tokens (and max_completion_tokens). */
   readonly maxOut?: number
-  /** A /v1/completions line: the chat request it stands for (what is priced and sent). */
+  /** A /v1/completions or /v1/responses line: the chat request it stands for (what is priced and sent). */
   readonly chatBody?: ChatRequest
 }
 
@@ -36,6 +38,10 @@ export function priceLine(
   body: unknown,
   models: ReadonlyMap<string, ModelConfig>,
 ): LineCost {
+  if (endpoint === '/v1/responses') {
+    const chatBody = chatOf(body)
+    return { ...priceLine('/v1/chat/completions', chatBody, models), chatBody }
+  }
   const legacy = endpoint === '/v1/completions'
   const chat = legacy || endpoint === '/v1/chat/completions'
   const schema = legacy ? CompletionRequest : chat ? ChatRequest : EmbeddingRequest
@@ -79,6 +85,28 @@ export function priceLine(
     promptTokens,
     worstNano: batchCostNano(costNano(reservedPromptTokens(promptTokens), 0, model.price)),
   }
+}
+
+/**
+ * A /v1/responses line as the chat request it runs as, checked by the live endpoint's rules; a
+ * batch line is not stored and cannot continue a stored response, nor stream.
+ */
+function chatOf(body: unknown): ChatRequest {
+  const invalid = (e: ReturnType<typeof knownTypeError>) => {
+    const err = fromValueError(e)
+    return new LineError('invalid_body', `body.${err.message}`, err.param ? `body.${err.param}` : 'body')
+  }
+  if (!Value.Check(ResponsesRequest, body)) throw invalid(Value.Errors(ResponsesRequest, body).First())
+  const malformed = knownTypeError(body)
+  if (malformed) throw invalid(malformed)
+  if (body.stream === true) throw new LineError('invalid_body', 'a batch line cannot stream', 'body.stream')
+  if (body.previous_response_id != null)
+    throw new LineError(
+      'invalid_body',
+      'a batch line cannot continue a stored response (previous_response_id)',
+      'body.previous_response_id',
+    )
+  return toChatRequest(body, inputItems(body.input), 0)
 }
 
 class LineError extends Error {

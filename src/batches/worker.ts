@@ -3,18 +3,21 @@
 // batch files, runs leased lines against the upstream the main thread picked, and writes result
 // files. Money and routing stay on the main thread: every line asks it for a node and a
 // reservation first, so the hard limits hold across threads.
+
+import type { ResponsesRequest } from '../api/responses.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { UpstreamFailed, UpstreamRejected } from '../errors.ts'
 import { LocalFileStore } from '../files/file-store.ts'
 import { FilesService } from '../files/service.ts'
-import { requestId } from '../ids.ts'
+import { requestId, sortableId } from '../ids.ts'
 import { type ChatCompletionJson, textCompletionOf } from '../pipeline/completions.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
+import { responseOfCompletion } from '../responses/translate.ts'
 import { openStore } from '../storage/open.ts'
 import type { BatchLine, BatchRecord, BatchStatus, FileRecord, Store } from '../storage/store.ts'
 import { ProviderRegistry } from '../upstream/providers/index.ts'
-import { estimatedUsage, sanitizePromptUsage, sanitizeUsage } from '../upstream/sse.ts'
+import { estimatedUsage, sanitizePromptUsage, sanitizeUsage, type Usage } from '../upstream/sse.ts'
 import { Watchdog } from '../upstream/watchdog.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { endStamp } from './stamps.ts'
@@ -144,13 +147,7 @@ async function runLine(line: BatchLine) {
     outcome: 'error',
   }
   try {
-    settle = await callUpstream(
-      line,
-      batch,
-      (cost.chatBody as Record<string, unknown> | undefined) ?? body,
-      cost,
-      reply,
-    )
+    settle = await callUpstream(line, batch, body, cost, reply)
   } catch (err) {
     // Its result could not be written (the disk is full): the line goes back to the queue as soon
     // as the store takes writes again, instead of waiting for its lease to run out.
@@ -191,6 +188,8 @@ async function callUpstream(
   // A /v1/completions line goes upstream as its chat request (body is that, already).
   const chat = endpoint !== '/v1/embeddings'
   const path = chat ? '/chat/completions' : '/embeddings'
+  // A /v1/completions or /v1/responses line runs as the chat request it stands for.
+  const sent = (cost.chatBody ?? body) as Record<string, unknown>
   const requestIdOfLine = `${line.batchId}-${line.line}`
   let status = 0
   let text = ''
@@ -206,14 +205,14 @@ async function callUpstream(
     const bounds =
       cost.maxOut === undefined
         ? {}
-        : body.max_completion_tokens != null
+        : sent.max_completion_tokens != null
           ? { max_tokens: cost.maxOut, max_completion_tokens: cost.maxOut }
           : { max_tokens: cost.maxOut }
     const up = await providers.send(
       {
         route,
         path,
-        body: JSON.stringify({ ...body, model: route.upstreamModel, stream: false, ...bounds }),
+        body: JSON.stringify({ ...sent, model: route.upstreamModel, stream: false, ...bounds }),
         stream: false,
       },
       controller,
@@ -260,7 +259,18 @@ async function callUpstream(
         body:
           endpoint === '/v1/completions'
             ? textCompletionOf(parsed as ChatCompletionJson, `cmpl-${requestId()}`)
-            : parsed,
+            : endpoint === '/v1/responses'
+              ? responseOfCompletion(
+                  {
+                    id: `resp_${sortableId()}`,
+                    createdAt: Math.floor(Date.now() / 1000),
+                    model: modelId,
+                    body: body as ResponsesRequest,
+                    store: false,
+                  },
+                  parsed as { choices?: unknown; usage: Usage },
+                )
+              : parsed,
       },
       error: null,
     })

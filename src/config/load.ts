@@ -108,6 +108,11 @@ export interface Config {
     readonly orphanGraceSec: number
     readonly minFreeBytes: number
   }
+  readonly responses: {
+    /** 0: stored responses are kept until deleted. */
+    readonly retentionSec: number
+    readonly maxStoredBytes: number
+  }
   readonly redis: {
     readonly url: string | undefined
     readonly prefix: string
@@ -306,6 +311,10 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       prefix: cfg.redis?.prefix ?? 'tropa:',
       revocationBoundMs: cfg.redis?.revocation_bound_ms ?? 1000,
       reservationLeaseMs: cfg.redis?.reservation_lease_ms ?? 5000,
+    },
+    responses: {
+      retentionSec: (cfg.responses?.retention_days ?? 30) * 86_400,
+      maxStoredBytes: cfg.responses?.max_stored_bytes ?? 8 * 1024 * 1024,
     },
     files: {
       dir: resolve(dataDir, 'files'),

@@ -186,6 +186,16 @@ export const BatchesSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const ResponsesSchema = T.Object(
+  {
+    /** Stored responses (POST /v1/responses with store) older than this are deleted; 0 keeps them. */
+    retention_days: T.Optional(T.Integer({ minimum: 0, maximum: 3650 })),
+    /** Largest conversation a stored response may hold (400 past it). */
+    max_stored_bytes: T.Optional(T.Integer({ minimum: 1024, maximum: 256 * 1024 * 1024 })),
+  },
+  { additionalProperties: false },
+)
+
 export const RedisSchema = T.Object(
   {
     /** Redis for the cluster bus (several nodes on one PostgreSQL); also TROPA_REDIS_URL. */
@@ -211,6 +221,7 @@ export const ConfigFileSchema = T.Object(
     files: T.Optional(FilesSchema),
     batches: T.Optional(BatchesSchema),
     redis: T.Optional(RedisSchema),
+    responses: T.Optional(ResponsesSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

@@ -113,6 +113,21 @@ export interface BatchLine {
   readonly attempts: number
 }
 
+/** A stored Responses API response (POST /v1/responses with store: true). */
+export interface ResponseRecord {
+  readonly id: string
+  readonly orgId: string
+  /**
+   * JSON array of Responses input items: the conversation a follow-up continues from (the
+   * previous response's conversation, this request's input, this response's output; the
+   * instructions are not carried over, as in OpenAI's API).
+   */
+  readonly conversation: string
+  /** JSON text of the Response object as it was returned. */
+  readonly response: string
+  readonly createdAt: number
+}
+
 export interface KeyListQuery {
   readonly orgId: string
   readonly kind: KeyKind
@@ -215,6 +230,15 @@ export interface Store {
   lineResults(batchId: string, ok: boolean): Promise<string[]>
   /** Sum of the ledger rows of a batch. */
   batchCostNano(batchId: string): Promise<NanoRub>
+
+  /** Stores a response (its id is new). */
+  putResponse(r: ResponseRecord): Promise<void>
+  /** A response of this organization; undefined when absent or another organization's. */
+  getResponse(orgId: string, id: string): Promise<ResponseRecord | undefined>
+  /** Deletes a response of this organization; whether there was one. */
+  deleteResponse(orgId: string, id: string): Promise<boolean>
+  /** Deletes up to `limit` responses created before this Unix time (retention); how many. */
+  deleteResponsesBefore(createdAt: number, limit: number): Promise<number>
 
   close(): Promise<void>
 }

@@ -197,6 +197,45 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect(await store.usageByKeyModelDay('o1', day2 + 10, day2 + 20)).toEqual([])
     })
 
+    test('responses: put, get and delete within their organization only', async () => {
+      const conversation = JSON.stringify([{ type: 'message', role: 'user', content: 'héllo ✓' }])
+      const response = JSON.stringify({ id: 'resp_1', object: 'response', output: [] })
+      await store.putResponse({ id: 'resp_1', orgId: 'o1', conversation, response, createdAt: 1_700_000_000 })
+      await store.putResponse({ id: 'resp_2', orgId: 'o2', conversation: '[]', response: '{}', createdAt: 1 })
+      expect(await store.getResponse('o1', 'resp_1')).toEqual({
+        id: 'resp_1',
+        orgId: 'o1',
+        conversation,
+        response,
+        createdAt: 1_700_000_000,
+      })
+      expect(await store.getResponse('o2', 'resp_1')).toBeUndefined()
+      expect(await store.getResponse('o1', 'resp_nope')).toBeUndefined()
+      expect(await store.deleteResponse('o2', 'resp_1')).toBe(false)
+      expect(await store.deleteResponse('o1', 'resp_1')).toBe(true)
+      expect(await store.deleteResponse('o1', 'resp_1')).toBe(false)
+      expect(await store.getResponse('o1', 'resp_1')).toBeUndefined()
+      expect((await store.getResponse('o2', 'resp_2'))?.response).toBe('{}')
+      // A conversation of megabytes round-trips whole.
+      const big = JSON.stringify(['x'.repeat(3 * 1024 * 1024)])
+      await store.putResponse({ id: 'resp_3', orgId: 'o1', conversation: big, response: '{}', createdAt: 2 })
+      expect((await store.getResponse('o1', 'resp_3'))?.conversation).toBe(big)
+      // Retention: everything created before the cut goes, whatever its organization.
+      await store.putResponse({
+        id: 'resp_4',
+        orgId: 'o1',
+        conversation: '[]',
+        response: '{}',
+        createdAt: 100,
+      })
+      expect(await store.deleteResponsesBefore(100, 1)).toBe(1) // at most `limit` at a time
+      expect(await store.deleteResponsesBefore(100, 10)).toBe(1) // resp_2 (1) and resp_3 (2) gone
+      expect(await store.getResponse('o2', 'resp_2')).toBeUndefined()
+      expect(await store.getResponse('o1', 'resp_3')).toBeUndefined()
+      expect((await store.getResponse('o1', 'resp_4'))?.createdAt).toBe(100)
+      expect(await store.deleteResponsesBefore(100, 10)).toBe(0)
+    })
+
     test('files: insert, get, list newest first, soft delete', async () => {
       const f = (id: string, orgId = 'o1') => ({
         id,

@@ -127,3 +127,15 @@ export const batchLines = pgTable(
   },
   (t) => [primaryKey({ columns: [t.batchId, t.line] }), index('batch_lines_status').on(t.batchId, t.status)],
 )
+
+export const responses = pgTable(
+  'responses',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id').notNull(),
+    conversation: text('conversation').notNull(),
+    response: text('response').notNull(),
+    createdAt: integer('created_at').notNull(),
+  },
+  (t) => [index('responses_org').on(t.orgId, t.id), index('responses_created').on(t.createdAt)],
+)

@@ -20,6 +20,7 @@ import type {
   KeyRecord,
   LedgerEntry,
   OrgRecord,
+  ResponseRecord,
   Store,
 } from '../store.ts'
 import { embeddedPgMigrations } from './migrations.ts'
@@ -505,6 +506,35 @@ export class PostgresStore implements Store {
       .from(schema.ledger)
       .where(eq(schema.ledger.batchId, batchId))
     return row?.sum ? BigInt(row.sum) : 0n
+  }
+
+  async putResponse(r: ResponseRecord) {
+    await this.db.insert(schema.responses).values(r)
+  }
+
+  async getResponse(orgId: string, id: string) {
+    const r = schema.responses
+    const [row] = await this.db
+      .select()
+      .from(r)
+      .where(and(eq(r.id, id), eq(r.orgId, orgId)))
+    return row
+  }
+
+  async deleteResponse(orgId: string, id: string) {
+    const r = schema.responses
+    const gone = await this.db
+      .delete(r)
+      .where(and(eq(r.id, id), eq(r.orgId, orgId)))
+      .returning({ id: r.id })
+    return gone.length > 0
+  }
+
+  async deleteResponsesBefore(createdAt: number, limit: number) {
+    const r = schema.responses
+    const old = this.db.select({ id: r.id }).from(r).where(lt(r.createdAt, createdAt)).limit(limit)
+    const gone = await this.db.delete(r).where(inArray(r.id, old)).returning({ id: r.id })
+    return gone.length
   }
 
   async close() {

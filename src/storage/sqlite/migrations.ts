@@ -1,6 +1,7 @@
 import m0000 from './migrations/0000_init.sql' with { type: 'text' }
 import m0001 from './migrations/0001_batches.sql' with { type: 'text' }
 import m0002 from './migrations/0002_ledger_indexes.sql' with { type: 'text' }
+import m0003 from './migrations/0003_responses.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // Migrations travel inside the executable: each SQL file is imported as text here (a test
@@ -9,6 +10,7 @@ const SQL: Record<string, string> = {
   '0000_init': m0000,
   '0001_batches': m0001,
   '0002_ledger_indexes': m0002,
+  '0003_responses': m0003,
 }
 
 export interface Migration {

@@ -134,3 +134,16 @@ export const batchLines = sqliteTable(
   },
   (t) => [primaryKey({ columns: [t.batchId, t.line] }), index('batch_lines_status').on(t.batchId, t.status)],
 )
+
+/** Stored Responses API responses (store: true), per organization; JSON as text. */
+export const responses = sqliteTable(
+  'responses',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id').notNull(),
+    conversation: text('conversation').notNull(),
+    response: text('response').notNull(),
+    createdAt: epoch('created_at').notNull(),
+  },
+  (t) => [index('responses_org').on(t.orgId, t.id), index('responses_created').on(t.createdAt)],
+)

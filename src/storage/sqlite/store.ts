@@ -21,6 +21,7 @@ import type {
   KeyRecord,
   LedgerEntry,
   OrgRecord,
+  ResponseRecord,
   Store,
 } from '../store.ts'
 import { describe, integrityProblems, isDamage, type SqliteCheck, SqliteStoreUnusable } from './check.ts'
@@ -522,6 +523,42 @@ export class SqliteStore implements Store {
       .where(eq(schema.ledger.batchId, batchId))
       .get()
     return row?.sum ? BigInt(row.sum) : 0n
+  }
+
+  async putResponse(r: ResponseRecord) {
+    this.db.insert(schema.responses).values(r).run()
+  }
+
+  async getResponse(orgId: string, id: string) {
+    const r = schema.responses
+    return this.db
+      .select()
+      .from(r)
+      .where(and(eq(r.id, id), eq(r.orgId, orgId)))
+      .get()
+  }
+
+  async deleteResponse(orgId: string, id: string) {
+    const r = schema.responses
+    const gone = this.db
+      .delete(r)
+      .where(and(eq(r.id, id), eq(r.orgId, orgId)))
+      .returning({ id: r.id })
+      .all()
+    return gone.length > 0
+  }
+
+  async deleteResponsesBefore(createdAt: number, limit: number) {
+    const r = schema.responses
+    const ids = this.db
+      .select({ id: r.id })
+      .from(r)
+      .where(lt(r.createdAt, createdAt))
+      .limit(limit)
+      .all()
+      .map((x) => x.id)
+    if (ids.length > 0) this.db.delete(r).where(inArray(r.id, ids)).run()
+    return ids.length
   }
 
   async close() {
