@@ -8,6 +8,7 @@ import { embeddingRoutes } from './http/routes/embeddings.ts'
 import { fileRoutes } from './http/routes/files.ts'
 import { healthRoutes } from './http/routes/health.ts'
 import { keyRoutes } from './http/routes/keys.ts'
+import { messageRoutes } from './http/routes/messages.ts'
 import { modelRoutes } from './http/routes/models.ts'
 import { usageRoutes } from './http/routes/usage.ts'
 import { requestId } from './ids.ts'
@@ -47,6 +48,7 @@ export function createApp(svc: Services) {
     .use(healthRoutes(svc))
     .use(modelRoutes(svc))
     .use(chatRoutes(svc))
+    .use(messageRoutes(svc))
     .use(embeddingRoutes(svc))
     .use(fileRoutes(svc))
     .use(batchRoutes(svc))
