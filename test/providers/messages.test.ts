@@ -1,6 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import net from 'node:net'
 import Anthropic from '@anthropic-ai/sdk'
 import { costNano, nanoToRubNumber } from '../../src/billing/money.ts'
+import { MAX_EVENT_BYTES, MessageEvents } from '../../src/pipeline/messages.ts'
 import { countChatPrompt, loadTokenizer } from '../../src/pipeline/tokens.ts'
 import { CHAT_PRICE, defaultModels, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -600,5 +602,149 @@ describe('billing is chat billing', () => {
     for await (const chunk of chat)
       if (chunk.usage) chatCost = (chunk.usage as unknown as { cost_rub: number }).cost_rub
     expect(usage.cost_rub).toBe(chatCost)
+  })
+})
+
+describe('streams under faults: a broken upstream, a client that leaves, a client that stops reading', () => {
+  let u: Tropa
+  const LONG = 100_000
+  beforeAll(async () => {
+    u = await startTropa({
+      nodes: [
+        {
+          name: 'long',
+          seed: 1,
+          ignoreEos: true,
+          itlMs: 0.1,
+          iterationOverheadMs: 0,
+          decodeMsPerSeq: 0,
+          prefillTokensPerSec: 10_000_000,
+        },
+        { name: 'broken', seed: 2, itlMs: 2, faults: { cutAfterTokens: 3 } },
+      ],
+      models: (nodes) => [
+        {
+          id: 'test/long',
+          context_length: 200_000,
+          pricing: CHAT_PRICE,
+          routes: [{ name: 'long', base_url: nodes[0]!.url, upstream_model: 'chat-up' }],
+        },
+        {
+          id: 'test/broken',
+          context_length: 4096,
+          pricing: CHAT_PRICE,
+          routes: [{ name: 'broken', base_url: nodes[1]!.url, upstream_model: 'chat-up' }],
+        },
+      ],
+    })
+    // A client that takes nothing for a second is cut (server.stream_write_timeout_ms, 30 s by default).
+    ;(u.svc.deps as { streamWriteTimeoutMs: number }).streamWriteTimeoutMs = 1000
+  })
+  afterAll(() => u.stop())
+
+  /** The ledger row of the one request on `model` (waits for it to settle). */
+  async function settledRow(model: string) {
+    for (let i = 0; i < 500; i++) {
+      await u.svc.ledger.flush()
+      const row = (await u.svc.store.ledgerForOrg(u.orgId, 0, Date.now() + 1000)).find(
+        (r) => r.model === model,
+      )
+      if (row) return row
+      await Bun.sleep(20)
+    }
+    throw new Error(`no ledger row for ${model}`)
+  }
+
+  test('an upstream that breaks mid-stream: an Anthropic error event, the SDK throws, billed what was sent', async () => {
+    const stream = new Anthropic({ baseURL: u.url, apiKey: u.apiKey, maxRetries: 0 }).messages.stream({
+      model: 'test/broken',
+      max_tokens: 50,
+      messages: hello,
+    })
+    let text = ''
+    stream.on('text', (d) => {
+      text += d
+    })
+    const err = await stream.finalMessage().catch((e) => e)
+    expect(err).toBeInstanceOf(Anthropic.APIError)
+    expect(err.error).toMatchObject({ type: 'error', error: { type: 'api_error' } })
+    expect(text.length).toBeGreaterThan(0)
+    const row = await settledRow('test/broken')
+    expect(row.outcome).toBe('upstream_broken')
+    expect(row.completionTokens).toBeGreaterThan(0)
+    expect(row.completionTokens).toBeLessThanOrEqual(4)
+  })
+
+  test('a client that leaves mid-stream: the upstream is aborted and the request billed for what was sent', async () => {
+    const before = u.nodes[0]!.stats().aborted
+    const ac = new AbortController()
+    const res = await fetch(`${u.url}/v1/messages`, {
+      method: 'POST',
+      headers: { 'x-api-key': u.apiKey, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'test/long', max_tokens: LONG, messages: hello, stream: true }),
+      signal: ac.signal,
+    })
+    const reader = res.body!.getReader()
+    let got = ''
+    while (!got.includes('content_block_delta')) got += new TextDecoder().decode((await reader.read()).value)
+    expect(got).toStartWith('event: message_start\n')
+    ac.abort()
+    const row = await settledRow('test/long')
+    expect(row.outcome).toBe('client_disconnected')
+    expect(row.completionTokens).toBeGreaterThan(0)
+    expect(row.completionTokens).toBeLessThan(LONG / 2)
+    for (let i = 0; i < 100 && u.nodes[0]!.stats().aborted === before; i++) await Bun.sleep(20)
+    expect(u.nodes[0]!.stats().aborted).toBe(before + 1)
+  }, 20_000)
+
+  test('a client that stops reading: backpressure reaches the upstream, cut after the stall timeout and billed', async () => {
+    const { key } = await newApiKey(u, { name: 'silent' })
+    const before = u.nodes[0]!.stats().aborted
+    const body = JSON.stringify({ model: 'test/long', max_tokens: LONG, messages: hello, stream: true })
+    const socket = net.connect(Number(new URL(u.url).port), '127.0.0.1')
+    let closed = false
+    socket.on('close', () => {
+      closed = true
+    })
+    socket.on('error', () => {})
+    socket.pause()
+    socket.on('connect', () => {
+      socket.write(
+        `POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: ${key}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+      )
+      socket.pause()
+    })
+    const rows = async () => {
+      await u.svc.ledger.flush()
+      return (await u.svc.store.ledgerForOrg(u.orgId, 0, Date.now() + 1000)).filter(
+        (r) => r.model === 'test/long' && r.outcome === 'client_stalled',
+      )
+    }
+    for (let i = 0; i < 500 && (await rows()).length === 0; i++) await Bun.sleep(20)
+    const [row] = await rows()
+    expect(row).toBeDefined()
+    // What the socket buffers held, not the 100,000 tokens a relay without backpressure would read.
+    expect(row!.completionTokens).toBeGreaterThan(0)
+    expect(row!.completionTokens).toBeLessThan(LONG / 2)
+    for (let i = 0; i < 100 && u.nodes[0]!.stats().aborted === before; i++) await Bun.sleep(20)
+    expect(u.nodes[0]!.stats().aborted).toBe(before + 1)
+    socket.resume()
+    for (let i = 0; i < 250 && !closed; i++) await Bun.sleep(20)
+    expect(closed).toBe(true)
+  }, 20_000)
+
+  test('an event longer than MAX_EVENT_BYTES fails the stream with an error event instead of growing', async () => {
+    const out = new Blob([
+      await new Response(
+        new Response(
+          `data: {"choices":[{"delta":{"content":"${'x'.repeat(MAX_EVENT_BYTES)}`,
+        ).body!.pipeThrough(new MessageEvents('msg_1', 'm', undefined)),
+      ).arrayBuffer(),
+    ])
+    const text = await out.text()
+    expect(text.length).toBeLessThan(4096)
+    expect(text).toContain('event: error\n')
+    expect(text).toContain(`larger than ${MAX_EVENT_BYTES} bytes`)
+    expect(text).not.toContain('message_stop')
   })
 })
