@@ -61,6 +61,8 @@ export function toChatRequest(body: MessagesRequest): ChatRequest {
     else if (m.role === 'user') userMessages(m.content, `messages[${i}]`, messages)
     else messages.push(assistantMessage(m.content, `messages[${i}]`))
   })
+  if (!messages.some((m) => m.role !== 'system'))
+    throw new InvalidValue('messages: no text, image, tool_use or tool_result block to send', 'messages')
   const chat: ChatRequest = { model: body.model, messages, max_tokens: body.max_tokens }
   if (body.stream === true) {
     chat.stream = true

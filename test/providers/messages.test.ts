@@ -469,8 +469,9 @@ describe("errors in Anthropic's shape", () => {
   })
 
   test('Authorization: Bearer works as well as x-api-key', async () => {
+    // (Claude Code calls /v1/messages?beta=true)
     const res = await post(
-      '/v1/messages',
+      '/v1/messages?beta=true',
       { model, max_tokens: 5, messages: hello },
       { authorization: `Bearer ${t.apiKey}` },
     )
@@ -505,6 +506,8 @@ describe("errors in Anthropic's shape", () => {
         max_tokens: 5,
         messages: [{ role: 'assistant', content: [{ type: 'tool_result', tool_use_id: 'x', content: 'y' }] }],
       },
+      { model, max_tokens: 5, messages: [{ role: 'user', content: [] }] },
+      { model, max_tokens: 5, tool_choice: { type: 'any' }, messages: hello },
     ]) {
       const res = await post('/v1/messages', bad)
       expect(res.status).toBe(400)
