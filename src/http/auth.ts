@@ -5,7 +5,7 @@ import type { Services } from '../services.ts'
 
 /**
  * The caller's credential as an Authorization value: that header, or else Anthropic's
- * `x-api-key: <key>` (its SDK and Claude Code send the key so), on any route.
+ * `x-api-key: <key>` (Claude Code and Anthropic's 0.x SDKs send the key so), on any route.
  */
 export function credentialOf(request: Request): string | null {
   const authorization = request.headers.get('authorization')

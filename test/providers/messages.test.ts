@@ -479,6 +479,17 @@ describe("errors in Anthropic's shape", () => {
     expect(((await res.json()) as { type: string }).type).toBe('message')
   })
 
+  test('the SDK sending x-api-key (as Claude Code and the 0.x SDKs do; 1.x sends Bearer)', async () => {
+    const viaHeader = new Anthropic({
+      baseURL: t.url,
+      apiKey: null,
+      defaultHeaders: { 'x-api-key': t.apiKey },
+      maxRetries: 0,
+    })
+    const m = await viaHeader.messages.create({ model, max_tokens: 5, messages: hello })
+    expect(m.type).toBe('message')
+  })
+
   test('an unknown model -> NotFoundError (not_found_error)', async () => {
     const err = await client.messages
       .create({ model: 'no/such', max_tokens: 5, messages: hello })
@@ -547,10 +558,40 @@ describe("errors in Anthropic's shape", () => {
     })
     expect(res.status).toBe(404)
     expect(await res.json()).toMatchObject({ error: { type: 'not_found_error', code: 'model_not_found' } })
+    const get = await fetch(`${t.url}/v1/messages`, { headers: { 'x-api-key': t.apiKey } })
+    expect(get.status).toBe(405)
+    expect(get.headers.get('allow')).toBe('POST')
+    expect(await get.json()).toMatchObject({ type: 'error', error: { type: 'invalid_request_error' } })
+    const text = await fetch(`${t.url}/v1/messages`, {
+      method: 'POST',
+      headers: { 'x-api-key': t.apiKey, 'content-type': 'text/plain' },
+      body: 'hi',
+    })
+    expect(text.status).toBe(415)
+    expect(await text.json()).toMatchObject({ type: 'error', error: { type: 'invalid_request_error' } })
+    const master = await post(
+      '/v1/messages',
+      { model, max_tokens: 5, messages: hello },
+      { 'x-api-key': t.masterKey },
+    )
+    expect(master.status).toBe(403)
+    expect(await master.json()).toMatchObject({ type: 'error', error: { type: 'permission_error' } })
     const unknown = await post('/v1/messages/nope', {})
     expect(unknown.status).toBe(404)
     expect(await unknown.json()).toMatchObject({ type: 'error', error: { type: 'not_found_error' } })
   })
+})
+
+test('/docs/json documents both routes with their request bodies', async () => {
+  const doc = (await (await fetch(`${t.url}/docs/json`)).json()) as {
+    paths: Record<
+      string,
+      { post?: { requestBody?: { content: Record<string, { schema: { required?: string[] } }> } } }
+    >
+  }
+  const body = (p: string) => doc.paths[p]?.post?.requestBody?.content['application/json']?.schema
+  expect(body('/v1/messages')?.required).toEqual(expect.arrayContaining(['model', 'messages', 'max_tokens']))
+  expect(body('/v1/messages/count_tokens')?.required).toEqual(expect.arrayContaining(['model', 'messages']))
 })
 
 describe('billing is chat billing', () => {
