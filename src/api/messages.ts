@@ -65,14 +65,24 @@ export const MsgMessage = T.Object(
 )
 export type MsgMessage = Static<typeof MsgMessage>
 
-export const MsgTool = T.Object(
+export const MsgCustomTool = T.Object(
   {
+    type: T.Optional(T.Literal('custom')),
     name: T.String({ minLength: 1, maxLength: 64 }),
     description: T.Optional(T.String()),
     input_schema: T.Object({}, open),
   },
   open,
 )
+/**
+ * One of Anthropic's server tools (`web_search_20250305`, `code_execution_…`, `bash_…`): run by
+ * Anthropic, not by the model behind Tropa, so it is dropped (Claude Code sends some).
+ */
+export const MsgServerTool = T.Object(
+  { type: T.String({ minLength: 1, maxLength: 100 }), name: T.String({ minLength: 1, maxLength: 64 }) },
+  open,
+)
+export const MsgTool = T.Union([MsgCustomTool, MsgServerTool])
 
 const parallel = { disable_parallel_tool_use: T.Optional(T.Boolean()) }
 export const MsgToolChoice = T.Union([

@@ -1,5 +1,6 @@
+import type { Static } from '@sinclair/typebox'
 import type { ChatMessage, ChatRequest, ContentPart } from '../api/chat.ts'
-import type { CountTokensRequest, MessagesRequest, MsgContentBlock } from '../api/messages.ts'
+import type { CountTokensRequest, MessagesRequest, MsgContentBlock, MsgCustomTool } from '../api/messages.ts'
 import { InvalidValue } from '../errors.ts'
 import type { Usage } from '../upstream/sse.ts'
 import { type ChatDeps, chatCompletion, type Payer } from './chat.ts'
@@ -73,8 +74,9 @@ export function toChatRequest(body: MessagesRequest): ChatRequest {
   if (body.top_p !== undefined) chat.top_p = body.top_p
   if (body.stop_sequences !== undefined && body.stop_sequences.length > 0) chat.stop = body.stop_sequences
   if (typeof body.metadata?.user_id === 'string') chat.user = body.metadata.user_id
-  if (body.tools !== undefined && body.tools.length > 0) {
-    chat.tools = body.tools.map((t) => ({
+  const tools = customTools(body.tools)
+  if (tools.length > 0) {
+    chat.tools = tools.map((t) => ({
       type: 'function' as const,
       function: {
         name: t.name,
@@ -99,6 +101,17 @@ export function toChatRequest(body: MessagesRequest): ChatRequest {
       throw new InvalidValue(`tool_choice ${JSON.stringify(choice.type)} needs tools`, 'tool_choice')
   }
   return chat
+}
+
+/** The client's own tools; Anthropic's server tools are dropped (no model behind Tropa runs them). */
+function customTools(tools: MessagesRequest['tools']): Static<typeof MsgCustomTool>[] {
+  const out: Static<typeof MsgCustomTool>[] = []
+  tools?.forEach((t, i) => {
+    if ('input_schema' in t && t.input_schema !== undefined) out.push(t as Static<typeof MsgCustomTool>)
+    else if (t.type === undefined || t.type === 'custom')
+      throw new InvalidValue(`tools[${i}]: a custom tool needs input_schema`, `tools[${i}].input_schema`)
+  })
+  return out
 }
 
 const imageUrl = (b: Extract<MsgContentBlock, { type: 'image' }>): string =>

@@ -380,6 +380,23 @@ describe('POST /v1/messages through @anthropic-ai/sdk', () => {
       messages: hello,
     })
     expect((seen.at(-1) as { tool_choice: unknown }).tool_choice).toBe('none')
+    // Anthropic's server tools (Claude Code sends web search) are dropped, the client's kept.
+    await client.messages.create({
+      model: 'test/recorder',
+      max_tokens: 5,
+      tools: [{ type: 'web_search_20250305', name: 'web_search', max_uses: 8 }, weather],
+      messages: hello,
+    })
+    expect(
+      (seen.at(-1) as { tools: { function: { name: string } }[] }).tools.map((x) => x.function.name),
+    ).toEqual(['get_weather'])
+    await client.messages.create({
+      model: 'test/recorder',
+      max_tokens: 5,
+      tools: [{ type: 'web_search_20250305', name: 'web_search' }],
+      messages: hello,
+    })
+    expect((seen.at(-1) as { tools?: unknown }).tools).toBeUndefined()
   })
 })
 
@@ -511,7 +528,8 @@ describe("errors in Anthropic's shape", () => {
       { model, max_tokens: 5, messages: [{ role: 'system', content: 'x' }] },
       { model, max_tokens: 5, messages: [{ role: 'user', content: [{ type: 'document', source: {} }] }] },
       { model, max_tokens: 5, temperature: 1.5, messages: hello },
-      { model, max_tokens: 5, messages: hello, tools: [{ type: 'web_search_20250305', name: 'web_search' }] },
+      { model, max_tokens: 5, messages: hello, tools: [{ name: 'no_schema' }] },
+      { model, max_tokens: 5, messages: hello, tools: [{ type: 'custom', name: 'no_schema' }] },
       {
         model,
         max_tokens: 5,
