@@ -9,6 +9,7 @@ import { embeddingRoutes } from './http/routes/embeddings.ts'
 import { fileRoutes } from './http/routes/files.ts'
 import { healthRoutes } from './http/routes/health.ts'
 import { keyRoutes } from './http/routes/keys.ts'
+import { messageRoutes } from './http/routes/messages.ts'
 import { modelRoutes } from './http/routes/models.ts'
 import { responseRoutes } from './http/routes/responses.ts'
 import { usageRoutes } from './http/routes/usage.ts'
@@ -51,6 +52,7 @@ export function createApp(svc: Services) {
     .use(chatRoutes(svc))
     .use(completionRoutes(svc))
     .use(responseRoutes(svc))
+    .use(messageRoutes(svc))
     .use(embeddingRoutes(svc))
     .use(fileRoutes(svc))
     .use(batchRoutes(svc))

@@ -55,7 +55,21 @@ export interface FuzzReport {
   billed: number
 }
 
-const BILLED = new Set(['/v1/chat/completions', '/v1/embeddings'])
+const BILLED = new Set(['/v1/chat/completions', '/v1/embeddings', '/v1/messages'])
+
+/** The Anthropic error type each status must carry on /v1/messages* (src/http/error-mapper.ts). */
+const ANTHROPIC_TYPE_OF_STATUS: Record<number, string> = {
+  400: 'invalid_request_error',
+  401: 'authentication_error',
+  402: 'billing_error',
+  403: 'permission_error',
+  404: 'not_found_error',
+  405: 'invalid_request_error',
+  409: 'conflict_error',
+  413: 'request_too_large',
+  415: 'invalid_request_error',
+  429: 'rate_limit_error',
+}
 
 export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
   const doc = (await (await fetch(`${opts.url}/docs/json`)).json()) as Parameters<typeof operationsOf>[0]
@@ -131,7 +145,7 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
       if (process.env.FUZZ_PROGRESS && report.count % 5000 === 0) console.error(`${report.count} answered`)
       report.byStatus[status] = (report.byStatus[status] ?? 0) + 1
       report.byKind[req.kind] = (report.byKind[req.kind] ?? 0) + 1
-      const why = judge(status, contentType, text, req.method)
+      const why = judge(status, contentType, text, req.method, req.path)
       if (why)
         report.violations.push({
           kind: req.kind,
@@ -161,12 +175,19 @@ function keepSlowest(r: FuzzReport, s: FuzzReport['slowest'][number]): void {
 }
 
 /** Why an answer breaks the contract, or undefined. */
-export function judge(status: number, contentType: string, text: string, method: string): string | undefined {
+export function judge(
+  status: number,
+  contentType: string,
+  text: string,
+  method: string,
+  path = '',
+): string | undefined {
   if (status >= 500) return `status ${status}`
   if (status < 400) return undefined
   if (method === 'HEAD') return undefined
   if (!contentType.startsWith('application/json'))
     return `error with content-type ${JSON.stringify(contentType)}`
+  if (/^\/v1\/messages(\/|\?|$)/.test(path)) return judgeAnthropic(status, text)
   let body: { error?: { message?: unknown; type?: unknown; param?: unknown; code?: unknown } }
   try {
     body = JSON.parse(text)
@@ -182,6 +203,24 @@ export function judge(status: number, contentType: string, text: string, method:
   if (e.message.length > 2000) return 'error.message is over 2,000 characters (echoes input?)'
   const types = TYPE_OF_STATUS[status]
   if (types && !types.includes(e.type)) return `status ${status} with type ${e.type}`
+  return undefined
+}
+
+/** judge for the Messages API's paths: Anthropic's `{"type":"error","error":{type,message}}`. */
+function judgeAnthropic(status: number, text: string): string | undefined {
+  let body: { type?: unknown; error?: { message?: unknown; type?: unknown } }
+  try {
+    body = JSON.parse(text)
+  } catch {
+    return 'error body is not JSON'
+  }
+  if (body.type !== 'error') return 'type is not "error"'
+  const e = body.error
+  if (!e || typeof e !== 'object') return 'no error object'
+  if (typeof e.message !== 'string' || e.message.length === 0) return 'error.message is not a string'
+  if (e.message.length > 2000) return 'error.message is over 2,000 characters (echoes input?)'
+  const type = ANTHROPIC_TYPE_OF_STATUS[status]
+  if (type && e.type !== type) return `status ${status} with type ${String(e.type)}`
   return undefined
 }
 

@@ -3,6 +3,17 @@ import type { LiveOrg, Principal } from '../identity/live.ts'
 import type { Payer } from '../pipeline/chat.ts'
 import type { Services } from '../services.ts'
 
+/**
+ * The caller's credential as an Authorization value: that header, or else Anthropic's
+ * `x-api-key: <key>` (Claude Code and Anthropic's 0.x SDKs send the key so), on any route.
+ */
+export function credentialOf(request: Request): string | null {
+  const authorization = request.headers.get('authorization')
+  if (authorization !== null) return authorization
+  const apiKey = request.headers.get('x-api-key')
+  return apiKey === null ? null : `Bearer ${apiKey}`
+}
+
 // The body parser authenticates first (401 before reading a body); derive then reuses it.
 const seen = new WeakMap<Request, Principal>()
 
@@ -10,13 +21,12 @@ const seen = new WeakMap<Request, Principal>()
 export const authenticate =
   (svc: Services) =>
   async ({ request }: { request: Request }): Promise<{ principal: Principal }> => ({
-    principal:
-      seen.get(request) ?? (await svc.identity.authenticateShared(request.headers.get('authorization'))),
+    principal: seen.get(request) ?? (await svc.identity.authenticateShared(credentialOf(request))),
   })
 
 /** For body parsers: refuse an unauthenticated request before its body is read. */
 export const authenticateFirst = (svc: Services) => async (request: Request) => {
-  seen.set(request, await svc.identity.authenticateShared(request.headers.get('authorization')))
+  seen.set(request, await svc.identity.authenticateShared(credentialOf(request)))
 }
 
 /** Model endpoints take API keys only: they need a key to bill. */

@@ -25,6 +25,47 @@ export function errorResponse(err: TropaError, requestId: string | undefined): R
   )
 }
 
+/** Anthropic's `error.type` for each status Tropa answers with (the status itself is kept). */
+const ANTHROPIC_TYPES: Record<number, string> = {
+  400: 'invalid_request_error',
+  401: 'authentication_error',
+  // Anthropic documents 402 billing_error (its SDK's ErrorType lists it): a key or organization
+  // out of money is that.
+  402: 'billing_error',
+  403: 'permission_error',
+  404: 'not_found_error',
+  409: 'conflict_error',
+  413: 'request_too_large',
+  429: 'rate_limit_error',
+  500: 'api_error',
+  502: 'api_error',
+  503: 'overloaded_error',
+  504: 'timeout_error',
+}
+
+/**
+ * The same error in Anthropic's shape, for the Messages API's paths:
+ * `{"type":"error","error":{"type","message"},"request_id"}` with the same status and headers
+ * (other 4xx are `invalid_request_error`, other 5xx `api_error`, as Anthropic says).
+ */
+export function anthropicErrorResponse(err: TropaError, requestId: string | undefined): Response {
+  const res = errorResponse(err, requestId)
+  const type = ANTHROPIC_TYPES[err.status] ?? (err.status >= 500 ? 'api_error' : 'invalid_request_error')
+  if (requestId) res.headers.set('request-id', requestId)
+  return new Response(
+    JSON.stringify({ type: 'error', error: { type, message: err.message }, request_id: requestId ?? null }),
+    { status: err.status, headers: res.headers },
+  )
+}
+
+/** The paths whose errors take Anthropic's shape (the Messages API). */
+const anthropicPath = (url: string): boolean => {
+  const at = url.indexOf('/', url.indexOf('//') + 2)
+  if (at < 0 || !url.startsWith('/v1/messages', at)) return false
+  const next = url.charCodeAt(at + 12)
+  return Number.isNaN(next) || next === 47 /* / */ || next === 63 /* ? */
+}
+
 /**
  * Turns what any route throws (and Elysia's own VALIDATION, PARSE and NOT_FOUND) into our
  * errors. A wrong method on a known path is 405. Unknown errors are logged, never returned.
@@ -70,7 +111,7 @@ export const errorMapper = (
       })
       err = new InternalError()
     }
-    const res = errorResponse(err, requestId)
+    const res = (anthropicPath(request.url) ? anthropicErrorResponse : errorResponse)(err, requestId)
     if (err instanceof MethodNotAllowed)
       res.headers.set('allow', allowedMethods(new URL(request.url).pathname).join(', '))
     return res

@@ -14,13 +14,31 @@ const billed = new Set<string>()
 const reports: FuzzReport[] = []
 const rss: number[] = []
 let stderr = ''
+/** Whether the router's memory falls to `bytes` within `ms`. */
+async function rssFallsTo(bytes: number, ms: number): Promise<boolean> {
+  for (const until = Date.now() + ms; Date.now() < until; await Bun.sleep(200))
+    if (t.rss() <= bytes) return true
+  return false
+}
+/**
+ * The router's resident memory once load has stopped: the least of 20 samples over 2 s (one
+ * sample may catch a collection not yet done or a big body still held).
+ */
+async function settledRss(): Promise<number> {
+  let least = Number.POSITIVE_INFINITY
+  for (let i = 0; i < 20; i++) {
+    await Bun.sleep(100)
+    least = Math.min(least, t.rss())
+  }
+  return least
+}
 beforeAll(async () => {
   t = await startFuzzTarget()
 })
 afterAll(() => t.cleanup())
 
 test('100,000 generated requests: no 5xx, OpenAI error bodies, p99 under 50 ms, flat memory, the ledger untouched by refusals', async () => {
-  rss.push(t.rss())
+  rss.push(await settledRss())
   // Two halves with different seeds: the second shows whether memory keeps growing.
   for (const seed of [SEED, SEED + 1]) {
     reports.push(
@@ -34,9 +52,9 @@ test('100,000 generated requests: no 5xx, OpenAI error bodies, p99 under 50 ms, 
         onBilled: (id) => billed.add(id),
       }),
     )
-    await Bun.sleep(1000)
-    rss.push(t.rss())
+    rss.push(await settledRss())
   }
+  const memoryReturned = await rssFallsTo(rss[1]! + 64 * 2 ** 20, 20_000)
   stderr = await t.stop()
 
   const violations = reports.flatMap((r) => r.violations)
@@ -67,8 +85,11 @@ test('100,000 generated requests: no 5xx, OpenAI error bodies, p99 under 50 ms, 
   // Time to answer (status line and headers), client side, each half.
   for (const r of reports) expect(r.latency.p99).toBeLessThan(50)
 
-  // Memory: the second half of the run adds little to what the first half settled at.
-  expect(rss[2]! - rss[1]!).toBeLessThan(64 * 2 ** 20)
+  // Memory: back to where the warmed-up router stood after the first half (a large body's
+  // memory can stay held for a few seconds after a burst, so this waits for it, up to 20 s).
+  expect({ memoryReturned, rssMiB: rss.map((b) => Math.round(b / 2 ** 20)) }).toMatchObject({
+    memoryReturned: true,
+  })
 
   // Nothing unhandled, nothing logged as an error.
   expect(stderr.split('\n').filter((l) => l.includes('"level":"error"'))).toEqual([])

@@ -3,7 +3,7 @@ import { PermissionDenied } from '../../errors.ts'
 import { contentDisposition } from '../../files/names.ts'
 import { fileView } from '../../files/service.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, payerOf } from '../auth.ts'
+import { authenticate, credentialOf, payerOf } from '../auth.ts'
 import { queryInt } from '../query.ts'
 
 const Params = t.Object({ file_id: t.String() })
@@ -25,7 +25,7 @@ export const fileRoutes = (svc: Services) => {
               throw new PermissionDenied('the download link is invalid or has expired')
             file = await files.getAny(params.file_id)
           } else {
-            const payer = payerOf(await svc.identity.authenticateShared(request.headers.get('authorization')))
+            const payer = payerOf(await svc.identity.authenticateShared(credentialOf(request)))
             file = await files.get(payer.org.id, params.file_id)
           }
           return new Response(files.contents.stream(file.id), {

@@ -1,0 +1,51 @@
+import { Elysia } from 'elysia'
+import { CountTokensRequest, MessagesRequest } from '../../api/messages.ts'
+import { countMessageTokens, createMessage } from '../../pipeline/messages.ts'
+import type { Services } from '../../services.ts'
+import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
+import { jsonBody, jsonRequestBody } from '../body.ts'
+
+/**
+ * The Anthropic Messages API on any catalogue chat model (docs/api.md, Messages). Auth by
+ * `x-api-key` or Bearer; `anthropic-version` and `anthropic-beta` are accepted and not read.
+ * Errors on these paths take Anthropic's shape (error-mapper.ts).
+ */
+export const messageRoutes = (svc: Services) =>
+  new Elysia()
+    .derive(authenticate(svc))
+    .post(
+      '/v1/messages',
+      ({ principal, body, request, set, server }) =>
+        createMessage(
+          svc.deps,
+          payerOf(principal),
+          body as MessagesRequest,
+          request.signal,
+          set.headers['x-request-id'] as string,
+          request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
+          () => server?.timeout(request, 1),
+        ),
+      {
+        parse: jsonBody(svc.config.server.maxBodyBytes, MessagesRequest, authenticateFirst(svc)),
+        detail: {
+          tags: ['messages'],
+          summary: 'Anthropic Messages API (JSON, or SSE with stream: true) on any chat model',
+          requestBody: jsonRequestBody(MessagesRequest),
+        },
+      },
+    )
+    .post(
+      '/v1/messages/count_tokens',
+      ({ principal, body }) => {
+        payerOf(principal)
+        return countMessageTokens(svc.deps, body as CountTokensRequest)
+      },
+      {
+        parse: jsonBody(svc.config.server.maxBodyBytes, CountTokensRequest, authenticateFirst(svc)),
+        detail: {
+          tags: ['messages'],
+          summary: "A Messages request's input tokens, counted as chat counts them",
+          requestBody: jsonRequestBody(CountTokensRequest),
+        },
+      },
+    )
