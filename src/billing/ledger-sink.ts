@@ -47,6 +47,9 @@ export class ThreadLedgerSink implements LedgerSink {
     const w = this.start()
     const id = ++this.nextId
     return new Promise<void>((resolve, reject) => {
+      // A write in flight keeps the process alive: at shutdown the last flush must land before
+      // the event loop, its server and timers gone, lets the process exit (rows were lost so).
+      if (this.pending.size === 0) w.ref()
       this.pending.set(id, { resolve, reject })
       w.postMessage({ ...msg, id })
     })
@@ -59,6 +62,7 @@ export class ThreadLedgerSink implements LedgerSink {
       const p = this.pending.get(ev.data.id)
       if (!p) return
       this.pending.delete(ev.data.id)
+      if (this.pending.size === 0) w.unref()
       if (ev.data.error === undefined) p.resolve()
       else p.reject(new Error(ev.data.error))
     }
@@ -66,7 +70,7 @@ export class ThreadLedgerSink implements LedgerSink {
     w.onerror = (ev) => this.fail(w, new Error(`ledger thread failed: ${ev.message}`))
     w.addEventListener('close', () => this.fail(w, new Error('ledger thread exited')))
     w.postMessage({ t: 'init', path: this.path } satisfies ToLedgerThread)
-    // Pending writes keep the process alive, an idle thread does not.
+    // Pending writes keep the process alive (call() refs it), an idle thread does not.
     w.unref()
     this.worker = w
     return w
