@@ -55,7 +55,13 @@ export interface FuzzReport {
   billed: number
 }
 
-const BILLED = new Set(['/v1/chat/completions', '/v1/embeddings', '/v1/messages'])
+const BILLED = new Set([
+  '/v1/chat/completions',
+  '/v1/embeddings',
+  '/v1/messages',
+  '/v1/completions',
+  '/v1/responses',
+])
 
 /** The Anthropic error type each status must carry on /v1/messages* (src/http/error-mapper.ts). */
 const ANTHROPIC_TYPE_OF_STATUS: Record<number, string> = {
@@ -155,7 +161,7 @@ export async function runFuzz(opts: FuzzOptions): Promise<FuzzReport> {
           why,
           body: text.slice(0, 300),
         })
-      const path = req.path.split('?')[0]!
+      const path = req.path.split('?')[0]!.replace(/(.)\/+$/, '$1')
       if (status >= 200 && status < 300 && req.method === 'POST' && BILLED.has(path)) {
         report.billed++
         opts.onBilled?.(requestId)
