@@ -1,4 +1,10 @@
-import { UpstreamFailed, UpstreamRejected, UpstreamTimeout, UpstreamUnreachable } from '../../errors.ts'
+import {
+  InvalidJson,
+  UpstreamFailed,
+  UpstreamRejected,
+  UpstreamTimeout,
+  UpstreamUnreachable,
+} from '../../errors.ts'
 import type { UpstreamCall, UpstreamReply } from '../adapter.ts'
 import { cleanUpstreamMessage, cleanUpstreamParam } from '../redact.ts'
 import type { Watchdog } from '../watchdog.ts'
@@ -137,4 +143,13 @@ export function openAIError(body: string): { message: string; param: unknown } {
     // not JSON: the text
   }
   return { message: body.slice(0, 4096), param: undefined }
+}
+
+/** The internal (OpenAI-form) request body a translating adapter maps: parsed once, here. */
+export function internalBody(call: UpstreamCall): Record<string, unknown> {
+  try {
+    return JSON.parse(call.body) as Record<string, unknown>
+  } catch {
+    throw new InvalidJson()
+  }
 }

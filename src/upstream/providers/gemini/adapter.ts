@@ -1,7 +1,7 @@
-import { InvalidJson, UpstreamFailed } from '../../../errors.ts'
+import { UpstreamFailed } from '../../../errors.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from '../../adapter.ts'
 import type { Watchdog } from '../../watchdog.ts'
-import { classifyStatus, openAIError, sendHttp } from '../http.ts'
+import { classifyStatus, internalBody, openAIError, sendHttp } from '../http.ts'
 import { toBatchEmbed, toGenerateContent } from './request.ts'
 import { lazyJson, readAll, toChatCompletion, toEmbeddingList, translateStream } from './response.ts'
 
@@ -22,12 +22,7 @@ export class GeminiAdapter implements UpstreamAdapter {
     controller: AbortController,
     headersDeadlineMs: number,
   ): Promise<UpstreamReply> {
-    let body: Record<string, unknown>
-    try {
-      body = JSON.parse(call.body) as Record<string, unknown>
-    } catch {
-      throw new InvalidJson('the request body is not valid JSON')
-    }
+    const body = internalBody(call)
     const model = call.route.upstreamModel
     const root = `${call.route.baseUrl}/v1beta/models/${encodeURIComponent(model)}`
     const headers: Record<string, string> = {

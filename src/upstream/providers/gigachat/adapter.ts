@@ -1,14 +1,8 @@
-import {
-  InvalidJson,
-  InvalidValue,
-  UpstreamFailed,
-  UpstreamRejected,
-  UpstreamTimeout,
-} from '../../../errors.ts'
+import { InvalidValue, UpstreamFailed, UpstreamRejected, UpstreamTimeout } from '../../../errors.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from '../../adapter.ts'
 import { cleanUpstreamMessage } from '../../redact.ts'
 import type { Watchdog } from '../../watchdog.ts'
-import { readCapped, sendHttp } from '../http.ts'
+import { internalBody, readCapped, sendHttp } from '../http.ts'
 import { floatsToBase64, lineSplitter, randomId, SSE_DONE, sseEvent, translatedJson } from '../lines.ts'
 import { GigaChatAuth } from './auth.ts'
 import { toGigaChatRequest, toOpenAIChunks, toOpenAICompletion } from './translate.ts'
@@ -61,12 +55,7 @@ export class GigaChatAdapter implements UpstreamAdapter {
     controller: AbortController,
     headersDeadlineMs: number,
   ): Promise<UpstreamReply> {
-    let body: Record<string, unknown>
-    try {
-      body = JSON.parse(call.body) as Record<string, unknown>
-    } catch {
-      throw new InvalidJson()
-    }
+    const body = internalBody(call)
     const upstreamBody =
       call.path === '/embeddings'
         ? JSON.stringify(embeddingsRequest(body))

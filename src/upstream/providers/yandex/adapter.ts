@@ -1,15 +1,9 @@
-import {
-  InvalidJson,
-  InvalidValue,
-  UpstreamFailed,
-  UpstreamRejected,
-  UpstreamTimeout,
-} from '../../../errors.ts'
+import { InvalidValue, UpstreamFailed, UpstreamRejected, UpstreamTimeout } from '../../../errors.ts'
 import type { UpstreamAdapter, UpstreamCall, UpstreamReply } from '../../adapter.ts'
 import { cleanUpstreamMessage } from '../../redact.ts'
 import type { Usage } from '../../sse.ts'
 import type { Watchdog } from '../../watchdog.ts'
-import { readCapped, sendHttp } from '../http.ts'
+import { internalBody, readCapped, sendHttp } from '../http.ts'
 import { floatsToBase64, lineSplitter, randomId, SSE_DONE, sseEvent, translatedJson } from '../lines.ts'
 
 // Yandex Cloud's Foundation Models REST API (YandexGPT):
@@ -371,12 +365,7 @@ export class YandexAdapter implements UpstreamAdapter {
     controller: AbortController,
     headersDeadlineMs: number,
   ): Promise<UpstreamReply> {
-    let body: Record<string, unknown>
-    try {
-      body = JSON.parse(call.body) as Record<string, unknown>
-    } catch {
-      throw new InvalidJson()
-    }
+    const body = internalBody(call)
     const node = call.route.node
     if (call.path === '/embeddings') return this.embeddings(call, body, controller, headersDeadlineMs)
     const reply = await sendHttp(
