@@ -110,6 +110,8 @@ async function main() {
   log(
     `${values.against ? `this tree against ${values.against} (both with billing on)` : values.aa ? 'A/A run (both with billing on)' : 'billing on against billing off'}; ${pinned ? 'Tropa pinned to CPU 0, fleet and wrk to the others' : 'not pinned'}; ${repeats > 1 ? `${repeats} pairs of routers, ` : ''}${rounds} rounds of ${seconds} s, ${together ? 'both loaded at once (32 connections each)' : 'one after the other'}`,
   )
+  const sideA = values.against ? 'this tree' : 'billing on'
+  const sideB = values.against ? `${values.against}` : values.aa ? 'billing on (A/A)' : 'billing off'
   const rps: Record<Side, number[]> = { on: [], off: [] }
   const cpu: Record<Side, number[]> = { on: [], off: [] }
   const byThread: Record<Side, Map<string, number[]>> = { on: new Map(), off: new Map() }
@@ -213,10 +215,10 @@ async function main() {
   const lines = [
     `| | median RPS | Tropa CPU per request, us (median) | runs (RPS) |`,
     `| --- | --- | --- | --- |`,
-    `| Tropa, billing on | ${Math.round(median(rps.on))} | ${cOn.toFixed(1)} | ${rps.on.map(Math.round).join(', ')} |`,
-    `| Tropa, billing ${values.aa ? 'on (A/A)' : 'off'} | ${Math.round(median(rps.off))} | ${cOff.toFixed(1)} | ${rps.off.map(Math.round).join(', ')} |`,
+    `| Tropa, ${sideA} | ${Math.round(median(rps.on))} | ${cOn.toFixed(1)} | ${rps.on.map(Math.round).join(', ')} |`,
+    `| Tropa, ${sideB} | ${Math.round(median(rps.off))} | ${cOff.toFixed(1)} | ${rps.off.map(Math.round).join(', ')} |`,
     '',
-    '| thread | billing on, us per request | billing off, us per request |',
+    `| thread | ${sideA}, us per request | ${sideB}, us per request |`,
     '| --- | --- | --- |',
     ...names.map(
       (name) =>
