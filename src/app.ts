@@ -1,4 +1,5 @@
 import { Elysia } from 'elysia'
+import { HeadersTooLarge } from './errors.ts'
 import { errorMapper } from './http/error-mapper.ts'
 import { adminRoutes } from './http/routes/admin.ts'
 import { batchRoutes } from './http/routes/batches.ts'
@@ -22,8 +23,27 @@ import type { Services } from './services.ts'
  */
 export const RUNTIME_BODY_CAP = Number.MAX_SAFE_INTEGER
 
+/**
+ * The runtime's own header limit, set where Tropa is started (`--max-http-header-size`, in
+ * package.json's scripts and baked into the executable by `bun build --compile-exec-argv`): four
+ * times Bun's default, so that Tropa's limit (server.max_header_bytes, at most 60 KiB) refuses
+ * first with an error body. Past this the runtime answers a bare 431.
+ */
+export const RUNTIME_HEADER_BYTES = 65536
+
+/** Whether the request's headers (names and values) exceed `max` bytes; stops counting there. */
+function headersOver(headers: Headers, max: number): boolean {
+  let n = 0
+  for (const [k, v] of headers) {
+    n += k.length + v.length + 4
+    if (n > max) return true
+  }
+  return false
+}
+
 /** The HTTP app: request id, error mapper, docs, then the routes in the order a request meets them. */
 export function createApp(svc: Services) {
+  const maxHeaderBytes = svc.config.server.maxHeaderBytes
   let table: { method: string; re: RegExp }[] = []
   const allowedMethods = (path: string): string[] => table.filter((r) => r.re.test(path)).map((r) => r.method)
   // Elysia's default normalisation drops undeclared fields; chat and embeddings must pass them
@@ -42,8 +62,11 @@ export function createApp(svc: Services) {
     // so the runtime's is lifted out of their way and every 413 carries OpenAI's error body.
     serve: { maxRequestBodySize: RUNTIME_BODY_CAP, idleTimeout },
   })
-    .onRequest(({ set }) => {
+    .onRequest(({ request, set }) => {
       set.headers['x-request-id'] = requestId()
+      // Tropa's own header limit, below the runtime's (RUNTIME_HEADER_BYTES, whose refusal has no
+      // body), so that a 431 carries OpenAI's error body like every other refusal.
+      if (headersOver(request.headers, maxHeaderBytes)) throw new HeadersTooLarge(maxHeaderBytes)
     })
     .use(errorMapper(svc.log, allowedMethods, (err) => svc.files.disk?.report(err)))
     .use(docsRoutes())

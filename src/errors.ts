@@ -60,6 +60,12 @@ export class PayloadTooLarge extends InvalidRequest {
     super(`request body is larger than ${maxBytes} bytes`, 'payload_too_large')
   }
 }
+export class HeadersTooLarge extends InvalidRequest {
+  override readonly status = 431
+  constructor(maxBytes: number) {
+    super(`request headers are larger than ${maxBytes} bytes`, 'request_header_fields_too_large')
+  }
+}
 export class UnsupportedMediaType extends InvalidRequest {
   override readonly status = 415
   constructor(contentType: string, expected = 'application/json') {

@@ -67,6 +67,8 @@ export interface Config {
     readonly dataDir: string
     readonly adminToken: string | undefined
     readonly maxBodyBytes: number
+    /** Request headers (names and values) above this many bytes get a 431 with an error body. */
+    readonly maxHeaderBytes: number
     /** A stream whose client takes no bytes for this long is cut. */
     readonly streamWriteTimeoutMs: number
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
@@ -274,6 +276,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       dataDir,
       adminToken: cfg.server?.admin_token,
       maxBodyBytes: cfg.server?.max_body_bytes ?? 32 * 1024 * 1024,
+      maxHeaderBytes: cfg.server?.max_header_bytes ?? 16 * 1024,
       streamWriteTimeoutMs: cfg.server?.stream_write_timeout_ms ?? 30_000,
       logLevel: cfg.server?.log_level ?? 'info',
       billing: cfg.server?.billing ?? true,

@@ -80,6 +80,8 @@ export const ServerSchema = T.Object(
     /** Signs download links; generated into the store when unset (set it when nodes share links). */
     secret: T.Optional(T.String({ minLength: 32 })),
     max_body_bytes: T.Optional(T.Integer({ minimum: 1024 })),
+    /** Request headers above this get Tropa's 431 (the runtime's own limit is RUNTIME_HEADER_BYTES). */
+    max_header_bytes: T.Optional(T.Integer({ minimum: 1024, maximum: 60 * 1024 })),
     /** The base of links Tropa hands out (batch downloads); default http://<host>:<port>. */
     public_url: T.Optional(T.String({ minLength: 1 })),
     /** A stream whose client takes no bytes for this long is cut (upstream aborted, billed so far). */

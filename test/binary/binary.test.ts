@@ -195,6 +195,15 @@ describe('the compiled executable', () => {
         'sim/embed-small',
         ...providerModels,
       ])
+      // The runtime's header limit baked into the executable (--compile-exec-argv) sits above
+      // Tropa's: 20 KiB of headers get Tropa's 431 with an error body.
+      const big = await fetch(`${second.creds.base_url}/v1/models`, {
+        headers: { 'x-big': 'a'.repeat(20_000) },
+      })
+      expect(big.status).toBe(431)
+      expect(((await big.json()) as { error: { code: string } }).error.code).toBe(
+        'request_header_fields_too_large',
+      )
       // Each provider's adapter and simulated front are in the executable: one answer through each.
       for (const model of providerModels) {
         const done = await client.chat.completions.create({

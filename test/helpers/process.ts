@@ -5,6 +5,8 @@ export async function startRouterProcess(configPath: string, port: number, env: 
   const proc = Bun.spawn(
     [
       process.execPath,
+      // The runtime's header limit as package.json's scripts and the executable set it (app.ts).
+      '--max-http-header-size=65536',
       join(import.meta.dir, '../../src/main.ts'),
       '--config',
       configPath,
