@@ -82,86 +82,76 @@ export function demoModels(nodes: readonly SimNode[]): ModelConfig[] {
       routes: routes('embed-small'),
     },
   ]
-  const at = {
-    anthropic: origin('anthropic'),
-    gemini: origin('gemini'),
-    azure: origin('azure'),
-    gigachat: origin('gigachat'),
-    yandex: origin('yandex'),
+  // One model per provider protocol, served by that protocol's node through its native adapter.
+  const providerModels: [
+    SimProtocol,
+    string,
+    { prompt: string; completion: string },
+    (at: string) => RouteFile,
+  ][] = [
+    [
+      'anthropic',
+      'anthropic/claude-sim',
+      { prompt: '300', completion: '1500' },
+      (at) => ({
+        provider: 'anthropic',
+        base_url: at,
+        upstream_model: 'claude-sim',
+        headers: { 'x-api-key': ANTHROPIC_SIM_KEY },
+      }),
+    ],
+    [
+      'gemini',
+      'google/gemini-sim',
+      { prompt: '30', completion: '250' },
+      (at) => ({
+        provider: 'gemini',
+        base_url: at,
+        upstream_model: 'gemini-2.5-flash',
+        headers: { 'x-goog-api-key': 'AIzaSyDemo-sim-key-0000000000000000000' },
+      }),
+    ],
+    [
+      'azure',
+      'azure/gpt-4o-sim',
+      { prompt: '250', completion: '1000' },
+      (at) => ({
+        provider: 'azure',
+        base_url: at,
+        upstream_model: 'gpt-4o-sim',
+        api_version: '2024-10-21',
+        headers: { 'api-key': SIM_AZURE_API_KEY },
+      }),
+    ],
+    [
+      'gigachat',
+      'gigachat/gigachat-sim',
+      { prompt: '30', completion: '60' },
+      (at) => ({
+        provider: 'gigachat',
+        base_url: `${at}/api/v1`,
+        auth_url: `${at}/api/v2/oauth`,
+        api_key_env: 'GIGACHAT_SIM_AUTH_KEY',
+        upstream_model: 'GigaChat',
+      }),
+    ],
+    [
+      'yandex',
+      'yandex/yandexgpt-sim',
+      { prompt: '30', completion: '60' },
+      (at) => ({
+        provider: 'yandex',
+        base_url: at,
+        folder_id: 'b1gdemo',
+        api_key_env: 'YANDEX_SIM_KEY',
+        upstream_model: 'yandexgpt/latest',
+      }),
+    ],
+  ]
+  for (const [protocol, id, price, route] of providerModels) {
+    const at = origin(protocol)
+    if (at) files.push(chat(id, price, { name: `${protocol}-sim`, ...route(at) }))
   }
-  if (at.anthropic)
-    files.push(
-      chat(
-        'anthropic/claude-sim',
-        { prompt: '300', completion: '1500' },
-        {
-          name: 'anthropic-sim',
-          provider: 'anthropic',
-          base_url: at.anthropic,
-          upstream_model: 'claude-sim',
-          headers: { 'x-api-key': ANTHROPIC_SIM_KEY },
-        },
-      ),
-    )
-  if (at.gemini)
-    files.push(
-      chat(
-        'google/gemini-sim',
-        { prompt: '30', completion: '250' },
-        {
-          name: 'gemini-sim',
-          provider: 'gemini',
-          base_url: at.gemini,
-          upstream_model: 'gemini-2.5-flash',
-          headers: { 'x-goog-api-key': 'AIzaSyDemo-sim-key-0000000000000000000' },
-        },
-      ),
-    )
-  if (at.azure)
-    files.push(
-      chat(
-        'azure/gpt-4o-sim',
-        { prompt: '250', completion: '1000' },
-        {
-          name: 'azure-sim',
-          provider: 'azure',
-          base_url: at.azure,
-          upstream_model: 'gpt-4o-sim',
-          api_version: '2024-10-21',
-          headers: { 'api-key': SIM_AZURE_API_KEY },
-        },
-      ),
-    )
-  if (at.gigachat)
-    files.push(
-      chat(
-        'gigachat/gigachat-sim',
-        { prompt: '30', completion: '60' },
-        {
-          name: 'gigachat-sim',
-          provider: 'gigachat',
-          base_url: `${at.gigachat}/api/v1`,
-          auth_url: `${at.gigachat}/api/v2/oauth`,
-          api_key_env: 'GIGACHAT_SIM_AUTH_KEY',
-          upstream_model: 'GigaChat',
-        },
-      ),
-    )
-  if (at.yandex)
-    files.push(
-      chat(
-        'yandex/yandexgpt-sim',
-        { prompt: '30', completion: '60' },
-        {
-          name: 'yandex-sim',
-          provider: 'yandex',
-          base_url: at.yandex,
-          folder_id: 'b1gdemo',
-          api_key_env: 'YANDEX_SIM_KEY',
-          upstream_model: 'yandexgpt/latest',
-        },
-      ),
-    )
   const models = files.map((f) => checkModel(f, `demo: ${f.id}`, DEMO_ENV, problems))
   if (problems.length > 0) throw new ConfigError(problems)
   return models

@@ -8,6 +8,7 @@ import {
   SIM_FILTER_OUTPUT,
   SIM_FILTER_PROMPT,
 } from '../../src/simulator/protocols/azure.ts'
+import { usageRows } from '../helpers/ledger.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 // The openai SDK -> Tropa -> an azure route -> the simulated Azure OpenAI resource.
@@ -68,11 +69,6 @@ const azureNodes = (n: number, extra: Partial<SimNodeOptions> = {}): SimNodeOpti
     protocol: 'azure',
     ...extra,
   }))
-
-const usageRows = async (tr: Tropa) => {
-  await tr.svc.ledger.flush()
-  return (await tr.svc.store.ledgerForOrg(tr.orgId, 0, Date.now() + 1000)).filter((r) => r.kind === 'usage')
-}
 
 describe('azure route: chat', () => {
   test('plain: Tropa’s id and model, exact usage -> cost, one ledger row', async () => {

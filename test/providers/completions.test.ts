@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import net from 'node:net'
 import OpenAI, { toFile } from 'openai'
 import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
+import { usageRows } from '../helpers/ledger.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 // POST /v1/completions (legacy), through the official openai SDK's client.completions: served on
@@ -25,10 +26,6 @@ afterAll(async () => {
   await eos.stop()
 })
 
-const usageRows = async (tr: Tropa) => {
-  await tr.svc.ledger.flush()
-  return (await tr.svc.store.ledgerForOrg(tr.orgId, 0, Date.now() + 1000)).filter((r) => r.kind === 'usage')
-}
 const costOf = (u: unknown) => (u as { cost_rub: number }).cost_rub
 
 describe('POST /v1/completions', () => {

@@ -3,6 +3,7 @@ import OpenAI from 'openai'
 import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
 import type { SimNode, SimNodeOptions } from '../../src/simulator/index.ts'
+import { leaveMidStream, usageRows } from '../helpers/ledger.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 // OpenAI's SDK -> Tropa -> a `provider: "gemini"` route -> the simulated Gemini API (the front
@@ -70,11 +71,6 @@ const totals = (nodes: SimNode[]) =>
     },
     { prompt: 0, completion: 0, cached: 0 },
   )
-
-async function usageRows(t: Tropa) {
-  await t.svc.ledger.flush()
-  return (await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)).filter((r) => r.kind === 'usage')
-}
 
 const weatherTool: OpenAI.ChatCompletionTool = {
   type: 'function',
@@ -432,28 +428,7 @@ describe('failover and broken streams on gemini routes', () => {
 
   test('a client that disconnects mid-stream: the Gemini stream is cancelled, what was sent is billed', async () => {
     t = await startTropa({ nodes: gemNodes(1, { itlMs: 20, timeScale: 1 }), models: geminiModels() })
-    const controller = new AbortController()
-    const res = await t.fetch('/v1/chat/completions', {
-      method: 'POST',
-      body: JSON.stringify({ ...body, stream: true, max_tokens: 60 }),
-      signal: controller.signal,
-    })
-    const reader = res.body!.getReader()
-    let received = ''
-    while (received.split('"content":"').length < 4) {
-      const { value } = await reader.read()
-      received += new TextDecoder().decode(value)
-    }
-    controller.abort()
-    await Bun.sleep(300)
-    const rows = await usageRows(t)
-    expect(rows).toHaveLength(1)
-    expect(rows[0]!.outcome).toBe('client_disconnected')
-    expect(rows[0]!.completionTokens).toBeGreaterThan(0)
-    expect(rows[0]!.completionTokens).toBeLessThan(60)
-    expect([...t.svc.deps.pool.nodes.values()][0]!.inFlight).toBe(0)
-    // the node's engine stopped generating: no sequence is left running
-    expect(t.nodes[0]!.stats().running).toBe(0)
+    await leaveMidStream(t, body, 60)
     expect(t.svc.identity.org(t.orgId).reservedNano).toBe(0n)
   })
 })

@@ -3,6 +3,7 @@ import type { APIError, default as OpenAI } from 'openai'
 import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
 import type { SimNode, SimNodeOptions } from '../../src/simulator/index.ts'
+import { leaveMidStream, usageRows } from '../helpers/ledger.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 // openai SDK -> Tropa -> a yandex route -> the simulated Foundation Models API.
@@ -60,12 +61,6 @@ const messages = [
   { role: 'system' as const, content: 'Ты краток.' },
   { role: 'user' as const, content: 'Расскажи про маршрутизаторы.' },
 ]
-async function usageRows(tropa: Tropa) {
-  await tropa.svc.ledger.flush()
-  return (await tropa.svc.store.ledgerForOrg(tropa.orgId, 0, Date.now() + 1000)).filter(
-    (r) => r.kind === 'usage',
-  )
-}
 const totals = (tropa: Tropa) =>
   tropa.nodes.reduce(
     (s, n) => ({
@@ -251,28 +246,7 @@ describe('failures', () => {
 
   test('a client that leaves mid-stream stops the upstream stream and pays for what it was sent', async () => {
     t = await start([ya('ya-slow', { timeScale: 1, itlMs: 20, ignoreEos: true })])
-    const controller = new AbortController()
-    const res = await t.fetch('/v1/chat/completions', {
-      method: 'POST',
-      body: JSON.stringify({ model: 'yandex/yandexgpt-sim', messages, stream: true, max_tokens: 200 }),
-      signal: controller.signal,
-    })
-    const reader = res.body!.getReader()
-    let received = ''
-    while (received.split('"content":"').length < 4) {
-      const { value } = await reader.read()
-      received += new TextDecoder().decode(value)
-    }
-    controller.abort()
-    await Bun.sleep(300)
-    const rows = await usageRows(t)
-    expect(rows).toHaveLength(1)
-    expect(rows[0]!.outcome).toBe('client_disconnected')
-    expect(rows[0]!.completionTokens).toBeGreaterThan(0)
-    expect(rows[0]!.completionTokens).toBeLessThan(200)
-    expect([...t.svc.deps.pool.nodes.values()][0]!.inFlight).toBe(0)
-    // The node stopped generating (it would run to its 200 tokens, 4 s, otherwise).
-    expect(t.nodes[0]!.stats().running).toBe(0)
+    await leaveMidStream(t, { model: 'yandex/yandexgpt-sim', messages }, 200)
   })
 
   test('an IAM token (t1.) as the credential goes as Bearer', async () => {
