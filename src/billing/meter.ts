@@ -10,8 +10,6 @@ export interface Reservation {
   readonly org: LiveOrg
   readonly amountNano: NanoRub
   done: boolean
-  /** Cluster meter: the key's room was debited too (the key had a limit at reservation). */
-  keyDebited?: boolean
   /** Cluster meter: the reservation's field in this node's hash of holds in Redis. */
   hold?: string
 }
@@ -32,6 +30,19 @@ export interface MoneyMeter {
   limitChanged?(key: LiveKey, before: NanoRub | null, after: NanoRub | null): void
   /** An organization was credited. */
   credited?(org: LiveOrg, amountNano: NanoRub): void
+  /**
+   * Where the organization and these keys of it stand across a cluster (every node's charges
+   * and holds); absent on one node, whose live objects are the truth.
+   */
+  standing?(org: LiveOrg, keys: readonly LiveKey[]): Promise<Standing>
+}
+
+/** An organization's balance and reservations in flight, and its keys' spend, right now. */
+export interface Standing {
+  readonly balanceNano: NanoRub
+  readonly reservedNano: NanoRub
+  /** By key id. */
+  readonly spentNano: ReadonlyMap<string, NanoRub>
 }
 
 /**

@@ -4,7 +4,7 @@ import { insufficientBalance, keyLimitReached, SharedStateUnavailable, TropaErro
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Store } from '../storage/store.ts'
 import { type LedgerWriter, ledgerFullError } from './ledger.ts'
-import { charge, type MoneyMeter, type Reservation, type Settlement } from './meter.ts'
+import { charge, type MoneyMeter, type Reservation, type Settlement, type Standing } from './meter.ts'
 import type { NanoRub } from './money.ts'
 
 // Check-and-reserve for every node at once, in one atomic Redis script. A "room" is what a key
@@ -30,25 +30,34 @@ end
 `
 
 // KEYS: key room, org room, this node's holds, this node's heartbeat. ARGV: amount, limited, hold id.
+// Every key has a room, limited or not: an unlimited key's is (0 - spent - holds), never checked,
+// so that any node can tell what a key has spent across the cluster (see standing()).
 const RESERVE = `${LESS}
 if redis.call('EXISTS', KEYS[4]) == 0 then return 'ALIVE' end
 local amount = ARGV[1]
-if ARGV[2] == '1' then
-  local k = redis.call('GET', KEYS[1])
-  if not k then return 'MISS_KEY' end
-  if less(k, amount) then return 'KEY' end
-end
+local k = redis.call('GET', KEYS[1])
+if not k then return 'MISS_KEY' end
+if ARGV[2] == '1' and less(k, amount) then return 'KEY' end
 local o = redis.call('GET', KEYS[2])
 if not o then return 'MISS_ORG' end
 if less(o, amount) then return 'ORG' end
-if ARGV[2] == '1' then
-  redis.call('DECRBY', KEYS[1], amount)
-  redis.call('HSET', KEYS[3], ARGV[3], amount .. ' ' .. KEYS[1] .. ' ' .. KEYS[2])
-else
-  redis.call('HSET', KEYS[3], ARGV[3], amount .. ' ' .. KEYS[2])
-end
+redis.call('DECRBY', KEYS[1], amount)
 redis.call('DECRBY', KEYS[2], amount)
+redis.call('HSET', KEYS[3], ARGV[3], amount .. ' ' .. KEYS[1] .. ' ' .. KEYS[2])
 return 'OK'
+`
+
+// What rooms hold now, and every hold of every node (the caller sums them: Lua numbers are
+// doubles). KEYS: set of nodes, then the rooms. ARGV: prefix. Returns {rooms, holds}.
+const STANDING = `
+local rooms = {}
+for i = 2, #KEYS do rooms[i - 1] = redis.call('GET', KEYS[i]) or '' end
+local holds = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local all = redis.call('HGETALL', ARGV[1] .. 'held:' .. id)
+  for i = 2, #all, 2 do holds[#holds + 1] = all[i] end
+end
+return {rooms, holds}
 `
 
 // Settlement or release. KEYS: this node's holds, then the rooms. ARGV: hold id, what goes back
@@ -146,7 +155,7 @@ end
 return 'OK'
 `
 
-const SCRIPTS = { RESERVE, SETTLE, HEARTBEAT, RELIST, SWEEP, REBUILD }
+const SCRIPTS = { RESERVE, SETTLE, HEARTBEAT, RELIST, SWEEP, REBUILD, STANDING }
 type ScriptName = keyof typeof SCRIPTS
 
 export interface SharedMeterOptions {
@@ -236,7 +245,7 @@ export class SharedMeter implements MoneyMeter {
       if (verdict === 'OK') {
         key.reservedNano += amountNano
         org.reservedNano += amountNano
-        const r: Reservation = { key, org, amountNano, done: false, keyDebited: limited, hold }
+        const r: Reservation = { key, org, amountNano, done: false, hold }
         this.inFlight.set(hold, r)
         return r
       }
@@ -244,7 +253,7 @@ export class SharedMeter implements MoneyMeter {
       if (verdict === 'ORG') throw insufficientBalance()
       try {
         if (verdict === 'ALIVE') await this.heartbeat()
-        else await this.rebuild(verdict === 'MISS_KEY' ? 'key' : 'org', key, org)
+        else await this.rebuild(verdict === 'MISS_KEY' ? 'key' : 'org', key.id, org.id)
       } catch (err) {
         if (err instanceof TropaError) throw err
         throw new SharedStateUnavailable()
@@ -268,13 +277,52 @@ export class SharedMeter implements MoneyMeter {
   }
 
   limitChanged(key: LiveKey, before: NanoRub | null, after: NanoRub | null): void {
-    if (before !== null && after !== null) void this.incr(this.keyRoom(key.id), after - before)
-    // From or to "no limit": the room is rebuilt from the record on next use.
-    else void this.redis.del(this.keyRoom(key.id)).catch(() => {})
+    // An unlimited key's room counts from a limit of 0 (see RESERVE).
+    void this.incr(this.keyRoom(key.id), (after ?? 0n) - (before ?? 0n))
   }
 
   credited(org: LiveOrg, amountNano: NanoRub): void {
     void this.incr(this.orgRoom(org.id), amountNano)
+  }
+
+  /**
+   * What an organization and some of its keys stand at across the cluster, at one instant: a
+   * room plus the holds listed against it is the balance (or the limit less the spend) with
+   * every node's settled charges in, written to PostgreSQL or not. A missing room is rebuilt
+   * first, as a reservation would.
+   */
+  async standing(org: LiveOrg, keys: readonly LiveKey[]): Promise<Standing> {
+    const rooms = [this.orgRoom(org.id), ...keys.map((k) => this.keyRoom(k.id))]
+    for (let attempt = 0; ; attempt++) {
+      let reply: [string[], string[]]
+      try {
+        reply = (await this.scripts.reply('STANDING', [this.nodes, ...rooms], [this.prefix])) as [
+          string[],
+          string[],
+        ]
+      } catch {
+        throw new SharedStateUnavailable()
+      }
+      const [values, holds] = reply
+      const missing = values.indexOf('')
+      if (missing >= 0) {
+        if (attempt >= 3) throw new SharedStateUnavailable()
+        await this.rebuild(missing === 0 ? 'org' : 'key', keys[missing - 1]?.id ?? '', org.id)
+        continue
+      }
+      const held = new Map<string, NanoRub>()
+      for (const h of holds) {
+        const [amount, ...named] = h.split(' ')
+        for (const room of named) held.set(room, (held.get(room) ?? 0n) + BigInt(amount!))
+      }
+      const heldAt = (room: string) => held.get(room) ?? 0n
+      const spentNano = new Map<string, NanoRub>()
+      keys.forEach((k, i) => {
+        spentNano.set(k.id, (k.limitNano ?? 0n) - BigInt(values[i + 1]!) - heldAt(rooms[i + 1]!))
+      })
+      const reservedNano = heldAt(rooms[0]!)
+      return { balanceNano: BigInt(values[0]!) + reservedNano, reservedNano, spentNano }
+    }
   }
 
   /** One script per settlement: the hold leaves this node's hash and the unused part goes back. */
@@ -283,9 +331,7 @@ export class SharedMeter implements MoneyMeter {
     r.org.reservedNano -= r.amountNano
     if (r.hold === undefined) return
     this.inFlight.delete(r.hold)
-    const keys = r.keyDebited
-      ? [this.held, this.keyRoom(r.key.id), this.orgRoom(r.org.id)]
-      : [this.held, this.orgRoom(r.org.id)]
+    const keys = [this.held, this.keyRoom(r.key.id), this.orgRoom(r.org.id)]
     const args = [r.hold, (r.amountNano - charged).toString(), (-charged).toString()]
     if (this.unsent.length > 0) this.unsent.push({ keys, args })
     else void this.run('SETTLE', keys, args).catch(() => this.unsent.push({ keys, args }))
@@ -338,10 +384,7 @@ export class SharedMeter implements MoneyMeter {
         if (had === 0 && this.inFlight.size > 0) {
           const args: string[] = []
           for (const [id, r] of this.inFlight) {
-            const rooms = r.keyDebited
-              ? `${this.keyRoom(r.key.id)} ${this.orgRoom(r.org.id)}`
-              : this.orgRoom(r.org.id)
-            args.push(id, `${r.amountNano} ${rooms}`)
+            args.push(id, `${r.amountNano} ${this.keyRoom(r.key.id)} ${this.orgRoom(r.org.id)}`)
           }
           const n = await this.run('RELIST', [this.held], args)
           this.log('warn', 'listed in-flight holds again after losing them in Redis', { holds: Number(n) })
@@ -371,20 +414,20 @@ export class SharedMeter implements MoneyMeter {
    * rebuild waits out the settling window, so every live node has listed its holds again and
    * flushed the spend it had settled.
    */
-  private async rebuild(which: 'key' | 'org', key: LiveKey, org: LiveOrg) {
+  private async rebuild(which: 'key' | 'org', keyId: string, orgId: string) {
     for (let attempt = 0; attempt < 5; attempt++) {
       await this.ledger.flush()
       let room: string
       let base: NanoRub
       if (which === 'key') {
-        const rec = await this.store.getKey(key.id)
-        if (!rec || rec.limitNano === null) return
-        room = this.keyRoom(key.id)
-        base = rec.limitNano - rec.spentNano
-      } else {
-        const rec = await this.store.getOrg(org.id)
+        const rec = await this.store.getKey(keyId)
         if (!rec) return
-        room = this.orgRoom(org.id)
+        room = this.keyRoom(keyId)
+        base = (rec.limitNano ?? 0n) - rec.spentNano
+      } else {
+        const rec = await this.store.getOrg(orgId)
+        if (!rec) return
+        room = this.orgRoom(orgId)
         base = rec.balanceNano
       }
       const v = await this.run(

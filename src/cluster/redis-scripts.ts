@@ -28,6 +28,11 @@ export class RedisScripts<Name extends string> {
   }
 
   async run(name: Name, keys: readonly string[], args: readonly string[]): Promise<string> {
+    return String(await this.reply(name, keys, args))
+  }
+
+  /** The script's reply as Redis gave it (arrays stay arrays). */
+  async reply(name: Name, keys: readonly string[], args: readonly string[]): Promise<unknown> {
     if (!this.redis.connected) {
       if (this.connectedOnce) throw new Error('Redis is not connected')
       await this.redis.connect()
@@ -35,11 +40,11 @@ export class RedisScripts<Name extends string> {
     }
     let sha = this.sha.get(name) ?? (await this.load(name))
     try {
-      return String(await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args]))
+      return await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args])
     } catch (err) {
       if (!String((err as Error).message).includes('NOSCRIPT')) throw err
       sha = await this.load(name)
-      return String(await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args]))
+      return await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args])
     }
   }
 

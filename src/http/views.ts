@@ -1,4 +1,4 @@
-import { nanoToRubNumber } from '../billing/money.ts'
+import { type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 
 /** A key as `/v1/keys` shows it: never the secret, only its hint. */
@@ -19,13 +19,14 @@ export function keyView(k: LiveKey) {
   }
 }
 
-export function orgView(o: LiveOrg) {
+/** An organization; `now` is where its money stands (IdentityService.orgNow), by default its live copy. */
+export function orgView(o: LiveOrg, now: { balanceNano: NanoRub; reservedNano: NanoRub } = o) {
   return {
     id: o.id,
     object: 'organization' as const,
     name: o.name,
-    balance_rub: nanoToRubNumber(o.balanceNano),
-    reserved_rub: nanoToRubNumber(o.reservedNano),
+    balance_rub: nanoToRubNumber(now.balanceNano),
+    reserved_rub: nanoToRubNumber(now.reservedNano),
     created_at: o.createdAt,
   }
 }

@@ -316,16 +316,38 @@ export class IdentityService {
 
   async listKeys(q: { orgId: string; kind: KeyKind; status?: KeyStatus; afterId?: string; limit: number }) {
     // Ids come from the store (ordering, paging); on one node the live objects carry unflushed
-    // spend. With several nodes each spends apart, so the store's totals are the truth.
+    // spend. With several nodes each spends apart: the records, with the cluster's spend.
     const rows = await this.store.listKeys(q)
-    return rows.map((r) => (this.bus ? new LiveKey(r) : (this.byId.get(r.id) ?? new LiveKey(r))))
+    if (!this.meter?.standing) return rows.map((r) => this.byId.get(r.id) ?? new LiveKey(r))
+    const keys = rows.map((r) => new LiveKey(r))
+    await this.withClusterSpend(q.orgId, keys)
+    return keys
   }
 
-  /** A key as its record should be shown: with several nodes, the store's spend and last use. */
+  /** A key as its record should be shown: with several nodes, the cluster's spend and last use. */
   async current(key: LiveKey): Promise<LiveKey> {
-    if (!this.bus) return key
+    if (!this.meter?.standing) return key
     const rec = await this.store.getKey(key.id)
-    return rec ? new LiveKey(rec) : key
+    const shown = rec ? new LiveKey(rec) : key
+    await this.withClusterSpend(key.orgId, [shown])
+    return shown
+  }
+
+  /**
+   * An organization's balance and money reserved in flight as they stand now: on one node its
+   * live object; with several nodes, every node's charges and holds (the meter's shared rooms),
+   * where a node's own copy knows only its own since the last credit.
+   */
+  async orgNow(org: LiveOrg): Promise<{ balanceNano: NanoRub; reservedNano: NanoRub }> {
+    return this.meter?.standing ? this.meter.standing(org, []) : org
+  }
+
+  /** Sets shown copies' spend to the cluster's (unflushed charges of every node included). */
+  private async withClusterSpend(orgId: string, keys: LiveKey[]): Promise<void> {
+    const org = this.orgs.get(orgId)
+    if (!org || keys.length === 0 || !this.meter?.standing) return
+    const s = await this.meter.standing(org, keys)
+    for (const k of keys) k.spentNano = s.spentNano.get(k.id) ?? k.spentNano
   }
 
   async updateKey(key: LiveKey, c: KeyChanges): Promise<LiveKey> {

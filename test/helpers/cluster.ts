@@ -56,6 +56,8 @@ export async function startCluster(
   return {
     nodes,
     sim: fleet.nodes,
+    /** The cluster's PostgreSQL database. */
+    pgUrl: pg.url,
     async stop() {
       for (const node of nodes) await node.stop()
       await fleet.stop()

@@ -38,16 +38,23 @@ export const adminRoutes = (svc: Services) => {
         },
       },
     )
-    .get('/v1/admin/organizations/:org_id', ({ params }) => orgView(svc.identity.org(params.org_id)), {
-      params: OrgParams,
-      detail: { tags, summary: 'An organization and its balance' },
-    })
+    .get(
+      '/v1/admin/organizations/:org_id',
+      async ({ params }) => {
+        const org = svc.identity.org(params.org_id)
+        return orgView(org, await svc.identity.orgNow(org))
+      },
+      {
+        params: OrgParams,
+        detail: { tags, summary: 'An organization and its balance' },
+      },
+    )
     .post(
       '/v1/admin/organizations/:org_id/credit',
       async ({ params, body }) => {
         const org = svc.identity.org(params.org_id)
         await svc.identity.credit(org, limitOf((body as CreditBody).amount_rub, 'amount_rub')!)
-        return orgView(org)
+        return orgView(org, await svc.identity.orgNow(org))
       },
       {
         parse: jsonBody(64 * 1024, CreditBody, auth),

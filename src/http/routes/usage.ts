@@ -12,10 +12,17 @@ const DAY = 86_400
 export const usageRoutes = (svc: Services) =>
   new Elysia()
     .derive(authenticate(svc))
-    .get('/v1/organization', ({ principal, query }) => orgView(keyManagerOrg(svc, principal, query.org_id)), {
-      query: t.Object({ org_id: t.Optional(t.String()) }, { additionalProperties: false }),
-      detail: { tags: ['usage'], summary: "The caller's organization and its balance" },
-    })
+    .get(
+      '/v1/organization',
+      async ({ principal, query }) => {
+        const org = keyManagerOrg(svc, principal, query.org_id)
+        return orgView(org, await svc.identity.orgNow(org))
+      },
+      {
+        query: t.Object({ org_id: t.Optional(t.String()) }, { additionalProperties: false }),
+        detail: { tags: ['usage'], summary: "The caller's organization and its balance" },
+      },
+    )
     .get(
       '/v1/usage',
       async ({ principal, query }) => {
@@ -29,7 +36,7 @@ export const usageRoutes = (svc: Services) =>
         return {
           object: 'list',
           org_id: org.id,
-          balance_rub: nanoToRubNumber(org.balanceNano),
+          balance_rub: nanoToRubNumber((await svc.identity.orgNow(org)).balanceNano),
           start_time: start,
           end_time: end,
           data: rows.map((r) => ({
