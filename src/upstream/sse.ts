@@ -47,6 +47,8 @@ const USAGE_FIELD = /"usage"\s*:\s*(?!null\b)\S/
 const ID_FIELD = /"id"\s*:\s*"((?:[^"\\]|\\.)*)"/
 const EMPTY_CHOICES = /"choices"\s*:\s*\[\s*\]/
 const MODEL_FIELD = /"model"\s*:\s*"((?:[^"\\]|\\.)*)"/
+const EMPTY_OBJECT = /"object"\s*:\s*""/
+const ZERO_CREATED = /"created"\s*:\s*0(?=\s*[,}])/
 const encoder = new TextEncoder()
 /** Generated text is copied out of the chunks' strings every this many chars (about 1,000 tokens). */
 const COPY_AT = 4096
@@ -200,7 +202,11 @@ export class ChatStreamRelay {
     if (id?.[1] === '' && EMPTY_CHOICES.test(payload) && !USAGE_FIELD.test(payload)) {
       text = text.replace(id[0], this.idTo)
       const m = MODEL_FIELD.exec(text)
-      return m?.[1] === '' ? text.replace(m[0], this.modelTo) : text
+      if (m?.[1] === '') text = text.replace(m[0], this.modelTo)
+      // Azure's `"object":""` and `"created":0` there: a chunk of Tropa's stream like the others.
+      return text
+        .replace(EMPTY_OBJECT, '"object":"chat.completion.chunk"')
+        .replace(ZERO_CREATED, `"created":${Math.floor(Date.now() / 1000)}`)
     }
     // copies, or they would keep the first chunk alive for the whole stream
     this.idFrom = id ? copyOf(id[0]) : ''

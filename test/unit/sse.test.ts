@@ -52,7 +52,7 @@ test('a long stream keeps its generated text, not every chunk it relayed', () =>
   expect(heldMB).toBeLessThan(40)
 })
 
-test("Azure's opening prompt-filter event, in either key order and with usage null, is relayed under Tropa's id; the upstream's id is learnt from the next event", () => {
+test("Azure's opening prompt-filter event, in either key order and with usage null, is relayed under Tropa's id as a chat.completion.chunk; the upstream's id is learnt from the next event", () => {
   const openings = [
     '{"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}',
     '{"id":"","object":"","created":0,"model":"","prompt_annotations":[{"prompt_index":0,"content_filter_results":{}}],"choices":[],"usage":null}',
@@ -70,10 +70,22 @@ test("Azure's opening prompt-filter event, in either key order and with usage nu
     const events = out
       .split('\n\n')
       .filter(Boolean)
-      .map((e) => JSON.parse(e.slice(6)) as { id: string; model: string; choices: unknown[] })
+      .map(
+        (e) =>
+          JSON.parse(e.slice(6)) as {
+            id: string
+            object: string
+            created: number
+            model: string
+            choices: unknown[]
+          },
+      )
     expect(events).toHaveLength(3)
     expect(events.map((e) => e.id)).toEqual(['chatcmpl-tropa', 'chatcmpl-tropa', 'chatcmpl-tropa'])
     expect(events.map((e) => e.model)).toEqual(['azure/m', 'azure/m', 'azure/m'])
+    // Azure's empty "object" and zero "created" are not passed on: every chunk is a chunk.
+    expect(events.map((e) => e.object)).toEqual(Array(3).fill('chat.completion.chunk'))
+    expect(events[0]!.created).toBeGreaterThan(1_700_000_000)
     expect(events[0]!.choices).toEqual([])
     expect(relay.generated).toBe('Hello')
   }
