@@ -55,6 +55,8 @@ export interface SimNodeStats {
   cachedTokens: number
   /** Token exchanges answered (gigachat's OAuth endpoint). */
   authRequests: number
+  /** Files stored (gigachat's POST /files). */
+  uploads: number
   running: number
   waiting: number
 }
@@ -424,6 +426,9 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     countAuthRequest: () => {
       stats.authRequests++
     },
+    countUpload: () => {
+      stats.uploads++
+    },
   }
 
   const server = Bun.serve({
@@ -512,6 +517,7 @@ function emptyStats(): SimNodeStats {
     completionTokens: 0,
     cachedTokens: 0,
     authRequests: 0,
+    uploads: 0,
     running: 0,
     waiting: 0,
   }
