@@ -55,6 +55,8 @@ export interface SimNodeStats {
   cachedTokens: number
   /** Token exchanges answered (gigachat's OAuth endpoint). */
   authRequests: number
+  /** Files stored (gigachat's POST /files). */
+  uploads: number
   running: number
   waiting: number
 }
@@ -424,6 +426,9 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     countAuthRequest: () => {
       stats.authRequests++
     },
+    countUpload: () => {
+      stats.uploads++
+    },
   }
 
   const server = Bun.serve({
@@ -432,15 +437,22 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     // A hanging node must hang until the client gives up, not until Bun's idle timeout.
     idleTimeout: 0,
     async fetch(req) {
-      if (front) return front(req, core)
-      const path = new URL(req.url).pathname
-      // A hung node hangs on every path, health and metrics included.
-      if (faults.hang && req.method === 'GET')
+      // A hung node hangs on every path of every protocol (health, metrics, token exchange
+      // included) until the client goes away; a POST counts as a request and its end as aborted.
+      if (faults.hang) {
+        if (req.method === 'POST') {
+          stats.requests++
+          req.signal.addEventListener('abort', () => stats.aborted++, { once: true })
+        }
+        if (req.signal.aborted) return new Response(null, { status: 499 })
         return new Promise<Response>((resolve) =>
           req.signal.addEventListener('abort', () => resolve(new Response(null, { status: 499 })), {
             once: true,
           }),
         )
+      }
+      if (front) return front(req, core)
+      const path = new URL(req.url).pathname
       if (req.method === 'GET') {
         if (path === '/health') return new Response('ok')
         if (path === '/metrics') return metrics()
@@ -460,13 +472,6 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
         return errorResponse(404, `no route ${req.method} ${path}`, 'invalid_request_error')
       stats.requests++
       req.signal.addEventListener('abort', () => stats.aborted++, { once: true })
-      if (faults.hang) {
-        return new Promise<Response>((resolve) =>
-          req.signal.addEventListener('abort', () => resolve(new Response(null, { status: 499 })), {
-            once: true,
-          }),
-        )
-      }
       const failed = fault()
       if (failed) return failed
       let body: unknown
@@ -512,6 +517,7 @@ function emptyStats(): SimNodeStats {
     completionTokens: 0,
     cachedTokens: 0,
     authRequests: 0,
+    uploads: 0,
     running: 0,
     waiting: 0,
   }

@@ -134,3 +134,109 @@ describe('the GigaChat fake through the official gigachat client', () => {
     expect(err).toMatchObject({ status: 422, data: { status: 422 } })
   })
 })
+
+/** The error response of a call the fake must refuse (the test fails if it answers). */
+async function refusal(
+  p: Promise<unknown>,
+): Promise<{ status: number; data: { status: number; message: string } }> {
+  const r = await p.then(
+    () => undefined,
+    (e: { response: { status: number; data: { status: number; message: string } } }) => e.response,
+  )
+  if (!r) throw new Error('the call was not refused')
+  return r
+}
+
+// A 1x1 PNG.
+const PNG = Buffer.from(
+  'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==',
+  'base64',
+)
+
+describe('files through the official gigachat client', () => {
+  // Tokens that live long enough for a 15 MB upload.
+  let node: SimNode
+  beforeAll(async () => {
+    node = await startSimNode({ name: 'giga-files', protocol: 'gigachat', timeScale: 0, seed: 1 })
+  })
+  afterAll(() => node.stop())
+  const client = () =>
+    new GigaChat({
+      credentials: CREDENTIALS,
+      baseUrl: `http://127.0.0.1:${node.port}/api/v1`,
+      authUrl: `http://127.0.0.1:${node.port}/api/v2/oauth`,
+      scope: 'GIGACHAT_API_PERS',
+      timeout: 10,
+    })
+
+  test('uploadFile stores an image (Bearer, multipart); a chat with it in attachments counts it in the prompt', async () => {
+    node.resetStats()
+    const giga = client()
+    const file = await giga.uploadFile(new File([PNG], 'dot.png', { type: 'image/png' }), 'general')
+    expect(file).toMatchObject({ object: 'file', bytes: PNG.length, filename: 'dot.png', purpose: 'general' })
+    expect(typeof file.id).toBe('string')
+    expect(node.stats().uploads).toBe(1)
+    expect((await giga.getFile(file.id)).id).toBe(file.id)
+    const question = { role: 'user' as const, content: 'Что на картинке?' }
+    const plain = await giga.chat({ messages: [question], max_tokens: 4 })
+    const withImage = await giga.chat({ messages: [{ ...question, attachments: [file.id] }], max_tokens: 4 })
+    // The node counts an image as 85 prompt tokens (render.ts IMAGE_TOKENS).
+    expect(withImage.usage.prompt_tokens).toBe(plain.usage.prompt_tokens + 85)
+    expect(withImage.choices[0]!.message.content!.length).toBeGreaterThan(0)
+  })
+
+  test('an unknown attachment id is refused (400); a deleted file is unknown after', async () => {
+    const giga = client()
+    const err = await refusal(
+      giga.chat({ messages: [{ role: 'user', content: 'x', attachments: ['no-such-file'] }] }),
+    )
+    expect(err).toMatchObject({ status: 400, data: { status: 400 } })
+    expect(err.data.message).toContain('no-such-file')
+    const file = await giga.uploadFile(new File([PNG], 'dot.png', { type: 'image/png' }))
+    expect((await giga.deleteFile(file.id)).deleted).toBe(true)
+    const gone = await refusal(
+      giga.chat({ messages: [{ role: 'user', content: 'x', attachments: [file.id] }] }),
+    )
+    expect(gone.status).toBe(400)
+  })
+
+  test('two images in one message are refused (422), as GigaChat takes one per message', async () => {
+    const giga = client()
+    const a = await giga.uploadFile(new File([PNG], 'a.png', { type: 'image/png' }))
+    const b = await giga.uploadFile(new File([PNG], 'b.png', { type: 'image/png' }))
+    const err = await refusal(
+      giga.chat({ messages: [{ role: 'user', content: 'x', attachments: [a.id, b.id] }] }),
+    )
+    expect(err.status).toBe(422)
+  })
+
+  test('raw HTTP: no token -> 401; over 15 MB -> 413; an unlisted type -> 415', async () => {
+    const url = `http://127.0.0.1:${node.port}/api/v1/files`
+    const form = () => {
+      const f = new FormData()
+      f.append('file', new Blob([PNG], { type: 'image/png' }), 'dot.png')
+      f.append('purpose', 'general')
+      return f
+    }
+    expect((await fetch(url, { method: 'POST', body: form() })).status).toBe(401)
+    const oauth = await fetch(`http://127.0.0.1:${node.port}/api/v2/oauth`, {
+      method: 'POST',
+      headers: { authorization: `Basic ${CREDENTIALS}`, rquid: crypto.randomUUID() },
+      body: 'scope=GIGACHAT_API_PERS',
+    })
+    const auth = {
+      authorization: `Bearer ${((await oauth.json()) as { access_token: string }).access_token}`,
+    }
+    node.resetStats()
+    const big = new FormData()
+    big.append('file', new Blob([new Uint8Array(15 * 1024 * 1024 + 1)], { type: 'image/png' }), 'big.png')
+    const tooBig = await fetch(url, { method: 'POST', headers: auth, body: big })
+    expect(tooBig.status).toBe(413)
+    expect(await tooBig.json()).toMatchObject({ status: 413 })
+    const gif = new FormData()
+    gif.append('file', new Blob([PNG], { type: 'image/gif' }), 'dot.gif')
+    expect((await fetch(url, { method: 'POST', headers: auth, body: gif })).status).toBe(415)
+    expect((await fetch(url, { method: 'POST', headers: auth, body: form() })).status).toBe(200)
+    expect(node.stats().uploads).toBe(1)
+  }, 30_000)
+})

@@ -7,6 +7,9 @@ import type { ProtocolFront, SimCore } from './index.ts'
 //   POST /api/v1/chat/completions   Bearer <access_token>; functions/function_call; SSE
 //   POST /api/v1/embeddings         {model, input: [texts]} -> data[i].usage.prompt_tokens
 //   GET  /api/v1/models
+//   POST /api/v1/files              multipart `file` (+ `purpose`) -> {id, object: "file", bytes, ...}
+//   GET  /api/v1/files/{id}, POST /api/v1/files/{id}/delete
+// A chat message names stored files in `attachments` (one image a message, ten a request).
 // API errors are {status, message}; an unknown or expired token is a 401.
 // Checked with the official `gigachat` npm client (test/providers/gigachat-sim.test.ts).
 
@@ -16,9 +19,38 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 const SWEEP_AT = 10_000
 const encoder = new TextEncoder()
 
+/** The storage's limits: 15 MB an image (the reference), a few text formats, a bounded count. */
+const MAX_FILE_BYTES = 15 * 1024 * 1024
+/** Multipart framing allowed on top of the file. */
+const MAX_UPLOAD_BODY = MAX_FILE_BYTES + 64 * 1024
+const MAX_STORED_FILES = 10_000
+const MAX_IMAGES = 10
+const FILE_TYPES = new Set([
+  'image/jpeg',
+  'image/jpg',
+  'image/png',
+  'image/tiff',
+  'image/bmp',
+  'image/x-ms-bmp', // Bun's multipart parser names a .bmp so
+  'text/plain',
+  'application/pdf',
+])
+
+interface StoredFile {
+  id: string
+  object: 'file'
+  bytes: number
+  created_at: number
+  filename: string
+  purpose: string
+  access_policy: 'private'
+}
+
 interface NodeState {
   /** access token -> expires_at (ms epoch) */
   tokens: Map<string, number>
+  /** The storage: metadata only (the bytes are not kept), the oldest dropped past MAX_STORED_FILES. */
+  files: Map<string, { file: StoredFile; image: boolean }>
 }
 const states = new WeakMap<SimCore, NodeState>()
 
@@ -40,7 +72,7 @@ const broken = () =>
 export const gigachat: ProtocolFront = async (req, core) => {
   let state = states.get(core)
   if (!state) {
-    state = { tokens: new Map() }
+    state = { tokens: new Map(), files: new Map() }
     states.set(core, state)
   }
   const path = new URL(req.url).pathname
@@ -70,9 +102,22 @@ export const gigachat: ProtocolFront = async (req, core) => {
         type: id === 'Embeddings' ? 'embedder' : 'chat',
       })),
     })
+  const fileMatch = /^\/api\/v1\/files\/([^/]+)(\/delete)?$/.exec(path)
+  if (fileMatch) {
+    const file = state.files.get(decodeURIComponent(fileMatch[1]!))?.file
+    if (req.method === 'GET' && !fileMatch[2] && file) return Response.json(file)
+    if (req.method === 'POST' && fileMatch[2] && file) {
+      state.files.delete(file.id)
+      return Response.json({ id: file.id, deleted: true })
+    }
+    if (!file) return apiError(404, 'File not found')
+  }
+  if (req.method === 'GET' && path === '/api/v1/files')
+    return Response.json({ data: [...state.files.values()].map((f) => f.file) })
   if (req.method !== 'POST') return apiError(405, 'Method Not Allowed')
   const failed = core.fault()
   if (failed) return apiError(failed.status, await failedMessage(failed))
+  if (path === '/api/v1/files') return upload(req, core, state)
   let body: Record<string, unknown>
   try {
     body = (await req.json()) as Record<string, unknown>
@@ -80,7 +125,7 @@ export const gigachat: ProtocolFront = async (req, core) => {
   } catch {
     return apiError(400, 'Invalid params: the body is not a JSON object')
   }
-  if (path === '/api/v1/chat/completions') return chat(body, core, req.signal)
+  if (path === '/api/v1/chat/completions') return chat(body, core, state, req.signal)
   if (path === '/api/v1/embeddings') return embeddings(body, core)
   return apiError(404, `no route ${req.method} ${path}`)
 }
@@ -121,26 +166,115 @@ async function oauth(req: Request, core: SimCore, state: NodeState): Promise<Res
   return Response.json({ access_token, expires_at })
 }
 
+/** POST /api/v1/files: a multipart upload, bounded before and while it is read. */
+async function upload(req: Request, core: SimCore, state: NodeState): Promise<Response> {
+  const type = req.headers.get('content-type') ?? ''
+  if (!type.toLowerCase().startsWith('multipart/form-data'))
+    return apiError(400, 'Invalid params: multipart/form-data is required')
+  const length = Number(req.headers.get('content-length') ?? 'NaN')
+  if (length > MAX_UPLOAD_BODY) return apiError(413, 'Payload Too Large')
+  let body: Blob | undefined
+  try {
+    body = await readAtMost(req, MAX_UPLOAD_BODY)
+  } catch {
+    return apiError(400, 'Invalid params: the body could not be read')
+  }
+  if (!body) return apiError(413, 'Payload Too Large')
+  let form: FormData
+  try {
+    form = await new Response(body, { headers: { 'content-type': type } }).formData()
+  } catch {
+    return apiError(400, 'Invalid params: the multipart body cannot be parsed')
+  }
+  const file = form.get('file')
+  if (!file || typeof file === 'string') return apiError(422, 'file: field required')
+  const purpose = form.get('purpose') ?? 'general'
+  if (purpose !== 'general' && purpose !== 'assistant')
+    return apiError(422, 'purpose: value is not a valid enumeration member')
+  if (file.size > MAX_FILE_BYTES) return apiError(413, 'Payload Too Large')
+  const mime = (file.type || '').split(';')[0]!.trim().toLowerCase()
+  if (!FILE_TYPES.has(mime)) return apiError(415, `Unsupported Media Type: ${mime.slice(0, 40) || '(none)'}`)
+  if (file.size === 0) return apiError(422, 'file: the file is empty')
+  core.countUpload()
+  if (state.files.size >= MAX_STORED_FILES) state.files.delete(state.files.keys().next().value!)
+  const stored: StoredFile = {
+    id: crypto.randomUUID(),
+    object: 'file',
+    bytes: file.size,
+    created_at: Math.floor(Date.now() / 1000),
+    filename: (file as File).name || 'file',
+    purpose,
+    access_policy: 'private',
+  }
+  state.files.set(stored.id, { file: stored, image: mime.startsWith('image/') })
+  return Response.json(stored)
+}
+
+/** The request body, or undefined past `cap` bytes (the rest is not read). */
+async function readAtMost(req: Request, cap: number): Promise<Blob | undefined> {
+  const reader = req.body?.getReader()
+  if (!reader) return new Blob([])
+  const parts: Uint8Array[] = []
+  let size = 0
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    size += value.byteLength
+    if (size > cap) {
+      await reader.cancel().catch(() => {})
+      return undefined
+    }
+    parts.push(value)
+  }
+  return new Blob(parts as BlobPart[])
+}
+
 interface GigaMessage {
   role?: unknown
   content?: unknown
   name?: unknown
   function_call?: { name?: unknown; arguments?: unknown }
+  attachments?: unknown
 }
 
-/** GigaChat's chat request -> the node's OpenAI request, or a 422 for what GigaChat refuses. */
-function openAIChat(body: Record<string, unknown>): Record<string, unknown> | Response {
+/**
+ * GigaChat's chat request -> the node's OpenAI request, or a 422 for what GigaChat refuses. A
+ * stored image in `attachments` becomes an image part, which the node counts as prompt tokens.
+ */
+function openAIChat(body: Record<string, unknown>, state: NodeState): Record<string, unknown> | Response {
   if (typeof body.model !== 'string' || body.model === '') return apiError(422, 'model: field required')
   if (!Array.isArray(body.messages) || body.messages.length === 0)
     return apiError(422, 'messages: ensure this value has at least 1 items')
   const messages: Record<string, unknown>[] = []
   let lastCall = ''
   let n = 0
+  let images = 0
   for (const [i, m] of (body.messages as GigaMessage[]).entries()) {
     if (!m || typeof m !== 'object') return apiError(422, `messages[${i}]: value is not a valid dict`)
     const content = m.content ?? ''
     if (typeof content !== 'string') return apiError(422, `messages[${i}].content: str type expected`)
-    if (m.role === 'system' || m.role === 'user') messages.push({ role: m.role, content })
+    if (m.attachments !== undefined) {
+      if (!Array.isArray(m.attachments) || m.attachments.some((a) => typeof a !== 'string'))
+        return apiError(422, `messages[${i}].attachments: a list of file ids is expected`)
+      if (m.role !== 'user') return apiError(422, `messages[${i}].attachments: only user messages take files`)
+    }
+    const attachments = (m.attachments ?? []) as string[]
+    // (What GigaChat itself answers for an id not in the storage is not documented.)
+    for (const id of attachments)
+      if (!state.files.has(id)) return apiError(400, `Invalid params: file ${id.slice(0, 64)} not found`)
+    const imageCount = attachments.filter((id) => state.files.get(id)!.image).length
+    if (imageCount > 1) return apiError(422, `messages[${i}]: only one image per message is supported`)
+    images += imageCount
+    if (images > MAX_IMAGES) return apiError(422, `at most ${MAX_IMAGES} images per request are supported`)
+    if (m.role === 'user' && attachments.length > 0)
+      messages.push({
+        role: 'user',
+        content: [
+          { type: 'text', text: content },
+          ...attachments.map((id) => ({ type: 'image_url', image_url: { url: `gigachat-file:${id}` } })),
+        ],
+      })
+    else if (m.role === 'system' || m.role === 'user') messages.push({ role: m.role, content })
     else if (m.role === 'assistant') {
       if (m.function_call) {
         lastCall = `call_${++n}`
@@ -229,8 +363,13 @@ const gigaUsage = (u: OpenAIUsage) => ({
   precached_prompt_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
 })
 
-async function chat(body: Record<string, unknown>, core: SimCore, signal: AbortSignal): Promise<Response> {
-  const openai = openAIChat(body)
+async function chat(
+  body: Record<string, unknown>,
+  core: SimCore,
+  state: NodeState,
+  signal: AbortSignal,
+): Promise<Response> {
+  const openai = openAIChat(body, state)
   if (openai instanceof Response) return openai
   const res = await core.chat(openai, signal)
   if (!res.ok) return apiError(res.status, await failedMessage(res))

@@ -23,6 +23,8 @@ export interface SimCore {
   readonly tokenLifetimeMs: number
   /** Counts one token exchange in the node's stats. */
   countAuthRequest(): void
+  /** Counts one file stored (gigachat's uploads) in the node's stats. */
+  countUpload(): void
 }
 
 /** A protocol front: every request of the node goes through it. */

@@ -5,7 +5,8 @@ import type { Watchdog } from '../../watchdog.ts'
 import { internalBody, readCapped, sendHttp } from '../http.ts'
 import { floatsToBase64, lineSplitter, randomId, SSE_DONE, sseEvent, translatedJson } from '../lines.ts'
 import { GigaChatAuth } from './auth.ts'
-import { toGigaChatRequest, toOpenAIChunks, toOpenAICompletion } from './translate.ts'
+import { type InlineImage, toGigaChatRequest, toOpenAIChunks, toOpenAICompletion } from './translate.ts'
+import { type Attached, UploadCache, uploadImage } from './upload.ts'
 
 /** The API refused the access token: the adapter exchanges a new one and retries once. */
 class TokenRefused extends UpstreamFailed {}
@@ -29,7 +30,7 @@ function gigaChatError(body: string): string {
 function classify(call: UpstreamCall, status: number, body: string): Error {
   if (status === 401)
     return new TokenRefused(`${call.route.node} refused the access token`, 'upstream_error', 401)
-  if (status === 400 || status === 422 || status === 413) {
+  if (status === 400 || status === 422 || status === 413 || status === 415) {
     const message = gigaChatError(body)
     return new UpstreamRejected(
       `upstream rejected the request: ${cleanUpstreamMessage(message)}`,
@@ -47,6 +48,8 @@ function classify(call: UpstreamCall, status: number, body: string): Error {
  */
 export class GigaChatAdapter implements UpstreamAdapter {
   readonly auth = new GigaChatAuth()
+  /** The ids of images uploaded to GigaChat's storage, per account and content (upload.ts). */
+  readonly uploads = new UploadCache()
 
   constructor(private readonly watchdog: Watchdog) {}
 
@@ -56,10 +59,11 @@ export class GigaChatAdapter implements UpstreamAdapter {
     headersDeadlineMs: number,
   ): Promise<UpstreamReply> {
     const body = internalBody(call)
-    const upstreamBody =
-      call.path === '/embeddings'
-        ? JSON.stringify(embeddingsRequest(body))
-        : JSON.stringify(toGigaChatRequest(body))
+    const images: InlineImage[] = []
+    const gigaRequest =
+      call.path === '/embeddings' ? embeddingsRequest(body) : toGigaChatRequest(body, images)
+    // Without images the body is the same for every try: serialized once.
+    let upstreamBody = JSON.stringify(gigaRequest)
     const request = async (token: string) =>
       sendHttp(
         call,
@@ -90,15 +94,40 @@ export class GigaChatAdapter implements UpstreamAdapter {
       }
     }
     let current = await token()
+    let refreshed = false
+    let reuploaded = false
     let reply: UpstreamReply
-    try {
-      reply = await request(current)
-    } catch (err) {
-      if (!(err instanceof TokenRefused)) throw err
-      // The token expired early or was revoked: one new exchange (shared), one retry.
-      this.auth.invalidate(call.route, current)
-      current = await token()
-      reply = await request(current)
+    for (;;) {
+      let attached: Attached | undefined
+      try {
+        if (images.length > 0) {
+          attached = await this.attach(call, images, current, controller, headersDeadlineMs, reuploaded)
+          upstreamBody = JSON.stringify(gigaRequest)
+        }
+        reply = await request(current)
+        break
+      } catch (err) {
+        if (err instanceof TokenRefused && !refreshed) {
+          // The token expired early or was revoked: one new exchange (shared), one retry.
+          refreshed = true
+          this.auth.invalidate(call.route, current)
+          current = await token()
+          continue
+        }
+        if (
+          attached &&
+          attached.fromCache.length > 0 &&
+          !reuploaded &&
+          (err instanceof UpstreamRejected || (err instanceof UpstreamFailed && err.upstreamStatus === 404))
+        ) {
+          // A remembered file may be gone from the storage (deleted, or expired): the chat is
+          // sent once more with the images uploaded anew.
+          for (const key of attached.fromCache) this.uploads.delete(key)
+          reuploaded = true
+          continue
+        }
+        throw err
+      }
     }
     const { response } = reply
     const node = call.route.node
@@ -109,6 +138,48 @@ export class GigaChatAdapter implements UpstreamAdapter {
           ? streamReply(response, body.model, node)
           : translatedJson(async () => toOpenAICompletion(await readJson(response, node), body.model))
     return { response: translated, abort: reply.abort }
+  }
+
+  /**
+   * Puts each image's file id in its message's `attachments`: remembered from an earlier upload
+   * of the same content to the same account, or uploaded now (in parallel). `fresh`: every image
+   * is uploaded, none taken from the cache.
+   */
+  private async attach(
+    call: UpstreamCall,
+    images: InlineImage[],
+    token: string,
+    controller: AbortController,
+    headersDeadlineMs: number,
+    fresh: boolean,
+  ): Promise<Attached> {
+    const attached: Attached = { fromCache: [], uploads: 0 }
+    // The same image twice in one request (a conversation quoting it again) is uploaded once.
+    const pending = new Map<string, Promise<string>>()
+    const upload = (key: string, image: InlineImage) => {
+      let p = pending.get(key)
+      if (!p) {
+        p = uploadImage(call, image, token, controller, headersDeadlineMs, this.watchdog, classify).then(
+          (id) => {
+            this.uploads.set(key, id)
+            attached.uploads++
+            return id
+          },
+        )
+        pending.set(key, p)
+      }
+      return p
+    }
+    await Promise.all(
+      images.map(async (image) => {
+        const key = this.uploads.key(call.route, image)
+        let id = fresh ? undefined : this.uploads.get(key)
+        if (id) attached.fromCache.push(key)
+        else id = await upload(key, image)
+        image.message.attachments = [id]
+      }),
+    )
+    return attached
   }
 }
 

@@ -15,29 +15,122 @@ interface OpenAIMessage {
   tool_call_id?: unknown
 }
 
-interface GigaMessage {
+export interface GigaMessage {
   role: string
   content: string
   function_call?: { name: string; arguments: Record<string, unknown> }
   name?: string
+  /** Ids of files uploaded to GigaChat's storage (the adapter fills them in, see InlineImage). */
+  attachments?: string[]
 }
 
-/** The text of an OpenAI message content (a string or text parts); images are refused. */
+/**
+ * An image of a user message, given as a base64 data URL: the adapter uploads it (POST /files)
+ * before the chat call and puts the file id in `message.attachments`.
+ */
+export interface InlineImage {
+  /** Where it was, for errors: messages[i].content[j]. */
+  readonly where: string
+  readonly mime: string
+  /** The image, still base64 (hashed for the upload cache, decoded only to upload). */
+  readonly base64: string
+  /** The image's size, decoded. */
+  readonly bytes: number
+  readonly message: GigaMessage
+}
+
+/** The image types GigaChat's storage takes (its reference: jpeg, png, tiff, bmp). */
+export const IMAGE_TYPES: Readonly<Record<string, string>> = {
+  'image/jpeg': 'jpg',
+  'image/jpg': 'jpg',
+  'image/png': 'png',
+  'image/tiff': 'tiff',
+  'image/bmp': 'bmp',
+}
+/** GigaChat's limits: 15 MB an image, one image a message, 10 images a request. */
+export const MAX_IMAGE_BYTES = 15 * 1024 * 1024
+export const MAX_IMAGES = 10
+const DATA_URL = /^data:([\w.+-]+\/[\w.+-]+)(?:;[^,;]*)*;base64,/i
+const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/
+
+/** The text of an OpenAI message content (a string or text parts); other parts are refused. */
 function textOf(content: unknown, where: string): string {
   if (content === null || content === undefined) return ''
   if (typeof content === 'string') return content
   if (!Array.isArray(content))
     throw new InvalidValue(`${where}.content must be a string or an array of parts`, where)
   let text = ''
-  for (const part of content as { type?: unknown; text?: unknown }[]) {
+  for (const [j, part] of (content as { type?: unknown; text?: unknown }[]).entries()) {
     if (part?.type === 'text' && typeof part.text === 'string') text += part.text
     else
       throw new InvalidValue(
-        `${where}: GigaChat routes take text parts only (images need GigaChat's file upload, which Tropa does not do)`,
-        where,
+        part?.type === 'image_url'
+          ? `${where}.content[${j}]: GigaChat routes take images in user messages only`
+          : `${where}.content[${j}]: GigaChat routes take text and image_url parts only`,
+        `${where}.content[${j}]`,
       )
   }
   return text
+}
+
+/** A user message: its text, and its image (GigaChat takes one per message) queued for upload. */
+function userMessage(content: unknown, where: string, images: InlineImage[]): GigaMessage {
+  if (!Array.isArray(content)) return { role: 'user', content: textOf(content, where) }
+  const message: GigaMessage = { role: 'user', content: '' }
+  let text = ''
+  let image: InlineImage | undefined
+  for (const [j, p] of (
+    content as { type?: unknown; text?: unknown; image_url?: { url?: unknown } }[]
+  ).entries()) {
+    const at = `${where}.content[${j}]`
+    if (p?.type === 'text' && typeof p.text === 'string') text += p.text
+    else if (p?.type === 'image_url') {
+      if (image)
+        throw new InvalidValue(
+          `${at}: GigaChat takes one image per message (send the others in messages of their own)`,
+          at,
+        )
+      image = inlineImage(p.image_url?.url, at, message)
+      images.push(image)
+      if (images.length > MAX_IMAGES)
+        throw new InvalidValue(`${at}: GigaChat takes at most ${MAX_IMAGES} images per request`, at)
+    } else textOf([p], where) // refuses it with the reason
+  }
+  message.content = text
+  return message
+}
+
+function inlineImage(url: unknown, at: string, message: GigaMessage): InlineImage {
+  const param = `${at}.image_url.url`
+  if (typeof url !== 'string') throw new InvalidValue(`${param} must be a string`, param)
+  const m = DATA_URL.exec(url)
+  if (!m) {
+    if (/^https?:/i.test(url))
+      throw new InvalidValue(
+        `${param}: GigaChat cannot fetch images by URL (and Tropa does not fetch URLs for it): send the image as a base64 data URL`,
+        param,
+      )
+    throw new InvalidValue(`${param} must be a base64 data URL (data:image/png;base64,...)`, param)
+  }
+  const mime = m[1]!.toLowerCase()
+  if (!IMAGE_TYPES[mime])
+    throw new InvalidValue(
+      `${param}: GigaChat takes ${Object.keys(IMAGE_TYPES)
+        .filter((t) => t !== 'image/jpg')
+        .join(', ')} images, not ${mime.slice(0, 40)}`,
+      param,
+    )
+  const base64 = url.slice(m[0].length)
+  const padding = base64.endsWith('==') ? 2 : base64.endsWith('=') ? 1 : 0
+  const bytes = Math.floor((base64.length * 3) / 4) - padding
+  if (bytes > MAX_IMAGE_BYTES)
+    throw new InvalidValue(
+      `${param}: the image is ${bytes} bytes, above GigaChat's limit of ${MAX_IMAGE_BYTES} bytes per image`,
+      param,
+    )
+  if (base64.length === 0 || base64.length % 4 !== 0 || !BASE64.test(base64))
+    throw new InvalidValue(`${param}: the image data is not valid base64`, param)
+  return { where: at, mime, base64, bytes, message }
 }
 
 function argumentsObject(raw: unknown, where: string): Record<string, unknown> {
@@ -61,8 +154,15 @@ function functionResult(text: string): string {
   }
 }
 
-/** Tropa's OpenAI chat body -> GigaChat's request body. Throws InvalidValue for what it cannot take. */
-export function toGigaChatRequest(body: Record<string, unknown>): Record<string, unknown> {
+/**
+ * Tropa's OpenAI chat body -> GigaChat's request body. Throws InvalidValue for what it cannot take.
+ * The images of user messages (base64 data URLs) are pushed to `images`, for the adapter to
+ * upload and attach.
+ */
+export function toGigaChatRequest(
+  body: Record<string, unknown>,
+  images: InlineImage[] = [],
+): Record<string, unknown> {
   const messages = Array.isArray(body.messages) ? (body.messages as OpenAIMessage[]) : []
   const out: GigaMessage[] = []
   const callNames = new Map<string, string>()
@@ -71,7 +171,7 @@ export function toGigaChatRequest(body: Record<string, unknown>): Record<string,
     const role = m.role
     if (role === 'system' || role === 'developer')
       out.push({ role: 'system', content: textOf(m.content, where) })
-    else if (role === 'user') out.push({ role: 'user', content: textOf(m.content, where) })
+    else if (role === 'user') out.push(userMessage(m.content, where, images))
     else if (role === 'assistant') {
       const content = textOf(m.content, where)
       const calls = Array.isArray(m.tool_calls) ? m.tool_calls : []
