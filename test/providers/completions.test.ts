@@ -5,6 +5,7 @@ import { costNano, nanoToRubNumber, parseRub } from '../../src/billing/money.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
 import type { SimNode } from '../../src/simulator/index.ts'
 import { ANTHROPIC_SIM_KEY } from '../../src/simulator/protocols/anthropic.ts'
+import { loadTokenizer } from '../../src/tokenizer.ts'
 import { leaveMidStream, usageRows } from '../helpers/ledger.ts'
 import { CHAT_PRICE, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -24,6 +25,8 @@ let eos: Tropa
 /** One OpenAI-compatible node and one Anthropic one: test/ant, and test/mixed on both. */
 let tr: Tropa
 beforeAll(async () => {
+  // Loaded before the first test's clock starts (it takes seconds on a busy machine).
+  await loadTokenizer()
   t = await startTropa()
   // Every answer runs to its max_tokens: shows the bound Tropa sent.
   eos = await startTropa({ nodes: [{ name: 'eos', timeScale: 0, ignoreEos: true }] })
@@ -34,7 +37,7 @@ beforeAll(async () => {
     ],
     models: translatedModels,
   })
-})
+}, 60_000)
 afterAll(async () => {
   await t.stop()
   await eos.stop()
@@ -456,6 +459,55 @@ describe('POST /v1/completions translated to chat (a route not OpenAI-compatible
   })
 })
 
+describe('POST /v1/completions: fallbacks', () => {
+  test('a failed model falls back as chat does; a request only a pass-through carries skips translating fallbacks', async () => {
+    const f = await startTropa({
+      nodes: [
+        { name: 'down', timeScale: 0, faults: { errorRate: 1 } },
+        { name: 'oa', timeScale: 0 },
+        { name: 'ant', timeScale: 0, protocol: 'anthropic' },
+      ],
+      models: (nodes) => {
+        const [down, oa, ant] = nodes as [SimNode, SimNode, SimNode]
+        const route = (n: SimNode) => ({ name: n.name, base_url: n.url, upstream_model: 'chat-up' })
+        return [
+          {
+            id: 'test/first',
+            kind: 'chat',
+            context_length: 4096,
+            pricing: CHAT_PRICE,
+            routes: [route(down)],
+            fallbacks: ['test/ant', 'test/second'],
+          },
+          { id: 'test/second', kind: 'chat', context_length: 4096, pricing: CHAT_PRICE, routes: [route(oa)] },
+          ...translatedModels([oa, ant]).slice(0, 1),
+        ]
+      },
+    })
+    try {
+      const text = await f
+        .client()
+        .completions.create({ model: 'test/first', prompt, max_tokens: 4 })
+        .withResponse()
+      expect(text.response.headers.get('x-tropa-fallback-from')).toBe('test/first')
+      expect(text.response.headers.get('x-tropa-node')).toBe('ant')
+      expect(text.data.model).toBe('test/ant')
+      const tokens = await f
+        .client()
+        .completions.create({ model: 'test/first', prompt: [1, 2, 3], max_tokens: 4 })
+        .withResponse()
+      expect(tokens.response.headers.get('x-tropa-fallback-from')).toBe('test/first')
+      expect(tokens.response.headers.get('x-tropa-node')).toBe('oa')
+      expect(tokens.data.model).toBe('test/second')
+      expect(tokens.data.usage!.prompt_tokens).toBe(3)
+      expect(f.nodes[0]!.stats().requests).toBeGreaterThan(0)
+      expect((await usageRows(f)).map((r) => r.model)).toEqual(['test/ant', 'test/second'])
+    } finally {
+      await f.stop()
+    }
+  }, 30_000)
+})
+
 describe('POST /v1/completions: errors in OpenAI’s shape', () => {
   const refused: [string, Record<string, unknown>, string][] = [
     ['no prompt', {}, 'prompt'],
@@ -534,7 +586,8 @@ describe('/v1/completions lines in a batch', () => {
       endpoint: '/v1/completions',
       completion_window: '24h',
     })
-    const until = Date.now() + 20_000
+    // (a worker thread loads its own tokenizer first: seconds on a busy machine)
+    const until = Date.now() + 45_000
     for (;;) {
       const b = await client.batches.retrieve(created.id)
       if (['completed', 'failed', 'expired', 'cancelled'].includes(b.status)) return b
@@ -584,7 +637,7 @@ describe('/v1/completions lines in a batch', () => {
       ])
       expect(batched.costNano * 2n).toBe(live.costNano)
     }
-  }, 30_000)
+  }, 60_000)
 
   test('a line mixing token ids with texts fails validation with its param', async () => {
     const b = await runBatch(t, [line(1), line(2, { prompt: ['a', 1] })])
@@ -592,7 +645,7 @@ describe('/v1/completions lines in a batch', () => {
     expect((b.errors?.data ?? []).map((e) => [e.line, e.code, e.param])).toEqual([
       [2, 'invalid_value', 'body.prompt'],
     ])
-  })
+  }, 30_000)
 
   test('translated on a model with a route that is not OpenAI-compatible; what it cannot carry fails validation', async () => {
     const ant = (i: number, body: Record<string, unknown> = {}) => line(i, { model: 'test/ant', ...body })
@@ -609,7 +662,7 @@ describe('/v1/completions lines in a batch', () => {
     expect([d.chats, d.completions]).toEqual([2, 0])
     const out = (await (await tr.client().files.content(ok.output_file_id!)).text()).trim().split('\n')
     for (const l of out) expect(JSON.parse(l).response.body.object).toBe('text_completion')
-  }, 30_000)
+  }, 60_000)
 })
 
 describe('POST /v1/completions: a client that stops reading', () => {
