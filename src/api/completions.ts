@@ -1,9 +1,10 @@
 import { type Static, Type as T } from '@sinclair/typebox'
 
-// The legacy completions surface (POST /v1/completions) as Tropa checks it. Tropa serves it on
-// any chat model by translating it to a chat request (docs/api.md), so the fields it cannot honour
-// that way (suffix, echo, logprobs, several prompts or choices) are refused with a clear 400 by
-// pipeline/completions.ts; unknown fields are accepted and dropped.
+// The legacy completions surface (POST /v1/completions) as Tropa checks it. A model whose routes
+// are all OpenAI-compatible gets the request passed through (unknown fields too); any other gets
+// it translated to chat, where the fields chat cannot carry (suffix, echo, logprobs, several
+// prompts or choices, token arrays) are refused with a clear 400 by pipeline/completions.ts and
+// unknown fields are dropped (docs/api.md).
 const open = { additionalProperties: true } as const
 const nullable = <S extends Parameters<typeof T.Union>[0][number]>(s: S) => T.Optional(T.Union([s, T.Null()]))
 
@@ -12,7 +13,7 @@ export const CompletionRequest = T.Object(
     model: T.String({ minLength: 1 }),
     prompt: T.Union([
       T.String(),
-      // OpenAI also takes token arrays (integers, or arrays of them): refused with a clear 400.
+      // Texts, token ids (one prompt), or arrays of token ids (one prompt each).
       T.Array(T.Union([T.String(), T.Integer(), T.Array(T.Integer())]), { minItems: 1 }),
     ]),
     max_tokens: nullable(T.Integer({ minimum: 1 })),

@@ -9,7 +9,7 @@ import { TropaError } from '../errors.ts'
 import { fromValueError } from '../http/value-error.ts'
 import { MAX_JSON_DEPTH, nestedDeeperThan } from '../json-depth.ts'
 import { askedOutput, checkMessages, outputBudget } from '../pipeline/chat.ts'
-import { toChat } from '../pipeline/completions.ts'
+import { legacyOutput, passesCompletionsThrough, promptsOf, toChat } from '../pipeline/completions.ts'
 import { checkInputs } from '../pipeline/embeddings.ts'
 import { countChatPrompt, countTokens, reservedPromptTokens } from '../pipeline/tokens.ts'
 import { inputItems, toChatRequest } from '../responses/translate.ts'
@@ -27,6 +27,8 @@ export interface LineCost {
   readonly maxOut?: number
   /** A /v1/completions or /v1/responses line: the chat request it stands for (what is priced and sent). */
   readonly chatBody?: ChatRequest
+  /** A /v1/completions line sent as it is to /completions (its model's routes are all OpenAI-compatible). */
+  readonly passThrough?: true
 }
 
 /**
@@ -59,6 +61,27 @@ export function priceLine(
     )
   if (model.kind !== (chat ? 'chat' : 'embedding'))
     throw new LineError('invalid_body', `${model.id} cannot serve ${endpoint}`, 'body.model')
+  if (legacy && passesCompletionsThrough(model)) {
+    // Passed through, as live: each prompt counted and fitted to the context with its output.
+    const req = body as CompletionRequest
+    let promptTokens = 0
+    let longest = 0
+    const prompts = promptsOf(req.prompt)
+    for (const p of prompts) {
+      const n = typeof p === 'string' ? countTokens(p) : p.length
+      if (n > model.contextLength)
+        throw new LineError(
+          'context_length_exceeded',
+          `a prompt has ${n} tokens, over ${model.contextLength}`,
+          'body.prompt',
+        )
+      promptTokens += n
+      if (n > longest) longest = n
+    }
+    const { maxOut, worstOutputTokens } = legacyOutput(model, req, longest, prompts.length)
+    const worst = costNano(reservedPromptTokens(promptTokens), worstOutputTokens, model.price)
+    return { model, promptTokens, worstNano: batchCostNano(worst), maxOut, passThrough: true }
+  }
   if (chat) {
     // A legacy completion is priced and run as the chat request it translates to (as live).
     const req = legacy ? toChat(body as CompletionRequest) : (body as ChatRequest)

@@ -185,9 +185,10 @@ async function callUpstream(
   const countedPrompt = cost.promptTokens
   const startedAtMs = Date.now()
   const reqId = reply.reqId
-  // A /v1/completions line goes upstream as its chat request (body is that, already).
   const chat = endpoint !== '/v1/embeddings'
-  const path = chat ? '/chat/completions' : '/embeddings'
+  // A /v1/completions line goes to /completions as it is where its model passes it through (as
+  // live), else as the chat request it stands for.
+  const path = cost.passThrough ? '/completions' : chat ? '/chat/completions' : '/embeddings'
   // A /v1/completions or /v1/responses line runs as the chat request it stands for.
   const sent = (cost.chatBody ?? body) as Record<string, unknown>
   const requestIdOfLine = `${line.batchId}-${line.line}`
@@ -236,7 +237,7 @@ async function callUpstream(
     } catch {}
     if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed))
       return transient(line, reqId, 'upstream sent a malformed body')
-    if (chat) parsed.id = `chatcmpl-${requestId()}`
+    if (chat) parsed.id = `${cost.passThrough ? 'cmpl' : 'chatcmpl'}-${requestId()}`
     parsed.model = modelId
     const reported = chat ? sanitizeUsage(parsed.usage) : sanitizePromptUsage(parsed.usage)
     const usage = {
@@ -257,7 +258,7 @@ async function callUpstream(
         status_code: status,
         request_id: requestIdOfLine,
         body:
-          endpoint === '/v1/completions'
+          endpoint === '/v1/completions' && !cost.passThrough
             ? textCompletionOf(parsed as ChatCompletionJson, `cmpl-${requestId()}`)
             : endpoint === '/v1/responses'
               ? responseOfCompletion(
@@ -342,8 +343,10 @@ async function callUpstream(
 function answerText(c: { choices?: unknown }): string {
   let text = ''
   for (const ch of Array.isArray(c.choices)
-    ? (c.choices as { message?: { content?: unknown; tool_calls?: unknown } }[])
+    ? (c.choices as { text?: unknown; message?: { content?: unknown; tool_calls?: unknown } }[])
     : []) {
+    // a chat completion's message, or a passed-through text_completion's text
+    if (typeof ch?.text === 'string') text += ch.text
     if (typeof ch?.message?.content === 'string') text += ch.message.content
     if (ch?.message?.tool_calls) text += JSON.stringify(ch.message.tool_calls)
   }

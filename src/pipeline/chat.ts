@@ -9,10 +9,18 @@ import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
-import { ChatStreamRelay, estimatedUsage, sanitizeUsage, sseEvent, type Usage } from '../upstream/sse.ts'
+import {
+  CHAT_STREAM,
+  ChatStreamRelay,
+  estimatedUsage,
+  type StreamShape,
+  sanitizeUsage,
+  sseEvent,
+  type Usage,
+} from '../upstream/sse.ts'
 import type { Deadline } from '../upstream/watchdog.ts'
 import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
-import { chatPrefix, NO_PREFIX } from './prefix.ts'
+import { chatPrefix, NO_PREFIX, type PromptPrefix } from './prefix.ts'
 import {
   COUNT_SLICE_CHARS,
   countChatPromptLive,
@@ -36,7 +44,8 @@ export interface Payer {
   readonly org: LiveOrg
 }
 
-interface ChatCompletion {
+/** A completion as JSON (chat's or the legacy endpoint's): the fields Tropa reads or rewrites. */
+export interface ChatCompletion {
   id: string
   model: string
   usage?: Usage
@@ -48,10 +57,7 @@ export const FALLBACK_HEADER = 'x-tropa-fallback-from'
 
 /**
  * POST /v1/chat/completions with fallbacks across models: the request's `models` (OpenRouter's
- * form) after `model`, else the model's configured `fallbacks`. The next model is tried only when
- * every node of the one before failed or was unavailable before anything reached the client,
- * never on the client's own error; each model is reserved for and billed at its own price, so a
- * chain stops at the key's or the organization's limit (402).
+ * form) after `model`, else the model's configured `fallbacks`.
  */
 export async function chatCompletion(
   deps: ChatDeps,
@@ -64,19 +70,29 @@ export async function chatCompletion(
   cut?: () => void,
 ): Promise<Response> {
   const { models, ...body } = request
-  const chain = fallbackChain(deps.catalogue, body.model, models)
+  return withFallbacks(deps, fallbackChain(deps.catalogue, body.model, models), signal, requestId, (model) =>
+    chatWithModel(deps, payer, { ...body, model }, signal, requestId, sessionHint, cut),
+  )
+}
+
+/**
+ * Runs `run` on each model of `chain` in turn. The next model is tried only when every node of
+ * the one before failed or was unavailable before anything reached the client, never on the
+ * client's own error; each model is reserved for and billed at its own price, so a chain stops at
+ * the key's or the organization's limit (402). An answer a fallback gave names the first model in
+ * FALLBACK_HEADER.
+ */
+export async function withFallbacks(
+  deps: ChatDeps,
+  chain: readonly string[],
+  signal: AbortSignal,
+  requestId: string,
+  run: (model: string) => Promise<Response>,
+): Promise<Response> {
   for (let i = 0; ; i++) {
     try {
-      const res = await chatWithModel(
-        deps,
-        payer,
-        { ...body, model: chain[i]! },
-        signal,
-        requestId,
-        sessionHint,
-        cut,
-      )
-      if (i > 0) res.headers.set(FALLBACK_HEADER, body.model)
+      const res = await run(chain[i]!)
+      if (i > 0) res.headers.set(FALLBACK_HEADER, chain[0]!)
       return res
     } catch (err) {
       // UpstreamFailed: every node failed, timed out or was unavailable (UpstreamRejected, the
@@ -96,18 +112,18 @@ export async function chatCompletion(
  * The models to try in order: the one asked for, then the request's or the config's fallbacks;
  * each checked to be a chat model of the catalogue before anything is tried (404, 400).
  */
-function fallbackChain(catalogue: Catalogue, first: string, asked: readonly string[] | undefined): string[] {
+export function fallbackChain(
+  catalogue: Catalogue,
+  first: string,
+  asked: readonly string[] | undefined,
+): string[] {
   const chain = [...new Set([first, ...(asked ?? catalogue.getOfKind(first, 'chat').fallbacks)])]
   for (const id of chain) catalogue.getOfKind(id, 'chat')
   return chain
 }
 
-/**
- * One model, top to bottom: check -> count -> reserve -> route (with failover) -> relay ->
- * settle. The reservation is taken before choosing a node, so a failover never bills twice and a
- * refused request never reaches an upstream.
- */
-async function chatWithModel(
+/** One chat request on one model: checked and counted here, then the shared lifecycle. */
+export async function chatWithModel(
   deps: ChatDeps,
   payer: Payer,
   body: Omit<ChatRequest, 'models'>,
@@ -123,8 +139,85 @@ async function chatWithModel(
   const counted = countChatPromptLive(body.messages, body.tools, model.contextLength)
   const promptTokens = typeof counted === 'number' ? counted : await counted
   const maxOut = outputBudget(model, promptTokens, askedOutput(body))
-  const choices = body.n ?? 1
-  const worst = costNano(reservedPromptTokens(promptTokens), maxOut * choices, model.price)
+  const stream = body.stream === true
+  // Only include_usage is forwarded in stream_options (billing reads the usage, and an option
+  // such as continuous_usage_stats changes what it means). Both output bounds carry the reserved
+  // one: some upstreams read only max_tokens, others only max_completion_tokens.
+  const bounds =
+    body.max_completion_tokens != null
+      ? { max_tokens: maxOut, max_completion_tokens: maxOut }
+      : { max_tokens: maxOut }
+  return runModelCall(
+    deps,
+    payer,
+    {
+      model,
+      path: '/chat/completions',
+      startedAtMs,
+      promptTokens,
+      worstOutputTokens: maxOut * (body.n ?? 1),
+      stream,
+      includeUsage: body.stream_options?.include_usage === true,
+      // What routing needs: the prompt's prefix blocks (where there is a choice of nodes).
+      prefix: () =>
+        model.routes.length > 1 ? chatPrefix(model.id, body.messages, body.tools, promptTokens) : NO_PREFIX,
+      session: sessionHint ?? body.user,
+      completionId: `chatcmpl-${requestId}`,
+      body: (upstreamModel) =>
+        JSON.stringify(
+          stream
+            ? { ...body, model: upstreamModel, ...bounds, stream_options: { include_usage: true } }
+            : { ...body, model: upstreamModel, ...bounds },
+        ),
+      textOf: completionTextOf,
+      shape: CHAT_STREAM,
+    },
+    signal,
+    requestId,
+    cut,
+  )
+}
+
+/** What a front end decided for one upstream request; the lifecycle (runModelCall) does the rest. */
+export interface ModelCall {
+  readonly model: ModelConfig
+  /** The upstream endpoint; its replies (JSON, SSE chunks) carry OpenAI's id, model and usage. */
+  readonly path: '/chat/completions' | '/completions'
+  readonly startedAtMs: number
+  /** Tropa's count of the prompt (all of its prompts). */
+  readonly promptTokens: number
+  /** The most output tokens the answer may bill (the bound sent times the choices asked for). */
+  readonly worstOutputTokens: number
+  readonly stream: boolean
+  /** The client asked for the usage chunk (stream_options.include_usage). */
+  readonly includeUsage: boolean
+  /** The prompt's prefix blocks for routing, worked out once the request is admitted. */
+  readonly prefix: () => PromptPrefix
+  readonly session: string | undefined
+  /** The id the client is shown (`chatcmpl-…`, `cmpl-…`). */
+  readonly completionId: string
+  /** The upstream body, carrying a route's model name. */
+  readonly body: (upstreamModel: string) => string
+  /** A JSON answer's generated text, counted when the upstream's usage is missing or not sane. */
+  readonly textOf: (value: ChatCompletion) => string
+  readonly shape: StreamShape
+}
+
+/**
+ * The request lifecycle, once for every endpoint that calls a chat model: reserve -> rate-limit
+ * -> route (with failover) -> relay -> settle. The reservation is taken before choosing a node,
+ * so a failover never bills twice and a refused request never reaches an upstream.
+ */
+export async function runModelCall(
+  deps: ChatDeps,
+  payer: Payer,
+  call: ModelCall,
+  signal: AbortSignal,
+  requestId: string,
+  cut?: () => void,
+): Promise<Response> {
+  const { model, promptTokens, stream, startedAtMs } = call
+  const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
   const reservation = await deps.meter.reserve(payer.key, payer.org, worst)
   // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
   try {
@@ -135,31 +228,14 @@ async function chatWithModel(
     throw err
   }
 
-  const stream = body.stream === true
-  // What routing needs: the prompt's prefix blocks (where there is a choice of nodes) and a session.
-  const prefix =
-    model.routes.length > 1 ? chatPrefix(model.id, body.messages, body.tools, promptTokens) : NO_PREFIX
+  const prefix = call.prefix()
   const route = {
     promptTokens,
     prefix: prefix.blocks,
     blockTokens: prefix.blockTokens,
-    session: sessionHint ?? body.user,
+    session: call.session,
   }
-  const includeUsage = body.stream_options?.include_usage === true
-  const completionId = `chatcmpl-${requestId}`
-  // Only include_usage is forwarded in stream_options (billing reads the usage, and an option
-  // such as continuous_usage_stats changes what it means). Both output bounds carry the reserved
-  // one: some upstreams read only max_tokens, others only max_completion_tokens.
-  const bounds =
-    body.max_completion_tokens != null
-      ? { max_tokens: maxOut, max_completion_tokens: maxOut }
-      : { max_tokens: maxOut }
-  const upstreamBody = (upstreamModel: string) =>
-    JSON.stringify(
-      stream
-        ? { ...body, model: upstreamModel, ...bounds, stream_options: { include_usage: true } }
-        : { ...body, model: upstreamModel, ...bounds },
-    )
+  const completionId = call.completionId
   const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
   // What is billed, and shown to the client: the upstream's usage when it is sane
   // (sanitizeUsage), else Tropa's own counts, marked estimated.
@@ -196,17 +272,17 @@ async function chatWithModel(
         deps,
         {
           model,
-          path: '/chat/completions',
+          path: call.path,
           stream,
           ...route,
-          body: (r) => upstreamBody(r.upstreamModel),
+          body: (r) => call.body(r.upstreamModel),
           accept: async (reply, c) => parseCompletion(await readBody(reply, deps, c.node.name), c.node.name),
         },
         signal,
       )
       value.id = completionId
       value.model = model.id
-      const usage = billed(sanitizeUsage(value.usage), () => countTokens(completionTextOf(value)))
+      const usage = billed(sanitizeUsage(value.usage), () => countTokens(call.textOf(value)))
       finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage.completion_tokens)
       const costText = formatRub(settle(candidate, usage, () => 0, 'ok'))
       usage.cost_rub = Number(costText)
@@ -224,10 +300,10 @@ async function chatWithModel(
       deps,
       {
         model,
-        path: '/chat/completions',
+        path: call.path,
         stream,
         ...route,
-        body: (r) => upstreamBody(r.upstreamModel),
+        body: (r) => call.body(r.upstreamModel),
         accept: (reply, c) => firstChunk(reply, deps, c),
         discard: (lost) => {
           lost.reply.abort(new Error('another node answered first'))
@@ -237,11 +313,17 @@ async function chatWithModel(
       signal,
     )
     // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
-    const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => {
-      const u = billed(usage, () => countTokens(relay.generated))
-      u.cost_rub = nanoToRubNumber(settle(candidate, u, () => 0, 'ok'))
-      return u
-    })
+    const relay: ChatStreamRelay = new ChatStreamRelay(
+      completionId,
+      model.id,
+      call.includeUsage,
+      (usage) => {
+        const u = billed(usage, () => countTokens(relay.generated))
+        u.cost_rub = nanoToRubNumber(settle(candidate, u, () => 0, 'ok'))
+        return u
+      },
+      call.shape,
+    )
     const body$ = relayStream(
       deps,
       first,

@@ -9,7 +9,7 @@ import {
 import type { ShareBudget } from '../routing/budget.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
 import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '../routing/policy.ts'
-import type { UpstreamAdapter, UpstreamReply } from '../upstream/adapter.ts'
+import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
 
@@ -33,7 +33,7 @@ export interface UpstreamDeps {
 
 export interface Dispatch<T> {
   readonly model: ModelConfig
-  readonly path: '/chat/completions' | '/embeddings'
+  readonly path: UpstreamPath
   readonly stream: boolean
   readonly promptTokens: number
   /** The prompt's prefix block hashes (routing/prefix.ts); empty when not indexed. */

@@ -22,12 +22,7 @@ export function chatPrefix(
   tools: readonly unknown[] | undefined,
   promptTokens: number,
 ): PromptPrefix {
-  let seed = seeds.get(modelId)
-  if (seed === undefined) {
-    seed = chainSeed(modelId)
-    seeds.set(modelId, seed)
-  }
-  const h = new BlockHasher(seed)
+  const h = new BlockHasher(seedOf(modelId))
   if (tools && tools.length > 0) h.push(JSON.stringify(tools))
   for (const m of messages) {
     h.push(`\u0001${m.role}\u0002`)
@@ -47,6 +42,23 @@ export function chatPrefix(
   }
   if (h.hashes.length === 0) return NONE
   return { blocks: h.hashes, blockTokens: Math.max(1, (promptTokens * BLOCK_CHARS) / Math.max(1, h.chars)) }
+}
+
+/** A legacy completion's text prompt, cut into prefix blocks as it reaches the model (no template). */
+export function textPrefix(modelId: string, prompt: string, promptTokens: number): PromptPrefix {
+  const h = new BlockHasher(seedOf(modelId))
+  h.push(prompt)
+  if (h.hashes.length === 0) return NONE
+  return { blocks: h.hashes, blockTokens: Math.max(1, (promptTokens * BLOCK_CHARS) / Math.max(1, h.chars)) }
+}
+
+function seedOf(modelId: string): number {
+  let seed = seeds.get(modelId)
+  if (seed === undefined) {
+    seed = chainSeed(modelId)
+    seeds.set(modelId, seed)
+  }
+  return seed
 }
 
 export const NO_PREFIX = NONE

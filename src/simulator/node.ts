@@ -1,4 +1,5 @@
 import { loadTokenizer } from '../tokenizer.ts'
+import { type Handlers, legacyCompletion, type SimRun } from './completions.ts'
 import { Engine, fnv1a, promptBlockHashes } from './engine.ts'
 import { PROTOCOLS, type SimCore, type SimProtocol } from './protocols/index.ts'
 import { inputTokens, renderPrompt } from './render.ts'
@@ -47,6 +48,8 @@ export interface SimNodeOptions {
 export interface SimNodeStats {
   requests: number
   chatRequests: number
+  /** Legacy completions (POST /v1/completions). */
+  completionRequests: number
   embeddingRequests: number
   streams: number
   aborted: number
@@ -82,12 +85,6 @@ const NO_FAULTS: SimFaults = {
 }
 const encoder = new TextEncoder()
 const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' }
-
-interface Handlers {
-  first(cachedTokens: number): void
-  token(index: number): void
-  done(): void
-}
 
 interface ChatBody {
   model?: unknown
@@ -351,6 +348,13 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     return new Response(stream, { headers: SSE_HEADERS })
   }
 
+  const legacy: Omit<SimRun, 'cutAfterTokens'> = {
+    generate,
+    stats,
+    ignoreEos: opts.ignoreEos === true,
+    nextSeq: () => ++seq,
+  }
+
   const embeddings = (body: {
     model?: unknown
     input?: unknown
@@ -468,7 +472,10 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
           })
         return errorResponse(404, `no route ${path}`, 'invalid_request_error')
       }
-      if (req.method !== 'POST' || (path !== '/v1/chat/completions' && path !== '/v1/embeddings'))
+      if (
+        req.method !== 'POST' ||
+        (path !== '/v1/chat/completions' && path !== '/v1/completions' && path !== '/v1/embeddings')
+      )
         return errorResponse(404, `no route ${req.method} ${path}`, 'invalid_request_error')
       stats.requests++
       req.signal.addEventListener('abort', () => stats.aborted++, { once: true })
@@ -483,6 +490,8 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
       if (!body || typeof body !== 'object')
         return errorResponse(400, 'body must be an object', 'invalid_request_error')
       await loadTokenizer()
+      if (path === '/v1/completions')
+        return legacyCompletion(body, req.signal, { ...legacy, cutAfterTokens: faults.cutAfterTokens })
       return path === '/v1/chat/completions' ? chat(body as ChatBody, req.signal) : embeddings(body as never)
     },
   })
@@ -510,6 +519,7 @@ function emptyStats(): SimNodeStats {
   return {
     requests: 0,
     chatRequests: 0,
+    completionRequests: 0,
     embeddingRequests: 0,
     streams: 0,
     aborted: 0,

@@ -1,9 +1,15 @@
 import type { RouteConfig } from '../config/load.ts'
 
+/**
+ * The OpenAI endpoints Tropa calls. `/completions` (legacy) goes only to OpenAI-compatible routes
+ * (pipeline/completions.ts); the other adapters translate chat and embeddings.
+ */
+export type UpstreamPath = '/chat/completions' | '/completions' | '/embeddings'
+
 /** One request to one upstream node. */
 export interface UpstreamCall {
   readonly route: RouteConfig
-  readonly path: '/chat/completions' | '/embeddings'
+  readonly path: UpstreamPath
   /** The JSON body to send, already carrying the upstream's model name. */
   readonly body: string
   readonly stream: boolean

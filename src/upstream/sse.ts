@@ -56,11 +56,21 @@ const decoder = new TextDecoder()
 /** A string with its own storage, not a view into (or a rope over) bigger strings. */
 const copyOf = (s: string): string => decoder.decode(encoder.encode(s))
 
+/** What differs between the streams relayed: the chunks' `object`, and where their text is. */
+export interface StreamShape {
+  /** The `object` of the usage chunk Tropa writes when the upstream sent none. */
+  readonly object: string
+  /** The generated text's fields (a global regex, its first group the JSON string's body). */
+  readonly text: RegExp
+}
+
 /**
- * Relays an upstream chat SSE stream event by event. It does not re-serialise chunks: each event's
- * text is forwarded with two substring swaps (the upstream's completion id and model name for
- * Tropa's). It parses only the first event (to learn those two strings), an event that carries
- * usage, and an error event. The usage event is dropped when the client did not ask for it.
+ * Relays an upstream chat SSE stream (or, with TEXT_COMPLETION_STREAM, a legacy completions one:
+ * its chunks carry the same id, model, usage and error fields) event by event. It does not
+ * re-serialise chunks: each event's text is forwarded with two substring swaps (the upstream's
+ * completion id and model name for Tropa's). It parses only the first event (to learn those two
+ * strings), an event that carries usage, and an error event. The usage event is dropped when the
+ * client did not ask for it.
  */
 export class ChatStreamRelay {
   usage: Usage | undefined
@@ -96,6 +106,7 @@ export class ChatStreamRelay {
      * counts with their cost, marked estimated when they are Tropa's own).
      */
     private readonly onUsage: (usage: Usage | undefined) => Usage,
+    private readonly shape: StreamShape = CHAT_STREAM,
   ) {
     this.idTo = `"id":${JSON.stringify(completionId)}`
     this.modelTo = `"model":${JSON.stringify(modelId)}`
@@ -136,7 +147,7 @@ export class ChatStreamRelay {
       this.settled = true
       const shown = this.onUsage(this.usage)
       if (!this.includeUsage) return text
-      const usageEvent = { id: this.completionId, object: 'chat.completion.chunk', model: this.modelId }
+      const usageEvent = { id: this.completionId, object: this.shape.object, model: this.modelId }
       return `data: ${JSON.stringify({ ...usageEvent, created: Math.floor(Date.now() / 1000), choices: [], usage: shown })}\n\n${text}`
     }
     if (this.idFrom === undefined) {
@@ -163,14 +174,14 @@ export class ChatStreamRelay {
         parsed.model = this.modelId
         return `data: ${JSON.stringify(parsed)}\n\n`
       }
-      if (!final) this.addGenerated(deltaText(payload))
+      if (!final) this.addGenerated(deltaText(payload, this.shape.text))
       if (!this.includeUsage && final) return ''
     } else if (!payload.startsWith('{"id"') && /^\{\s*"error"/.test(payload)) {
       // (chunks start with "id": the regex runs only on what may be an error event)
       this.upstreamError = safeParse(payload) ?? payload
       return ''
     } else {
-      this.addGenerated(deltaText(payload))
+      this.addGenerated(deltaText(payload, this.shape.text))
     }
     return this.rewrite(text)
   }
@@ -223,13 +234,25 @@ export class ChatStreamRelay {
 
 const DELTA_TEXT = /"(?:content|arguments|name)"\s*:\s*"((?:[^"\\]|\\.)*)"/g
 
+/** Chat chunks: the text is the delta's content, tool-call names and arguments. */
+export const CHAT_STREAM: StreamShape = { object: 'chat.completion.chunk', text: DELTA_TEXT }
 /**
- * The generated text of one chunk (content, tool-call names and arguments), read with a regex
- * rather than a parse of the whole chunk. `name` can only be a tool's name inside a chunk's delta.
+ * Legacy completions chunks: the text is each choice's `text` (a logprobs object has no string
+ * field of that name: its tokens are array items and object keys).
  */
-export function deltaText(payload: string): string {
+export const TEXT_COMPLETION_STREAM: StreamShape = {
+  object: 'text_completion',
+  text: /"text"\s*:\s*"((?:[^"\\]|\\.)*)"/g,
+}
+
+/**
+ * The generated text of one chunk (by default a chat chunk's content, tool-call names and
+ * arguments), read with a regex rather than a parse of the whole chunk. `name` can only be a
+ * tool's name inside a chunk's delta.
+ */
+export function deltaText(payload: string, fields: RegExp = DELTA_TEXT): string {
   let text = ''
-  for (const m of payload.matchAll(DELTA_TEXT)) {
+  for (const m of payload.matchAll(fields)) {
     const raw = m[1]!
     if (raw.length === 0) continue
     try {

@@ -8,20 +8,27 @@ export async function usageRows(t: Tropa) {
 }
 
 /**
- * A streamed chat whose client leaves after three content events: one ledger row, outcome
- * client_disconnected, billed for some but not all of `maxTokens`; nothing in flight and the
- * node's engine no longer generating. Returns the row for further checks.
+ * A streamed chat (or, with path /v1/completions, a legacy completion) whose client leaves after
+ * three text events: one ledger row, outcome client_disconnected, billed for some but not all of
+ * `maxTokens`; nothing in flight and the node's engine no longer generating. Returns the row for
+ * further checks.
  */
-export async function leaveMidStream(t: Tropa, body: Record<string, unknown>, maxTokens: number) {
+export async function leaveMidStream(
+  t: Tropa,
+  body: Record<string, unknown>,
+  maxTokens: number,
+  path: '/v1/chat/completions' | '/v1/completions' = '/v1/chat/completions',
+) {
+  const marker = path === '/v1/completions' ? '"text":"' : '"content":"'
   const controller = new AbortController()
-  const res = await t.fetch('/v1/chat/completions', {
+  const res = await t.fetch(path, {
     method: 'POST',
     body: JSON.stringify({ ...body, stream: true, max_tokens: maxTokens }),
     signal: controller.signal,
   })
   const reader = res.body!.getReader()
   let received = ''
-  while (received.split('"content":"').length < 4) {
+  while (received.split(marker).length < 4) {
     const { value } = await reader.read()
     received += new TextDecoder().decode(value)
   }

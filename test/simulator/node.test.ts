@@ -131,3 +131,78 @@ describe('simulated node', () => {
     expect(timed.stats().running).toBe(0)
   })
 })
+
+describe('simulated node: POST /v1/completions (legacy), as vLLM serves it', () => {
+  test('texts, n, echo and logprobs: one choice per prompt and n, usage the node’s counts', async () => {
+    for (const n of [fast, timed]) {
+      const before = n.stats()
+      const prompts = ['hello there', 'a second prompt']
+      const c = await client(n).completions.create({
+        model: 'm',
+        prompt: prompts,
+        n: 2,
+        max_tokens: 5,
+        echo: true,
+        logprobs: 1,
+        seed: 2,
+      })
+      expect(c.object).toBe('text_completion')
+      expect(c.choices.map((ch) => ch.index)).toEqual([0, 1, 2, 3])
+      let generated = 0
+      for (const ch of c.choices) {
+        const p = prompts[Math.floor(ch.index / 2)]!
+        expect(ch.text.startsWith(p)).toBe(true)
+        const tokens = ch.logprobs!.tokens!
+        expect(tokens.join('')).toBe(ch.text.slice(p.length))
+        expect(ch.logprobs!.text_offset![0]).toBe(p.length)
+        expect(ch.finish_reason).toBe(tokens.length === 5 ? 'length' : 'stop')
+        generated += tokens.length
+      }
+      const promptTokens = prompts.reduce((s, p) => s + encode(p).length, 0)
+      expect(c.usage).toMatchObject({ prompt_tokens: promptTokens, completion_tokens: generated })
+      const after = n.stats()
+      expect(after.completionRequests - before.completionRequests).toBe(1)
+      expect(after.promptTokens - before.promptTokens).toBe(promptTokens)
+      expect(after.completionTokens - before.completionTokens).toBe(generated)
+    }
+  })
+
+  test('streamed: the same text per choice, finish on each choice’s last chunk, a usage chunk, [DONE]', async () => {
+    for (const n of [fast, timed]) {
+      const body = { model: 'm', prompt: [[1, 2, 3], [4]], n: 2, max_tokens: 6, seed: 5 }
+      const plain = await client(n).completions.create(body)
+      const s = await client(n).completions.create({
+        ...body,
+        stream: true,
+        stream_options: { include_usage: true },
+      })
+      const texts = new Map<number, string>()
+      const finishes: number[] = []
+      let usage: OpenAI.CompletionUsage | undefined
+      for await (const c of s) {
+        for (const ch of c.choices) {
+          texts.set(ch.index, (texts.get(ch.index) ?? '') + ch.text)
+          if (ch.finish_reason) finishes.push(ch.index)
+        }
+        usage = c.usage ?? usage
+      }
+      for (const ch of plain.choices) expect(texts.get(ch.index)).toBe(ch.text)
+      expect(finishes.sort()).toEqual([0, 1, 2, 3])
+      expect(usage).toEqual(plain.usage!)
+      expect(usage!.prompt_tokens).toBe(4)
+    }
+  })
+
+  test('refuses what vLLM refuses: best_of under n, a prompt of another shape', async () => {
+    for (const body of [
+      { model: 'm', prompt: 'x', n: 2, best_of: 1 },
+      { model: 'm', prompt: ['x', 1] },
+      { model: 'm', prompt: [] },
+    ]) {
+      const err = await client(fast)
+        .completions.create(body as OpenAI.CompletionCreateParamsNonStreaming)
+        .catch((e: unknown) => e)
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError)
+    }
+  })
+})

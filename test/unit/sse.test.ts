@@ -1,5 +1,5 @@
 import { expect, test } from 'bun:test'
-import { ChatStreamRelay, deltaText } from '../../src/upstream/sse.ts'
+import { ChatStreamRelay, deltaText, TEXT_COMPLETION_STREAM } from '../../src/upstream/sse.ts'
 
 test('deltaText reads the generated text of a chunk: content, escapes, tool names and arguments', () => {
   const chunk = (delta: unknown) =>
@@ -89,4 +89,36 @@ test("Azure's opening prompt-filter event, in either key order and with usage nu
     expect(events[0]!.choices).toEqual([])
     expect(relay.generated).toBe('Hello')
   }
+})
+
+test('a legacy completions stream: ids and model swapped, choices’ text kept (not logprobs’ tokens), usage written as a text_completion at [DONE]', () => {
+  const head = '{"id":"cmpl-up","object":"text_completion","created":1,"model":"up","choices":['
+  const logprobs =
+    '{"tokens":[" text"],"token_logprobs":[-0.1],"top_logprobs":[{"text":-0.1}],"text_offset":[0]}'
+  const events = [
+    `data: ${head}{"index":0,"text":" one","logprobs":${logprobs},"finish_reason":null}]}\n\n`,
+    `data: ${head}{"index":1,"text":" two \\"quoted\\"","logprobs":null,"finish_reason":"length"}],"usage":null}\n\n`,
+    'data: [DONE]\n\n',
+  ]
+  let shown: unknown
+  const relay = new ChatStreamRelay(
+    'cmpl-tropa',
+    'test/m',
+    true,
+    (usage) => {
+      shown = usage
+      return { prompt_tokens: 3, completion_tokens: 4, estimated: true }
+    },
+    TEXT_COMPLETION_STREAM,
+  )
+  const out = new TextDecoder().decode(relay.push(new TextEncoder().encode(events.join(''))))
+  expect(relay.generated).toBe(' one two "quoted"')
+  expect(shown).toBeUndefined()
+  const sent = out.split('\n\n').filter(Boolean)
+  expect(sent.at(-1)).toBe('data: [DONE]')
+  const chunks = sent.slice(0, -1).map((e) => JSON.parse(e.slice(6)))
+  for (const c of chunks)
+    expect([c.id, c.model, c.object]).toEqual(['cmpl-tropa', 'test/m', 'text_completion'])
+  expect(chunks.at(-1).usage).toEqual({ prompt_tokens: 3, completion_tokens: 4, estimated: true })
+  expect(chunks.at(-1).choices).toEqual([])
 })

@@ -36,6 +36,9 @@ export class ProviderRegistry implements UpstreamAdapter {
   send(call: UpstreamCall, controller: AbortController, headersDeadlineMs: number): Promise<UpstreamReply> {
     const adapter = this.adapters[call.route.provider]
     if (!adapter) throw new Error(`no adapter for provider ${call.route.provider}`)
+    // The legacy endpoint is passed through only (pipeline/completions.ts sends it to openai routes).
+    if (call.path === '/completions' && call.route.provider !== 'openai')
+      throw new Error(`provider ${call.route.provider} has no /completions`)
     return adapter.send(call, controller, headersDeadlineMs)
   }
 }
