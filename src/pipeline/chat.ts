@@ -165,6 +165,8 @@ async function chatWithModel(
   // (sanitizeUsage), else Tropa's own counts, marked estimated.
   const billed = (usage: Usage | undefined, completionTokens: () => number): Usage =>
     usage ?? estimatedUsage(promptTokens, completionTokens())
+  /** Set when the chosen node's first byte (stream) or whole body (JSON) arrived. */
+  let ttftMs: number | null = null
   const settle = (
     c: Candidate,
     usage: Usage | undefined,
@@ -187,6 +189,8 @@ async function chatWithModel(
       endedAtMs: Date.now(),
       outcome,
       estimated: u.estimated === true,
+      cachedTokens: cachedOf(u) ?? null,
+      ttftMs,
     })
   }
 
@@ -204,6 +208,7 @@ async function chatWithModel(
         },
         signal,
       )
+      ttftMs = Date.now() - startedAtMs
       value.id = completionId
       value.model = model.id
       const usage = billed(sanitizeUsage(value.usage), () => countTokens(completionTextOf(value)))
@@ -236,6 +241,7 @@ async function chatWithModel(
       },
       signal,
     )
+    ttftMs = Date.now() - startedAtMs
     // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
     const relay: ChatStreamRelay = new ChatStreamRelay(completionId, model.id, includeUsage, (usage) => {
       const u = billed(usage, () => countTokens(relay.generated))
