@@ -47,6 +47,12 @@ export type LedgerRowBase = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'cost
 
 const strAt = (strings: readonly string[], ref: number): string | null => (ref < 0 ? null : strings[ref]!)
 const numOrNull = (n: number): number | null => (Number.isNaN(n) ? null : n)
+/**
+ * An optional count as stored: a whole number from 0 to 2^31-1 (PostgreSQL's integer), else NaN
+ * (null). Cached tokens come from the upstream: a value out of range must not fail a flush.
+ */
+const countOrNaN = (v: number | null | undefined): number =>
+  typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= 0x7fffffff ? v : Number.NaN
 
 /** LedgerRows as plain data for postMessage: a few typed arrays, the strings and the request ids. */
 export interface LedgerRowsWire {
@@ -150,8 +156,8 @@ export class LedgerRows {
     this.nums[m + NUM_COMPLETION] = s.completionTokens
     this.nums[m + NUM_STARTED] = s.startedAtMs
     this.nums[m + NUM_ENDED] = s.endedAtMs
-    this.nums[m + NUM_CACHED] = s.cachedTokens ?? Number.NaN
-    this.nums[m + NUM_TTFT] = s.ttftMs ?? Number.NaN
+    this.nums[m + NUM_CACHED] = countOrNaN(s.cachedTokens)
+    this.nums[m + NUM_TTFT] = countOrNaN(s.ttftMs)
     this.costs[i] = costNano
     this.estimated[i] = s.estimated ? 1 : 0
     const id = s.requestId

@@ -62,10 +62,7 @@ export const ledger = pgTable(
     ttftMs: integer('ttft_ms'),
   },
   (t) => [
-    index('ledger_org_time').on(t.orgId, t.endedAtMs),
-    index('ledger_org_key_time').on(t.orgId, t.keyId, t.endedAtMs),
-    index('ledger_org_model_time').on(t.orgId, t.model, t.endedAtMs),
-    index('ledger_org_outcome_time').on(t.orgId, t.outcome, t.endedAtMs).where(sql`${t.outcome} <> 'ok'`),
+    index('ledger_org_time').on(t.orgId, t.endedAtMs, t.kind, t.keyId, t.model, t.outcome),
     index('ledger_batch').on(t.batchId).where(sql`${t.batchId} IS NOT NULL`),
   ],
 )

@@ -367,8 +367,6 @@ export class PostgresStore implements Store {
           q.keyId === undefined ? undefined : eq(l.keyId, q.keyId),
           q.model === undefined ? undefined : eq(l.model, q.model),
           q.outcome === undefined ? undefined : eq(l.outcome, q.outcome),
-          // Lets the planner use the partial index of rare outcomes (a literal, not a parameter).
-          q.outcome === undefined || q.outcome === 'ok' ? undefined : sql`${l.outcome} <> 'ok'`,
           q.fromMs === undefined ? undefined : gte(l.endedAtMs, q.fromMs),
           q.toMs === undefined ? undefined : lt(l.endedAtMs, q.toMs),
           // The first term bounds the index range; the second breaks ties of one millisecond.

@@ -59,14 +59,14 @@ export const ledger = sqliteTable(
     /** From the request's start to the upstream's first byte (streams) or whole body (JSON). */
     ttftMs: count('ttft_ms'),
   },
-  // Usage and Activity read by organization and time, newest first, optionally by key or model
-  // (GET /v1/activity); rare outcomes (errors, cut streams) through a partial index that the
-  // common 'ok' row skips. A batch's cost sums its rows (partial: live rows cost it nothing).
+  // Usage and Activity read by organization and time, newest first (GET /v1/activity). Its
+  // filters (kind, key, model, outcome) are columns of that index, so a filtered page scans index
+  // entries only. An index led by the key or the model instead would be written at dozens of
+  // places per flush, each a whole page in the write-ahead log: it tripled the ledger thread's
+  // cost per row (bench/activity.ts, BENCHMARKS.md "Activity"); this one grows at one end per
+  // organization. A batch's cost sums its rows (partial: live rows cost it nothing).
   (t) => [
-    index('ledger_org_time').on(t.orgId, t.endedAtMs),
-    index('ledger_org_key_time').on(t.orgId, t.keyId, t.endedAtMs),
-    index('ledger_org_model_time').on(t.orgId, t.model, t.endedAtMs),
-    index('ledger_org_outcome_time').on(t.orgId, t.outcome, t.endedAtMs).where(sql`${t.outcome} <> 'ok'`),
+    index('ledger_org_time').on(t.orgId, t.endedAtMs, t.kind, t.keyId, t.model, t.outcome),
     index('ledger_batch').on(t.batchId).where(sql`${t.batchId} IS NOT NULL`),
   ],
 )

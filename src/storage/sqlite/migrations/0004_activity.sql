@@ -11,11 +11,10 @@ CREATE TABLE `usage_hours` (
 	PRIMARY KEY(`org_id`, `hour_start`, `key_id`, `model`)
 );
 --> statement-breakpoint
+DROP INDEX `ledger_org_time`;--> statement-breakpoint
 ALTER TABLE `ledger` ADD `cached_tokens` integer;--> statement-breakpoint
 ALTER TABLE `ledger` ADD `ttft_ms` integer;--> statement-breakpoint
-CREATE INDEX `ledger_org_key_time` ON `ledger` (`org_id`,`key_id`,`ended_at_ms`);--> statement-breakpoint
-CREATE INDEX `ledger_org_model_time` ON `ledger` (`org_id`,`model`,`ended_at_ms`);--> statement-breakpoint
-CREATE INDEX `ledger_org_outcome_time` ON `ledger` (`org_id`,`outcome`,`ended_at_ms`) WHERE "ledger"."outcome" <> 'ok';--> statement-breakpoint
+CREATE INDEX `ledger_org_time` ON `ledger` (`org_id`,`ended_at_ms`,`kind`,`key_id`,`model`,`outcome`);--> statement-breakpoint
 -- Hand-added: the hours of the usage already in the ledger (the writes keep them from here on).
 INSERT INTO `usage_hours` (`org_id`, `hour_start`, `key_id`, `model`, `requests`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `cost_nano`)
 SELECT `org_id`, (`ended_at_ms` / 3600000) * 3600, coalesce(`key_id`, ''), coalesce(`model`, ''), count(*), sum(`prompt_tokens`), sum(`completion_tokens`), 0, sum(`cost_nano`)
