@@ -8,18 +8,21 @@ import { queryEnum, queryInt } from '../query.ts'
 import { ACTIVITY_CSV_COLUMNS, activityCsvRecord, activityView } from '../views.ts'
 
 // Query values are checked by queryInt/queryEnum (the error names the parameter).
-const ActivityParams = t.Object({
-  key_id: t.Optional(t.String()),
-  model: t.Optional(t.String()),
-  outcome: t.Optional(t.String()),
-  from: t.Optional(t.String()),
-  to: t.Optional(t.String()),
-  limit: t.Optional(t.String()),
-  after: t.Optional(t.String()),
-  include_credits: t.Optional(t.String()),
-  format: t.Optional(t.String()),
-  org_id: t.Optional(t.String()),
-})
+const ActivityParams = t.Object(
+  {
+    key_id: t.Optional(t.String()),
+    model: t.Optional(t.String()),
+    outcome: t.Optional(t.String()),
+    from: t.Optional(t.String()),
+    to: t.Optional(t.String()),
+    limit: t.Optional(t.String()),
+    after: t.Optional(t.String()),
+    include_credits: t.Optional(t.String()),
+    format: t.Optional(t.String()),
+    org_id: t.Optional(t.String()),
+  },
+  { additionalProperties: false },
+)
 
 /** Rows an export reads per store query: its memory bound, whatever the range. */
 const EXPORT_PAGE = 1000

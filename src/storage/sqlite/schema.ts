@@ -74,7 +74,8 @@ export const ledger = sqliteTable(
 /**
  * Billed usage summed per organization, key, model and UTC hour, kept by the ledger's writes
  * (the rows an INSERT actually added, one upsert per group per flush): the usage series reads
- * hours, not ledger rows. A null key or model is ''.
+ * hours, not ledger rows. A null key or model is ''. The migration creates it WITHOUT ROWID by
+ * hand (Drizzle has no such option): a series reads a range of the primary key, stored in order.
  */
 export const usageHours = sqliteTable(
   'usage_hours',

@@ -9,7 +9,7 @@ CREATE TABLE `usage_hours` (
 	`cached_tokens` integer DEFAULT 0 NOT NULL,
 	`cost_nano` integer DEFAULT 0 NOT NULL,
 	PRIMARY KEY(`org_id`, `hour_start`, `key_id`, `model`)
-);
+) WITHOUT ROWID;
 --> statement-breakpoint
 DROP INDEX `ledger_org_time`;--> statement-breakpoint
 ALTER TABLE `ledger` ADD `cached_tokens` integer;--> statement-breakpoint
