@@ -1,6 +1,7 @@
 import { Elysia } from 'elysia'
 import { HeadersTooLarge } from './errors.ts'
 import { errorMapper } from './http/error-mapper.ts'
+import { activityRoutes } from './http/routes/activity.ts'
 import { adminRoutes } from './http/routes/admin.ts'
 import { batchRoutes } from './http/routes/batches.ts'
 import { chatRoutes } from './http/routes/chat.ts'
@@ -81,6 +82,7 @@ export function createApp(svc: Services) {
     .use(batchRoutes(svc))
     .use(keyRoutes(svc))
     .use(usageRoutes(svc))
+    .use(activityRoutes(svc))
     .use(adminRoutes(svc))
   table = app.routes.map((r) => ({
     method: r.method,

@@ -67,7 +67,14 @@ export type FromWorker =
       readonly t: 'settle'
       readonly reqId: number
       /** Usage when the upstream answered 2xx; otherwise nothing is charged. */
-      readonly usage: { readonly promptTokens: number; readonly completionTokens: number } | null
+      readonly usage: {
+        readonly promptTokens: number
+        readonly completionTokens: number
+        /** As the upstream reported them (prompt_tokens_details.cached_tokens), else null. */
+        readonly cachedTokens: number | null
+        /** From the line's start to its whole answer. */
+        readonly ttftMs: number
+      } | null
       readonly nodeOk: boolean
       readonly outcome: string
     }

@@ -466,6 +466,8 @@ export class BatchScheduler {
       endedAtMs: Date.now(),
       outcome: m.outcome,
       estimated: false,
+      cachedTokens: m.usage.cachedTokens,
+      ttftMs: m.usage.ttftMs,
     })
   }
 

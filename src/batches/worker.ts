@@ -195,6 +195,7 @@ async function callUpstream(
   let status = 0
   let text = ''
   let rejected: UpstreamRejected | undefined
+  let answeredAtMs = startedAtMs
   // Through the same provider adapters as live traffic, to the route the main thread chose:
   // headers within the first-byte timeout, then the body within the idle timeout.
   const route = cost.model.routes.find((r) => r.node === reply.node)
@@ -222,6 +223,7 @@ async function callUpstream(
     timer = setTimeout(() => controller.abort(), cfg.idleTimeoutMs)
     status = up.response.status
     text = await up.response.text()
+    answeredAtMs = Date.now()
   } catch (err) {
     // UpstreamRejected: the upstream refused the request itself. Anything else is the node's
     // failure (unreachable, timed out, 5xx, the statuses that say the node failed).
@@ -243,6 +245,8 @@ async function callUpstream(
     const usage = {
       promptTokens: reported?.prompt_tokens ?? countedPrompt,
       completionTokens: reported?.completion_tokens ?? (chat ? countTokens(answerText(parsed)) : 0),
+      cachedTokens: cachedTokensOf(reported),
+      ttftMs: answeredAtMs - startedAtMs,
     }
     // The line shows the usage billed: the upstream's when sane, else Tropa's count, marked.
     if (!reported) {
@@ -297,6 +301,8 @@ async function callUpstream(
       endedAtMs: Date.now(),
       outcome: charged < full ? `${outcome}:capped` : outcome,
       estimated: false,
+      cachedTokens: usage.cachedTokens,
+      ttftMs: usage.ttftMs,
     })
     // A line already final (finished by a worker that died after writing) is not billed again.
     return {
@@ -340,6 +346,12 @@ async function callUpstream(
 }
 
 /** The generated text of a chat completion, to count when the upstream reports no usage. */
+/** The upstream's cached prompt tokens when it reported them (the ledger checks the range). */
+function cachedTokensOf(u: Usage | undefined): number | null {
+  const n = u?.prompt_tokens_details?.cached_tokens
+  return typeof n === 'number' ? n : null
+}
+
 function answerText(c: { choices?: unknown }): string {
   let text = ''
   for (const ch of Array.isArray(c.choices)

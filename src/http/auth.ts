@@ -66,3 +66,22 @@ export function keyManagerOrg(svc: Services, p: Principal, orgId: string | undef
 export function requireAdmin(p: Principal): void {
   if (p.kind !== 'admin') throw new PermissionDenied('this endpoint needs the admin token')
 }
+
+/**
+ * Whose ledger the caller reads (GET /v1/activity, /v1/usage/series): a master key its own
+ * organization's, the admin token any organization's (org_id), an API key its own key's rows only
+ * (`key_id`, when given, must be that key: 403 otherwise).
+ */
+export function ledgerReader(
+  svc: Services,
+  p: Principal,
+  orgId: string | undefined,
+  keyId: string | undefined,
+): { org: LiveOrg; keyId: string | undefined } {
+  if (p.kind !== 'api') return { org: keyManagerOrg(svc, p, orgId), keyId }
+  if (orgId !== undefined && orgId !== p.org.id)
+    throw new InvalidValue("org_id is for the admin token; an API key reads its own key's rows", 'org_id')
+  if (keyId !== undefined && keyId !== p.key.id)
+    throw new PermissionDenied("an API key reads its own key's rows only; use the master key for others")
+  return { org: p.org, keyId: p.key.id }
+}

@@ -1,5 +1,6 @@
-import { type NanoRub, nanoToRubNumber } from '../billing/money.ts'
+import { formatRub, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
+import type { LedgerEntry } from '../storage/store.ts'
 
 /** A key as `/v1/keys` shows it: never the secret, only its hint. */
 export function keyView(k: LiveKey) {
@@ -29,4 +30,69 @@ export function orgView(o: LiveOrg, now: { balanceNano: NanoRub; reservedNano: N
     reserved_rub: nanoToRubNumber(now.reservedNano),
     created_at: o.createdAt,
   }
+}
+
+/** A ledger row as GET /v1/activity shows it (the JSON list and JSONL export; CSV has its columns). */
+export function activityView(e: LedgerEntry, keyName: string | null) {
+  return {
+    object: 'activity' as const,
+    request_id: e.requestId,
+    created_at: Math.floor(e.endedAtMs / 1000),
+    kind: e.kind,
+    key_id: e.keyId,
+    key_name: keyName,
+    model: e.model,
+    node: e.node,
+    batch_id: e.batchId,
+    outcome: e.outcome,
+    prompt_tokens: e.promptTokens,
+    completion_tokens: e.completionTokens,
+    cached_tokens: e.cachedTokens ?? null,
+    total_tokens: e.promptTokens + e.completionTokens,
+    cost_rub: nanoToRubNumber(e.costNano),
+    estimated: e.estimated,
+    started_at_ms: e.startedAtMs,
+    ended_at_ms: e.endedAtMs,
+    duration_ms: e.endedAtMs - e.startedAtMs,
+    ttft_ms: e.ttftMs ?? null,
+  }
+}
+
+/** The CSV export's columns: activityView's fields but `object`, with cost_rub as exact text. */
+export const ACTIVITY_CSV_COLUMNS = [
+  'request_id',
+  'created_at',
+  'kind',
+  'key_id',
+  'key_name',
+  'model',
+  'node',
+  'batch_id',
+  'outcome',
+  'prompt_tokens',
+  'completion_tokens',
+  'cached_tokens',
+  'total_tokens',
+  'cost_rub',
+  'estimated',
+  'started_at_ms',
+  'ended_at_ms',
+  'duration_ms',
+  'ttft_ms',
+] as const
+
+/** One CSV field per RFC 4180: quoted (quotes doubled) when it holds a comma, quote, CR or LF; null is empty. */
+export function csvField(v: string | number | boolean | null): string {
+  if (v === null) return ''
+  const s = String(v)
+  return /[",\r\n]/.test(s) ? `"${s.replaceAll('"', '""')}"` : s
+}
+
+/** A CSV record of a row (CRLF-terminated, as RFC 4180 has it). */
+export function activityCsvRecord(e: LedgerEntry, keyName: string | null): string {
+  const v = activityView(e, keyName)
+  const fields = ACTIVITY_CSV_COLUMNS.map((c) =>
+    c === 'cost_rub' ? formatRub(e.costNano) : csvField(v[c] as string | number | boolean | null),
+  )
+  return `${fields.join(',')}\r\n`
 }

@@ -241,6 +241,8 @@ export async function runModelCall(
   // (sanitizeUsage), else Tropa's own counts, marked estimated.
   const billed = (usage: Usage | undefined, completionTokens: () => number): Usage =>
     usage ?? estimatedUsage(promptTokens, completionTokens())
+  /** Set when the chosen node's first byte (stream) or whole body (JSON) arrived. */
+  let ttftMs: number | null = null
   const settle = (
     c: Candidate,
     usage: Usage | undefined,
@@ -263,6 +265,8 @@ export async function runModelCall(
       endedAtMs: Date.now(),
       outcome,
       estimated: u.estimated === true,
+      cachedTokens: cachedOf(u) ?? null,
+      ttftMs,
     })
   }
 
@@ -280,6 +284,7 @@ export async function runModelCall(
         },
         signal,
       )
+      ttftMs = Date.now() - startedAtMs
       value.id = completionId
       value.model = model.id
       const usage = billed(sanitizeUsage(value.usage), () => countTokens(call.textOf(value)))
@@ -312,6 +317,7 @@ export async function runModelCall(
       },
       signal,
     )
+    ttftMs = Date.now() - startedAtMs
     // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
     const relay: ChatStreamRelay = new ChatStreamRelay(
       completionId,

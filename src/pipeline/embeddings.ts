@@ -85,6 +85,8 @@ export async function createEmbeddings(
       },
       signal,
     )
+    // The whole answer has arrived: an embedding's first byte is of no use without the rest.
+    const ttftMs = Date.now() - startedAtMs
     finishAttempt(deps, attempt, 'ok')
     const tokens = value.tokens ?? promptTokens
     const charged = deps.meter.settle(reservation, {
@@ -99,6 +101,7 @@ export async function createEmbeddings(
       endedAtMs: Date.now(),
       outcome: 'ok',
       estimated: value.tokens === undefined,
+      ttftMs,
     })
     const costRub = nanoToRubNumber(charged)
     // The client sees the usage billed: the upstream's with its cost, or Tropa's count, marked.

@@ -14,7 +14,10 @@ const NUM_PROMPT = 0
 const NUM_COMPLETION = 1
 const NUM_STARTED = 2
 const NUM_ENDED = 3
-const NUMS = 4
+/** NaN is null (not reported). */
+const NUM_CACHED = 4
+const NUM_TTFT = 5
+const NUMS = 6
 
 /** The ledger's columns in the order `LedgerRows.bind` puts a row's values. */
 export const LEDGER_COLUMN_NAMES = [
@@ -32,6 +35,8 @@ export const LEDGER_COLUMN_NAMES = [
   'ended_at_ms',
   'outcome',
   'estimated',
+  'cached_tokens',
+  'ttft_ms',
 ] as const
 export const LEDGER_COLUMNS = LEDGER_COLUMN_NAMES.length
 
@@ -41,6 +46,13 @@ export type SqlValue = string | number | bigint | null
 export type LedgerRowBase = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'costNano' | 'outcome'>
 
 const strAt = (strings: readonly string[], ref: number): string | null => (ref < 0 ? null : strings[ref]!)
+const numOrNull = (n: number): number | null => (Number.isNaN(n) ? null : n)
+/**
+ * An optional count as stored: a whole number from 0 to 2^31-1 (PostgreSQL's integer), else NaN
+ * (null). Cached tokens come from the upstream: a value out of range must not fail a flush.
+ */
+const countOrNaN = (v: number | null | undefined): number =>
+  typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= 0x7fffffff ? v : Number.NaN
 
 /** LedgerRows as plain data for postMessage: a few typed arrays, the strings and the request ids. */
 export interface LedgerRowsWire {
@@ -144,6 +156,8 @@ export class LedgerRows {
     this.nums[m + NUM_COMPLETION] = s.completionTokens
     this.nums[m + NUM_STARTED] = s.startedAtMs
     this.nums[m + NUM_ENDED] = s.endedAtMs
+    this.nums[m + NUM_CACHED] = countOrNaN(s.cachedTokens)
+    this.nums[m + NUM_TTFT] = countOrNaN(s.ttftMs)
     this.costs[i] = costNano
     this.estimated[i] = s.estimated ? 1 : 0
     const id = s.requestId
@@ -213,6 +227,12 @@ export class LedgerRows {
   endedAtMs(i: number): number {
     return this.nums[i * NUMS + NUM_ENDED]!
   }
+  cachedTokens(i: number): number | null {
+    return numOrNull(this.nums[i * NUMS + NUM_CACHED]!)
+  }
+  ttftMs(i: number): number | null {
+    return numOrNull(this.nums[i * NUMS + NUM_TTFT]!)
+  }
   costNano(i: number): bigint {
     return this.costs[i]!
   }
@@ -241,6 +261,8 @@ export class LedgerRows {
     args[at + 11] = nums[m + NUM_ENDED]!
     args[at + 12] = strAt(strings, refs[r + REF_OUTCOME]!)
     args[at + 13] = this.estimated[i]!
+    args[at + 14] = numOrNull(nums[m + NUM_CACHED]!)
+    args[at + 15] = numOrNull(nums[m + NUM_TTFT]!)
   }
 
   entry(i: number): LedgerEntry {
@@ -259,6 +281,8 @@ export class LedgerRows {
       endedAtMs: this.endedAtMs(i),
       outcome: this.outcome(i),
       estimated: this.isEstimated(i),
+      cachedTokens: this.cachedTokens(i),
+      ttftMs: this.ttftMs(i),
     }
   }
 
@@ -329,14 +353,34 @@ export class LedgerRows {
   }
 }
 
+/** One organization's, key's and model's usage in one UTC hour (a row of usage_hours). */
+export interface UsageHour {
+  readonly orgId: string
+  /** '' for none. */
+  readonly keyId: string
+  /** '' for none. */
+  readonly model: string
+  /** Unix seconds of the hour's start. */
+  readonly hourStart: number
+  requests: number
+  promptTokens: number
+  completionTokens: number
+  cachedTokens: number
+  costNano: bigint
+}
+
+const HOUR_MS = 3_600_000
+
 /**
  * What written ledger rows move, summed per flush: each organization's balance (a usage row takes
- * its cost off, a credit adds it) and each key's spend and last use (usage rows only). Both stores
- * add the rows their INSERT actually wrote (not replays) and apply one UPDATE per entry.
+ * its cost off, a credit adds it), each key's spend and last use, and the usage hours (usage rows
+ * only). Both stores add the rows their INSERT actually wrote (not replays) and apply one UPDATE
+ * (or upsert, for an hour) per entry: a flush of hundreds of rows touches a handful of hours.
  */
 export class LedgerEffects {
   readonly orgs = new Map<string, bigint>()
   readonly keys = new Map<string, { spent: bigint; usedAt: number }>()
+  readonly hours = new Map<string, UsageHour>()
 
   add(rows: LedgerRows, i: number): void {
     const orgId = rows.orgId(i)
@@ -350,5 +394,30 @@ export class LedgerEffects {
       k.usedAt = Math.max(k.usedAt, Math.floor(rows.endedAtMs(i) / 1000))
       this.keys.set(keyId, k)
     }
+    if (!usage) return
+    const hourStart = Math.floor(rows.endedAtMs(i) / HOUR_MS) * 3600
+    const model = rows.model(i) ?? ''
+    const key = keyId ?? ''
+    const id = `${orgId}\n${key}\n${model}\n${hourStart}`
+    let h = this.hours.get(id)
+    if (h === undefined) {
+      h = {
+        orgId,
+        keyId: key,
+        model,
+        hourStart,
+        requests: 0,
+        promptTokens: 0,
+        completionTokens: 0,
+        cachedTokens: 0,
+        costNano: 0n,
+      }
+      this.hours.set(id, h)
+    }
+    h.requests++
+    h.promptTokens += rows.promptTokens(i)
+    h.completionTokens += rows.completionTokens(i)
+    h.cachedTokens += rows.cachedTokens(i) ?? 0
+    h.costNano += cost
   }
 }

@@ -21,4 +21,11 @@ export interface LedgerEntry {
   readonly outcome: string
   /** Tokens were counted by Tropa because the upstream reported no usage. */
   readonly estimated: boolean
+  /** Prompt tokens the upstream served from its cache; null or absent when it did not say. */
+  readonly cachedTokens?: number | null
+  /**
+   * Time to first token: from the request's start to the upstream's first byte (a stream's first
+   * chunk, a JSON answer's whole body); null or absent when there was none (credits).
+   */
+  readonly ttftMs?: number | null
 }

@@ -50,6 +50,46 @@ export interface UsageRow {
   readonly costNano: NanoRub
 }
 
+/** GET /v1/activity: ledger rows of one organization, newest first, in (endedAtMs, requestId) order. */
+export interface ActivityQuery {
+  readonly orgId: string
+  readonly keyId?: string | undefined
+  readonly model?: string | undefined
+  readonly outcome?: string | undefined
+  /** ended_at_ms in [fromMs, toMs). */
+  readonly fromMs?: number | undefined
+  readonly toMs?: number | undefined
+  /** Credits too (kind 'credit'); billed requests only otherwise. */
+  readonly includeCredits?: boolean | undefined
+  /** Only rows after this one in the order (older, or as old with a smaller request id): the cursor. */
+  readonly before?: { readonly endedAtMs: number; readonly requestId: string } | undefined
+  readonly limit: number
+}
+
+/** The usage series: hours of usage_hours in [fromSec, toSec), summed per hour and group. */
+export interface UsageHoursQuery {
+  readonly orgId: string
+  readonly fromSec: number
+  readonly toSec: number
+  readonly keyId?: string | undefined
+  readonly model?: string | undefined
+  /** Sum per hour and per key or model; null: per hour only. */
+  readonly groupBy: 'model' | 'key' | null
+}
+
+/** One hour's billed usage (of one group). */
+export interface UsageHourSum {
+  /** Unix seconds of the hour's start (UTC). */
+  readonly hourStart: number
+  /** The key id or model (null when not grouped, or the rows had none). */
+  readonly group: string | null
+  readonly requests: number
+  readonly promptTokens: number
+  readonly completionTokens: number
+  readonly cachedTokens: number
+  readonly costNano: NanoRub
+}
+
 export interface FileRecord {
   readonly id: string
   readonly orgId: string
@@ -166,6 +206,12 @@ export interface Store {
   ledgerForOrg(orgId: string, fromMs: number, toMs: number): Promise<LedgerEntry[]>
   /** Billed usage (credits excluded) grouped by key, model and UTC day, ordered by day. */
   usageByKeyModelDay(orgId: string, fromMs: number, toMs: number): Promise<UsageRow[]>
+  /** One ledger row of this organization; undefined when absent or another organization's. */
+  ledgerEntry(orgId: string, requestId: string): Promise<LedgerEntry | undefined>
+  /** Ledger rows newest first (by ended time, then request id, both descending), filtered; indexed. */
+  listActivity(q: ActivityQuery): Promise<LedgerEntry[]>
+  /** Billed usage per UTC hour (and key or model), ordered by hour: from usage_hours, not the ledger. */
+  usageHours(q: UsageHoursQuery): Promise<UsageHourSum[]>
 
   insertFile(f: FileRecord): Promise<void>
   getFile(id: string): Promise<FileRecord | undefined>

@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, test } from 'bun:test'
-import type { KeyRecord, LedgerEntry, Store } from '../../src/storage/store.ts'
+import type { ActivityQuery, KeyRecord, LedgerEntry, Store, UsageHourSum } from '../../src/storage/store.ts'
 
 /** The behaviour every Store implementation must have; each driver's test file runs it. */
 export function storeContract(name: string, open: () => Promise<Store>) {
@@ -360,6 +360,131 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect(await claim(30)).toBeNumber()
       await store.updateBatch('batch_1', { status: 'in_progress', finalizingAt: null })
       expect((await store.listBatches('o1', undefined, 10)).map((x) => x.id)).toEqual(['batch_1'])
+    })
+
+    test('cached tokens and TTFT round-trip, null when not reported', async () => {
+      await store.insertOrg(org('o1', 1_000n))
+      await store.insertKey(key('k1', 'o1'))
+      await store.recordLedger([
+        { ...usage('r1', 'o1', 'k1', 1n), cachedTokens: 64, ttftMs: 123 },
+        { ...usage('r2', 'o1', 'k1', 1n), cachedTokens: 0, ttftMs: null },
+        usage('r3', 'o1', 'k1', 1n),
+      ])
+      const byId = new Map((await store.ledgerForOrg('o1', 0, 2e12)).map((r) => [r.requestId, r]))
+      expect([byId.get('r1')!.cachedTokens, byId.get('r1')!.ttftMs]).toEqual([64, 123])
+      expect([byId.get('r2')!.cachedTokens, byId.get('r2')!.ttftMs]).toEqual([0, null])
+      expect([byId.get('r3')!.cachedTokens, byId.get('r3')!.ttftMs]).toEqual([null, null])
+      expect((await store.ledgerEntry('o1', 'r1'))!.cachedTokens).toBe(64)
+    })
+
+    test('listActivity: newest first, filters, credits only when asked, one organization', async () => {
+      await store.insertOrg(org('o1', 10_000n))
+      await store.insertOrg(org('o2', 10_000n))
+      await store.insertKey(key('k1', 'o1'))
+      await store.insertKey(key('k2', 'o1'))
+      await store.insertKey(key('k3', 'o2'))
+      const t = 1_700_000_000_000
+      await store.recordLedger([
+        usage('a', 'o1', 'k1', 1n, t),
+        { ...usage('b', 'o1', 'k2', 2n, t + 10), model: 'm/y' },
+        { ...usage('c', 'o1', 'k1', 3n, t + 20), outcome: 'client_disconnected' },
+        usage('d', 'o2', 'k3', 4n, t + 30),
+        { ...usage('e', 'o1', 'k1', 500n, t + 40), kind: 'credit', keyId: null, model: null },
+      ])
+      const ids = async (q: Partial<ActivityQuery>) =>
+        (await store.listActivity({ orgId: 'o1', limit: 100, ...q })).map((r) => r.requestId)
+      expect(await ids({})).toEqual(['c', 'b', 'a'])
+      expect(await ids({ includeCredits: true })).toEqual(['e', 'c', 'b', 'a'])
+      expect(await ids({ keyId: 'k1' })).toEqual(['c', 'a'])
+      expect(await ids({ model: 'm/y' })).toEqual(['b'])
+      expect(await ids({ outcome: 'client_disconnected' })).toEqual(['c'])
+      expect(await ids({ outcome: 'ok' })).toEqual(['b', 'a'])
+      expect(await ids({ fromMs: t + 10, toMs: t + 20 })).toEqual(['b'])
+      expect(await ids({ limit: 2 })).toEqual(['c', 'b'])
+      expect(await ids({ keyId: 'k3' })).toEqual([])
+      expect(await store.ledgerEntry('o1', 'd')).toBeUndefined()
+      expect((await store.ledgerEntry('o2', 'd'))!.costNano).toBe(4n)
+    })
+
+    test('listActivity pages by (ended time, request id): ties in one millisecond, no duplicates or gaps', async () => {
+      await store.insertOrg(org('o1', 10n ** 12n))
+      await store.insertKey(key('k1', 'o1'))
+      const t = 1_700_000_000_000
+      // 57 rows over 7 distinct milliseconds: pages of 5 cut through ties.
+      const rows = Array.from({ length: 57 }, (_, i) =>
+        usage(`r${String(i).padStart(3, '0')}`, 'o1', 'k1', 1n, t + (i % 7)),
+      )
+      await store.recordLedger(rows)
+      const seen: string[] = []
+      let before: ActivityQuery['before']
+      for (;;) {
+        const page = await store.listActivity({ orgId: 'o1', limit: 5, before })
+        seen.push(...page.map((r) => r.requestId))
+        if (page.length < 5) break
+        const last = page.at(-1)!
+        before = { endedAtMs: last.endedAtMs, requestId: last.requestId }
+      }
+      const expected = [...rows]
+        .sort((a, b) => b.endedAtMs - a.endedAtMs || (a.requestId < b.requestId ? 1 : -1))
+        .map((r) => r.requestId)
+      expect(seen).toEqual(expected)
+    })
+
+    test('usageHours sums billed rows per UTC hour and key or model; replays, credits and other orgs excluded; batch lines count', async () => {
+      await store.insertOrg(org('o1', 10n ** 12n))
+      await store.insertOrg(org('o2', 10n ** 12n))
+      await store.insertKey(key('k1', 'o1'))
+      await store.insertKey(key('k2', 'o1'))
+      const h0 = Date.UTC(2026, 10, 21, 10) // an hour's start
+      const h0s = h0 / 1000
+      await store.recordLedger([
+        { ...usage('a', 'o1', 'k1', 100n, h0), cachedTokens: 4 },
+        { ...usage('b', 'o1', 'k2', 50n, h0 + 3_599_999), model: 'm/y' },
+        usage('c', 'o1', 'k1', 7n, h0 + 3_600_000),
+        usage('d', 'o2', 'k1', 1_000n, h0),
+        { ...usage('e', 'o1', 'k1', 9_999n, h0), kind: 'credit', keyId: null },
+      ])
+      await store.recordLedger([usage('a', 'o1', 'k1', 100n, h0)]) // a replay
+      // A batch line's row, written with its result (PostgreSQL writes it apart from a flush).
+      await store.enqueueLines([{ batchId: 'batch_h', line: 1, customId: 'x', body: '{}', attempts: 0 }])
+      expect(
+        await store.finishLine('batch_h', 1, true, '{}', {
+          ...usage('batch_h-1', 'o1', 'k2', 11n, h0 + 60_000),
+          batchId: 'batch_h',
+          cachedTokens: 2,
+        }),
+      ).toBe(true)
+      const q = { orgId: 'o1', fromSec: h0s, toSec: h0s + 7200 }
+      const sum = (r: UsageHourSum) => [
+        r.hourStart,
+        r.group,
+        r.requests,
+        r.promptTokens,
+        r.completionTokens,
+        r.cachedTokens,
+        r.costNano,
+      ]
+      expect((await store.usageHours({ ...q, groupBy: null })).map(sum)).toEqual([
+        [h0s, null, 3, 30, 15, 6, 161n],
+        [h0s + 3600, null, 1, 10, 5, 0, 7n],
+      ])
+      expect((await store.usageHours({ ...q, groupBy: 'key' })).map(sum)).toEqual([
+        [h0s, 'k1', 1, 10, 5, 4, 100n],
+        [h0s, 'k2', 2, 20, 10, 2, 61n],
+        [h0s + 3600, 'k1', 1, 10, 5, 0, 7n],
+      ])
+      expect((await store.usageHours({ ...q, groupBy: 'model' })).map(sum)).toEqual([
+        [h0s, 'm/x', 2, 20, 10, 6, 111n],
+        [h0s, 'm/y', 1, 10, 5, 0, 50n],
+        [h0s + 3600, 'm/x', 1, 10, 5, 0, 7n],
+      ])
+      expect(
+        (await store.usageHours({ ...q, toSec: h0s + 3600, keyId: 'k2', groupBy: 'model' })).map(sum),
+      ).toEqual([
+        [h0s, 'm/x', 1, 10, 5, 2, 11n],
+        [h0s, 'm/y', 1, 10, 5, 0, 50n],
+      ])
+      expect(await store.usageHours({ ...q, orgId: 'o3', groupBy: null })).toEqual([])
     })
 
     test('a credit adds to the balance and is a ledger row of its own', async () => {

@@ -58,11 +58,30 @@ export const ledger = pgTable(
     endedAtMs: ms('ended_at_ms').notNull(),
     outcome: text('outcome').notNull(),
     estimated: integer('estimated').notNull().default(0),
+    cachedTokens: integer('cached_tokens'),
+    ttftMs: integer('ttft_ms'),
   },
   (t) => [
-    index('ledger_org_time').on(t.orgId, t.endedAtMs),
+    index('ledger_org_time').on(t.orgId, t.endedAtMs, t.kind, t.keyId, t.model, t.outcome),
     index('ledger_batch').on(t.batchId).where(sql`${t.batchId} IS NOT NULL`),
   ],
+)
+
+/** As in storage/sqlite/schema.ts: billed usage per organization, key, model and UTC hour. */
+export const usageHours = pgTable(
+  'usage_hours',
+  {
+    orgId: text('org_id').notNull(),
+    hourStart: bigint('hour_start', { mode: 'number' }).notNull(),
+    keyId: text('key_id').notNull().default(''),
+    model: text('model').notNull().default(''),
+    requests: bigint('requests', { mode: 'number' }).notNull().default(0),
+    promptTokens: bigint('prompt_tokens', { mode: 'number' }).notNull().default(0),
+    completionTokens: bigint('completion_tokens', { mode: 'number' }).notNull().default(0),
+    cachedTokens: bigint('cached_tokens', { mode: 'number' }).notNull().default(0),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+  },
+  (t) => [primaryKey({ columns: [t.orgId, t.hourStart, t.keyId, t.model] })],
 )
 
 export const files = pgTable(

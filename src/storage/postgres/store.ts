@@ -1,5 +1,5 @@
 import { SQL } from 'bun'
-import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, lte, or, sql } from 'drizzle-orm'
 import { type BunSQLDatabase, drizzle } from 'drizzle-orm/bun-sql'
 import {
   LEDGER_COLUMN_NAMES,
@@ -7,9 +7,11 @@ import {
   LedgerEffects,
   LedgerRows,
   type SqlValue,
+  type UsageHour,
 } from '../ledger-rows.ts'
 import { schemaNotAhead } from '../sqlite/migrations.ts'
 import type {
+  ActivityQuery,
   BatchLine,
   BatchPatch,
   BatchRecord,
@@ -22,7 +24,12 @@ import type {
   OrgRecord,
   ResponseRecord,
   Store,
+  UsageHoursQuery,
 } from '../store.ts'
+
+/** A SUM or COUNT as the driver returns it: bigint (SQLite's safeIntegers), text or number (PostgreSQL). */
+type SqlInt = bigint | string | number
+
 import { embeddedPgMigrations } from './migrations.ts'
 import * as schema from './schema.ts'
 
@@ -89,11 +96,31 @@ function redact(url: string): string {
   return url.replace(/\/\/([^:/@]+):([^@]+)@/, '//$1:***@')
 }
 
-/** Rows per INSERT statement of a ledger flush (14 parameters each; PostgreSQL allows 65,535). */
+/** Rows per INSERT statement of a ledger flush (16 parameters each; PostgreSQL allows 65,535). */
 const LEDGER_ROWS_PER_INSERT = 1000
 /** The time in ms by PostgreSQL's clock (now() is the statement's start in autocommit). */
 const NOW_MS = '(extract(epoch from now()) * 1000)::bigint'
 const COST_COLUMN = LEDGER_COLUMN_NAMES.indexOf('cost_nano')
+/** Adds a flush's sums to an hour of usage_hours (storage/sqlite/store.ts HOUR_UPSERT). */
+const HOUR_UPSERT = `INSERT INTO usage_hours (org_id, hour_start, key_id, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_nano)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::bigint)
+  ON CONFLICT (org_id, hour_start, key_id, model) DO UPDATE SET
+    requests = usage_hours.requests + excluded.requests,
+    prompt_tokens = usage_hours.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = usage_hours.completion_tokens + excluded.completion_tokens,
+    cached_tokens = usage_hours.cached_tokens + excluded.cached_tokens,
+    cost_nano = usage_hours.cost_nano + excluded.cost_nano`
+const hourParams = (h: UsageHour) => [
+  h.orgId,
+  h.hourStart,
+  h.keyId,
+  h.model,
+  h.requests,
+  h.promptTokens,
+  h.completionTokens,
+  h.cachedTokens,
+  h.costNano.toString(),
+]
 
 /** `($1,...,$14),($15,...)` for `rows` ledger rows, kept for the sizes seen (a full chunk repeats). */
 const tuplesBySize = new Map<number, string>()
@@ -236,6 +263,7 @@ export class PostgresStore implements Store {
           'UPDATE keys SET spent_nano = spent_nano + $1::bigint, last_used_at = greatest(coalesce(last_used_at, 0), $2) WHERE id = $3',
           [k.spent.toString(), k.usedAt, id],
         )
+      for (const h of effects.hours.values()) await tx.unsafe(HOUR_UPSERT, hourParams(h))
     })
   }
 
@@ -248,6 +276,20 @@ export class PostgresStore implements Store {
       .onConflictDoNothing()
       .returning({ id: ledger.requestId })
     if (!inserted) return // already billed: a replay
+    const effects = new LedgerEffects()
+    effects.add(LedgerRows.of([e]), 0)
+    const h = effects.hours.values().next().value
+    if (h)
+      await tx.execute(
+        sql`INSERT INTO usage_hours (org_id, hour_start, key_id, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_nano)
+          VALUES (${h.orgId}, ${h.hourStart}, ${h.keyId}, ${h.model}, ${h.requests}, ${h.promptTokens}, ${h.completionTokens}, ${h.cachedTokens}, ${h.costNano.toString()}::bigint)
+          ON CONFLICT (org_id, hour_start, key_id, model) DO UPDATE SET
+            requests = usage_hours.requests + excluded.requests,
+            prompt_tokens = usage_hours.prompt_tokens + excluded.prompt_tokens,
+            completion_tokens = usage_hours.completion_tokens + excluded.completion_tokens,
+            cached_tokens = usage_hours.cached_tokens + excluded.cached_tokens,
+            cost_nano = usage_hours.cost_nano + excluded.cost_nano`,
+      )
     const sign = e.kind === 'credit' ? sql`+` : sql`-`
     await tx
       .update(orgs)
@@ -297,6 +339,79 @@ export class PostgresStore implements Store {
       requests: Number(r.requests),
       promptTokens: Number(r.promptTokens),
       completionTokens: Number(r.completionTokens),
+      costNano: BigInt(r.costNano),
+    }))
+  }
+
+  async ledgerEntry(orgId: string, requestId: string) {
+    const l = schema.ledger
+    const rows = await this.db
+      .select()
+      .from(l)
+      .where(and(eq(l.requestId, requestId), eq(l.orgId, orgId)))
+      .limit(1)
+    const r = rows[0]
+    return r && { ...r, estimated: r.estimated === 1 }
+  }
+
+  async listActivity(q: ActivityQuery) {
+    const l = schema.ledger
+    const b = q.before
+    const rows = await this.db
+      .select()
+      .from(l)
+      .where(
+        and(
+          eq(l.orgId, q.orgId),
+          q.includeCredits ? undefined : eq(l.kind, 'usage'),
+          q.keyId === undefined ? undefined : eq(l.keyId, q.keyId),
+          q.model === undefined ? undefined : eq(l.model, q.model),
+          q.outcome === undefined ? undefined : eq(l.outcome, q.outcome),
+          q.fromMs === undefined ? undefined : gte(l.endedAtMs, q.fromMs),
+          q.toMs === undefined ? undefined : lt(l.endedAtMs, q.toMs),
+          // The first term bounds the index range; the second breaks ties of one millisecond.
+          b ? lte(l.endedAtMs, b.endedAtMs) : undefined,
+          b ? or(lt(l.endedAtMs, b.endedAtMs), lt(l.requestId, b.requestId)) : undefined,
+        ),
+      )
+      .orderBy(desc(l.endedAtMs), desc(l.requestId))
+      .limit(q.limit)
+    return rows.map((r) => ({ ...r, estimated: r.estimated === 1 }))
+  }
+
+  async usageHours(q: UsageHoursQuery) {
+    const h = schema.usageHours
+    const group = q.groupBy === 'model' ? h.model : q.groupBy === 'key' ? h.keyId : undefined
+    const by = group ? [h.hourStart, group] : [h.hourStart]
+    const rows = await this.db
+      .select({
+        hourStart: h.hourStart,
+        group: group ?? sql<string>`''`,
+        requests: sql<SqlInt>`sum(${h.requests})`,
+        promptTokens: sql<SqlInt>`sum(${h.promptTokens})`,
+        completionTokens: sql<SqlInt>`sum(${h.completionTokens})`,
+        cachedTokens: sql<SqlInt>`sum(${h.cachedTokens})`,
+        costNano: sql<SqlInt>`sum(${h.costNano})`,
+      })
+      .from(h)
+      .where(
+        and(
+          eq(h.orgId, q.orgId),
+          gte(h.hourStart, q.fromSec),
+          lt(h.hourStart, q.toSec),
+          q.keyId === undefined ? undefined : eq(h.keyId, q.keyId),
+          q.model === undefined ? undefined : eq(h.model, q.model),
+        ),
+      )
+      .groupBy(...by)
+      .orderBy(...by)
+    return rows.map((r) => ({
+      hourStart: Number(r.hourStart),
+      group: r.group === '' || r.group === null ? null : String(r.group),
+      requests: Number(r.requests),
+      promptTokens: Number(r.promptTokens),
+      completionTokens: Number(r.completionTokens),
+      cachedTokens: Number(r.cachedTokens),
       costNano: BigInt(r.costNano),
     }))
   }

@@ -54,13 +54,44 @@ export const ledger = sqliteTable(
     endedAtMs: epoch('ended_at_ms').notNull(),
     outcome: text('outcome').notNull(),
     estimated: count('estimated').notNull().default(0),
+    /** Prompt tokens the upstream served from its cache (null: it did not say). */
+    cachedTokens: count('cached_tokens'),
+    /** From the request's start to the upstream's first byte (streams) or whole body (JSON). */
+    ttftMs: count('ttft_ms'),
   },
-  // Usage reads by organization and time; a batch's cost sums its rows (a partial index: live
-  // rows, which have no batch, cost it nothing).
+  // Usage and Activity read by organization and time, newest first (GET /v1/activity). Its
+  // filters (kind, key, model, outcome) are columns of that index, so a filtered page scans index
+  // entries only. An index led by the key or the model instead would be written at dozens of
+  // places per flush, each a whole page in the write-ahead log: it tripled the ledger thread's
+  // cost per row (bench/activity.ts, BENCHMARKS.md "Activity"); this one grows at one end per
+  // organization. A batch's cost sums its rows (partial: live rows cost it nothing).
   (t) => [
-    index('ledger_org_time').on(t.orgId, t.endedAtMs),
+    index('ledger_org_time').on(t.orgId, t.endedAtMs, t.kind, t.keyId, t.model, t.outcome),
     index('ledger_batch').on(t.batchId).where(sql`${t.batchId} IS NOT NULL`),
   ],
+)
+
+/**
+ * Billed usage summed per organization, key, model and UTC hour, kept by the ledger's writes
+ * (the rows an INSERT actually added, one upsert per group per flush): the usage series reads
+ * hours, not ledger rows. A null key or model is ''. The migration creates it WITHOUT ROWID by
+ * hand (Drizzle has no such option): a series reads a range of the primary key, stored in order.
+ */
+export const usageHours = sqliteTable(
+  'usage_hours',
+  {
+    orgId: text('org_id').notNull(),
+    /** Unix seconds of the hour's start (UTC). */
+    hourStart: epoch('hour_start').notNull(),
+    keyId: text('key_id').notNull().default(''),
+    model: text('model').notNull().default(''),
+    requests: count('requests').notNull().default(0),
+    promptTokens: count('prompt_tokens').notNull().default(0),
+    completionTokens: count('completion_tokens').notNull().default(0),
+    cachedTokens: count('cached_tokens').notNull().default(0),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+  },
+  (t) => [primaryKey({ columns: [t.orgId, t.hourStart, t.keyId, t.model] })],
 )
 
 export const files = sqliteTable(

@@ -1,7 +1,7 @@
 import { Database, SQLiteError, type Statement } from 'bun:sqlite'
 import { existsSync, mkdirSync, statSync } from 'node:fs'
 import { dirname } from 'node:path'
-import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, or, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, lte, or, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
 import {
   LEDGER_COLUMN_NAMES,
@@ -11,6 +11,7 @@ import {
   type SqlValue,
 } from '../ledger-rows.ts'
 import type {
+  ActivityQuery,
   BatchLine,
   BatchPatch,
   BatchRecord,
@@ -23,7 +24,12 @@ import type {
   OrgRecord,
   ResponseRecord,
   Store,
+  UsageHoursQuery,
 } from '../store.ts'
+
+/** A SUM or COUNT as the driver returns it: bigint (SQLite's safeIntegers), text or number (PostgreSQL). */
+type SqlInt = bigint | string | number
+
 import { describe, integrityProblems, isDamage, type SqliteCheck, SqliteStoreUnusable } from './check.ts'
 import { embeddedMigrations, schemaNotAhead } from './migrations.ts'
 import * as schema from './schema.ts'
@@ -32,6 +38,16 @@ type Db = BunSQLiteDatabase<typeof schema>
 
 /** The time in ms by SQLite's clock ('now' is one instant through a statement). */
 const NOW_MS = "CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
+
+/** Adds a flush's sums to an hour of usage_hours (the same text works in PostgreSQL). */
+export const HOUR_UPSERT = `INSERT INTO usage_hours (org_id, hour_start, key_id, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_nano)
+  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+  ON CONFLICT (org_id, hour_start, key_id, model) DO UPDATE SET
+    requests = usage_hours.requests + excluded.requests,
+    prompt_tokens = usage_hours.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = usage_hours.completion_tokens + excluded.completion_tokens,
+    cached_tokens = usage_hours.cached_tokens + excluded.cached_tokens,
+    cost_nano = usage_hours.cost_nano + excluded.cost_nano`
 
 /** Rows per multi-row INSERT of a flush: past about ten, more rows per statement gained nothing. */
 const LEDGER_ROWS_PER_INSERT = 16
@@ -205,6 +221,7 @@ export class SqliteStore implements Store {
     insertedIds: Statement<{ request_id: string }>
     org: Statement
     key: Statement
+    hour: Statement
     args: SqlValue[]
   }
 
@@ -237,6 +254,7 @@ export class SqliteStore implements Store {
       key: this.client.prepare(
         'UPDATE keys SET spent_nano = spent_nano + ?1, last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE id = ?3',
       ),
+      hour: this.client.prepare(HOUR_UPSERT),
       args: new Array(LEDGER_COLUMNS * LEDGER_ROWS_PER_INSERT).fill(null),
     }
     const st = this.ledgerStatements
@@ -268,6 +286,18 @@ export class SqliteStore implements Store {
       for (; i < n; i++) one(i)
       for (const [id, delta] of effects.orgs) st.org.run(delta, id)
       for (const [id, k] of effects.keys) st.key.run(k.spent, k.usedAt, id)
+      for (const h of effects.hours.values())
+        st.hour.run(
+          h.orgId,
+          h.hourStart,
+          h.keyId,
+          h.model,
+          h.requests,
+          h.promptTokens,
+          h.completionTokens,
+          h.cachedTokens,
+          h.costNano,
+        )
     })()
   }
 
@@ -305,6 +335,82 @@ export class SqliteStore implements Store {
       requests: Number(r.requests),
       promptTokens: Number(r.promptTokens),
       completionTokens: Number(r.completionTokens),
+      costNano: BigInt(r.costNano),
+    }))
+  }
+
+  async ledgerEntry(orgId: string, requestId: string) {
+    const l = schema.ledger
+    const rows = this.db
+      .select()
+      .from(l)
+      .where(and(eq(l.requestId, requestId), eq(l.orgId, orgId)))
+      .limit(1)
+      .all()
+    const r = rows[0]
+    return r && { ...r, estimated: r.estimated === 1 }
+  }
+
+  async listActivity(q: ActivityQuery) {
+    const l = schema.ledger
+    const b = q.before
+    const rows = this.db
+      .select()
+      .from(l)
+      .where(
+        and(
+          eq(l.orgId, q.orgId),
+          q.includeCredits ? undefined : eq(l.kind, 'usage'),
+          q.keyId === undefined ? undefined : eq(l.keyId, q.keyId),
+          q.model === undefined ? undefined : eq(l.model, q.model),
+          q.outcome === undefined ? undefined : eq(l.outcome, q.outcome),
+          q.fromMs === undefined ? undefined : gte(l.endedAtMs, q.fromMs),
+          q.toMs === undefined ? undefined : lt(l.endedAtMs, q.toMs),
+          // The first term bounds the index range; the second breaks ties of one millisecond.
+          b ? lte(l.endedAtMs, b.endedAtMs) : undefined,
+          b ? or(lt(l.endedAtMs, b.endedAtMs), lt(l.requestId, b.requestId)) : undefined,
+        ),
+      )
+      .orderBy(desc(l.endedAtMs), desc(l.requestId))
+      .limit(q.limit)
+      .all()
+    return rows.map((r) => ({ ...r, estimated: r.estimated === 1 }))
+  }
+
+  async usageHours(q: UsageHoursQuery) {
+    const h = schema.usageHours
+    const group = q.groupBy === 'model' ? h.model : q.groupBy === 'key' ? h.keyId : undefined
+    const by = group ? [h.hourStart, group] : [h.hourStart]
+    const rows = this.db
+      .select({
+        hourStart: h.hourStart,
+        group: group ?? sql<string>`''`,
+        requests: sql<SqlInt>`sum(${h.requests})`,
+        promptTokens: sql<SqlInt>`sum(${h.promptTokens})`,
+        completionTokens: sql<SqlInt>`sum(${h.completionTokens})`,
+        cachedTokens: sql<SqlInt>`sum(${h.cachedTokens})`,
+        costNano: sql<SqlInt>`sum(${h.costNano})`,
+      })
+      .from(h)
+      .where(
+        and(
+          eq(h.orgId, q.orgId),
+          gte(h.hourStart, q.fromSec),
+          lt(h.hourStart, q.toSec),
+          q.keyId === undefined ? undefined : eq(h.keyId, q.keyId),
+          q.model === undefined ? undefined : eq(h.model, q.model),
+        ),
+      )
+      .groupBy(...by)
+      .orderBy(...by)
+      .all()
+    return rows.map((r) => ({
+      hourStart: Number(r.hourStart),
+      group: r.group === '' || r.group === null ? null : String(r.group),
+      requests: Number(r.requests),
+      promptTokens: Number(r.promptTokens),
+      completionTokens: Number(r.completionTokens),
+      cachedTokens: Number(r.cachedTokens),
       costNano: BigInt(r.costNano),
     }))
   }
