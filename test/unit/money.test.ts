@@ -120,6 +120,8 @@ describe('ledger rows posted to the ledger thread', () => {
     endedAtMs: 1_795_000_000_500 + i,
     outcome: i % 2 ? 'ok' : 'ok:capped',
     estimated: i % 3 === 0,
+    cachedTokens: i % 6 === 0 ? null : i * 2,
+    ttftMs: i % 5 === 1 ? null : i % 9,
   })
 
   test('every field survives the columns and the copy to the thread, amounts exact', () => {
