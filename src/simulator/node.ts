@@ -307,7 +307,13 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
       if (closed) return
       if (cut !== null && sent >= cut) {
         closed = true
-        controller.error(new Error('simulated cut'))
+        // Erroring a stream drops what is still queued in it: the cut comes once the tokens
+        // already generated are handed to the socket, as a real node dies after what it wrote.
+        const die = () => {
+          if ((controller.desiredSize ?? 1) < 1) setTimeout(die, 1)
+          else controller.error(new Error('simulated cut'))
+        }
+        die()
         return
       }
       send(piece(i))
