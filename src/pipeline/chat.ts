@@ -20,6 +20,7 @@ import {
   countTokensYielding,
   loadTokenizer,
   reservedPromptTokens,
+  tokenizerReady,
 } from './tokens.ts'
 
 export interface ChatDeps extends UpstreamDeps {
@@ -53,7 +54,7 @@ export const FALLBACK_HEADER = 'x-tropa-fallback-from'
  * never on the client's own error; each model is reserved for and billed at its own price, so a
  * chain stops at the key's or the organization's limit (402).
  */
-export async function chatCompletion(
+export function chatCompletion(
   deps: ChatDeps,
   payer: Payer,
   request: ChatRequest,
@@ -63,14 +64,40 @@ export async function chatCompletion(
   /** Closes the client's connection soon (a stream whose client stopped reading is dropped). */
   cut?: () => void,
 ): Promise<Response> {
-  const { models, ...body } = request
-  const chain = fallbackChain(deps.catalogue, body.model, models)
+  let chain: readonly string[]
+  try {
+    chain = fallbackChain(deps.catalogue, request.model, request.models)
+  } catch (err) {
+    return Promise.reject(err)
+  }
+  // `models` is Tropa's own field, never sent upstream. The pass-through path (no fallbacks) goes
+  // straight to chatWithModel, with no copy of the body and no promise in between.
+  const body: Omit<ChatRequest, 'models'> = request.models === undefined ? request : withoutModels(request)
+  if (chain.length === 1) return chatWithModel(deps, payer, body, signal, requestId, sessionHint, cut)
+  return withFallbacks(deps, payer, body, chain, signal, requestId, sessionHint, cut)
+}
+
+function withoutModels({ models: _, ...body }: ChatRequest): Omit<ChatRequest, 'models'> {
+  return body
+}
+
+/** chatCompletion along a chain of more than one model. */
+async function withFallbacks(
+  deps: ChatDeps,
+  payer: Payer,
+  body: Omit<ChatRequest, 'models'>,
+  chain: readonly string[],
+  signal: AbortSignal,
+  requestId: string,
+  sessionHint: string | undefined,
+  cut: (() => void) | undefined,
+): Promise<Response> {
   for (let i = 0; ; i++) {
     try {
       const res = await chatWithModel(
         deps,
         payer,
-        { ...body, model: chain[i]! },
+        i === 0 ? body : { ...body, model: chain[i]! },
         signal,
         requestId,
         sessionHint,
@@ -96,8 +123,14 @@ export async function chatCompletion(
  * The models to try in order: the one asked for, then the request's or the config's fallbacks;
  * each checked to be a chat model of the catalogue before anything is tried (404, 400).
  */
-function fallbackChain(catalogue: Catalogue, first: string, asked: readonly string[] | undefined): string[] {
-  const chain = [...new Set([first, ...(asked ?? catalogue.getOfKind(first, 'chat').fallbacks)])]
+function fallbackChain(
+  catalogue: Catalogue,
+  first: string,
+  asked: readonly string[] | undefined,
+): readonly string[] {
+  const rest = asked ?? catalogue.getOfKind(first, 'chat').fallbacks
+  if (rest.length === 0) return [first]
+  const chain = [...new Set([first, ...rest])]
   for (const id of chain) catalogue.getOfKind(id, 'chat')
   return chain
 }
@@ -119,13 +152,15 @@ async function chatWithModel(
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'chat')
   checkMessages(body.messages)
-  await loadTokenizer()
+  if (!tokenizerReady()) await loadTokenizer()
   const counted = countChatPromptLive(body.messages, body.tools, model.contextLength)
   const promptTokens = typeof counted === 'number' ? counted : await counted
   const maxOut = outputBudget(model, promptTokens, askedOutput(body))
   const choices = body.n ?? 1
   const worst = costNano(reservedPromptTokens(promptTokens), maxOut * choices, model.price)
-  const reservation = await deps.meter.reserve(payer.key, payer.org, worst)
+  // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
+  const reserved = deps.meter.reserve(payer.key, payer.org, worst)
+  const reservation = reserved instanceof Promise ? await reserved : reserved
   // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
   try {
     const limited = deps.limiter.admit(payer.key, promptTokens)
