@@ -50,13 +50,15 @@ export const jsonRequestBody = (schema: TSchema) => ({
   content: { 'application/json': { schema } },
 })
 
-async function readCapped(request: Request, maxBytes: number): Promise<string> {
+function readCapped(request: Request, maxBytes: number): Promise<string> {
   const declared = request.headers.get('content-length')
-  if (declared !== null) {
-    if (Number(declared) > maxBytes) throw new PayloadTooLarge(maxBytes)
-    return request.text()
-  }
-  // Chunked upload: count as it arrives, so an endless body cannot fill memory.
+  if (declared === null) return readCounting(request, maxBytes)
+  if (Number(declared) > maxBytes) return Promise.reject(new PayloadTooLarge(maxBytes))
+  return request.text()
+}
+
+/** A chunked upload: counted as it arrives, so an endless body cannot fill memory. */
+async function readCounting(request: Request, maxBytes: number): Promise<string> {
   const body = request.body
   if (!body) return ''
   const chunks: Uint8Array[] = []

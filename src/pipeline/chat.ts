@@ -28,6 +28,7 @@ import {
   countTokensYielding,
   loadTokenizer,
   reservedPromptTokens,
+  tokenizerReady,
 } from './tokens.ts'
 
 export interface ChatDeps extends UpstreamDeps {
@@ -59,7 +60,7 @@ export const FALLBACK_HEADER = 'x-tropa-fallback-from'
  * POST /v1/chat/completions with fallbacks across models: the request's `models` (OpenRouter's
  * form) after `model`, else the model's configured `fallbacks`.
  */
-export async function chatCompletion(
+export function chatCompletion(
   deps: ChatDeps,
   payer: Payer,
   request: ChatRequest,
@@ -69,10 +70,31 @@ export async function chatCompletion(
   /** Closes the client's connection soon (a stream whose client stopped reading is dropped). */
   cut?: () => void,
 ): Promise<Response> {
-  const { models, ...body } = request
-  return withFallbacks(deps, fallbackChain(deps.catalogue, body.model, models), signal, requestId, (model) =>
-    chatWithModel(deps, payer, { ...body, model }, signal, requestId, sessionHint, cut),
+  let chain: readonly string[]
+  try {
+    chain = fallbackChain(deps.catalogue, request.model, request.models)
+  } catch (err) {
+    return Promise.reject(err)
+  }
+  // `models` is Tropa's own field, never sent upstream. The pass-through path (no fallbacks) goes
+  // straight to chatWithModel, with no copy of the body and no promise in between.
+  const body: Omit<ChatRequest, 'models'> = request.models === undefined ? request : withoutModels(request)
+  if (chain.length === 1) return chatWithModel(deps, payer, body, signal, requestId, sessionHint, cut)
+  return withFallbacks(deps, chain, signal, requestId, (model) =>
+    chatWithModel(
+      deps,
+      payer,
+      model === body.model ? body : { ...body, model },
+      signal,
+      requestId,
+      sessionHint,
+      cut,
+    ),
   )
+}
+
+function withoutModels({ models: _, ...body }: ChatRequest): Omit<ChatRequest, 'models'> {
+  return body
 }
 
 /**
@@ -116,8 +138,10 @@ export function fallbackChain(
   catalogue: Catalogue,
   first: string,
   asked: readonly string[] | undefined,
-): string[] {
-  const chain = [...new Set([first, ...(asked ?? catalogue.getOfKind(first, 'chat').fallbacks)])]
+): readonly string[] {
+  const rest = asked ?? catalogue.getOfKind(first, 'chat').fallbacks
+  if (rest.length === 0) return [first]
+  const chain = [...new Set([first, ...rest])]
   for (const id of chain) catalogue.getOfKind(id, 'chat')
   return chain
 }
@@ -135,7 +159,7 @@ export async function chatWithModel(
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'chat')
   checkMessages(body.messages)
-  await loadTokenizer()
+  if (!tokenizerReady()) await loadTokenizer()
   const counted = countChatPromptLive(body.messages, body.tools, model.contextLength)
   const promptTokens = typeof counted === 'number' ? counted : await counted
   const maxOut = outputBudget(model, promptTokens, askedOutput(body))
@@ -218,7 +242,9 @@ export async function runModelCall(
 ): Promise<Response> {
   const { model, promptTokens, stream, startedAtMs } = call
   const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
-  const reservation = await deps.meter.reserve(payer.key, payer.org, worst)
+  // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
+  const reserved = deps.meter.reserve(payer.key, payer.org, worst)
+  const reservation = reserved instanceof Promise ? await reserved : reserved
   // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
   try {
     const limited = deps.limiter.admit(payer.key, promptTokens)
