@@ -1,5 +1,5 @@
 import { renderPrompt } from '../render.ts'
-import type { ProtocolFront } from './index.ts'
+import type { ProtocolFront } from './front.ts'
 
 // Anthropic's Messages API (POST /v1/messages) as its public reference describes it: the
 // `x-api-key` and `anthropic-version` headers, `max_tokens` required, `system` apart from the

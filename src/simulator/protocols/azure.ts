@@ -1,4 +1,4 @@
-import type { ProtocolFront, SimCore } from './index.ts'
+import type { ProtocolFront, SimCore } from './front.ts'
 
 // Azure OpenAI's data plane as its reference describes it: POST
 // /openai/deployments/{deployment}/{chat/completions|embeddings}?api-version=..., the key in the

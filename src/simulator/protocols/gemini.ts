@@ -1,4 +1,4 @@
-import type { ProtocolFront, SimCore } from './index.ts'
+import type { ProtocolFront, SimCore } from './front.ts'
 
 // Google's Gemini API (https://ai.google.dev/api) in front of a simulated node:
 //   POST /v1beta/models/{model}:generateContent   (and /v1/..., the SDK's default version)

@@ -1,5 +1,5 @@
 import { lineSplitter } from '../../upstream/providers/lines.ts'
-import type { ProtocolFront, SimCore } from './index.ts'
+import type { ProtocolFront, SimCore } from './front.ts'
 
 // Sber's GigaChat REST API as its reference describes it (developers.sber.ru/docs/ru/gigachat/api):
 //   POST /api/v2/oauth              Basic <authorization key>, RqUID, scope=... (form) ->

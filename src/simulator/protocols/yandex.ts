@@ -1,5 +1,5 @@
 import { lineSplitter } from '../../upstream/providers/lines.ts'
-import type { ProtocolFront, SimCore } from './index.ts'
+import type { ProtocolFront, SimCore } from './front.ts'
 
 // Yandex Cloud Foundation Models' REST API as its reference describes it
 // (yandex.cloud/docs/foundation-models/text-generation/api-ref/TextGeneration/completion):
