@@ -1,8 +1,8 @@
 import type { Static, TSchema } from '@sinclair/typebox'
 import { TypeCompiler } from '@sinclair/typebox/compiler'
+import { fromValueError } from '../api/value-error.ts'
 import { InvalidJson, InvalidValue, PayloadTooLarge, UnsupportedMediaType } from '../errors.ts'
 import { MAX_JSON_DEPTH, nestedDeeperThan } from '../json-depth.ts'
-import { fromValueError } from './value-error.ts'
 
 /**
  * The body of every JSON route, checked by Tropa alone (never by the framework's validator,

@@ -1,4 +1,5 @@
 import { Elysia, type ValidationError } from 'elysia'
+import { fromValueError } from '../api/value-error.ts'
 import {
   ClientClosedRequest,
   InsufficientStorage,
@@ -11,7 +12,6 @@ import {
   unknownPath,
 } from '../errors.ts'
 import type { Log } from '../log.ts'
-import { fromValueError } from './value-error.ts'
 
 /** The OpenAI error body and status of any error; the only place errors become responses. */
 export function errorResponse(err: TropaError, requestId: string | undefined): Response {

@@ -1,6 +1,7 @@
 import { TypeCompiler } from '@sinclair/typebox/compiler'
 import { Elysia, t } from 'elysia'
 import { CreateBatchBody } from '../../api/batches.ts'
+import { fromValueError } from '../../api/value-error.ts'
 import { listenUrl } from '../../config/load.ts'
 import { InvalidValue } from '../../errors.ts'
 import type { Services } from '../../services.ts'
@@ -8,7 +9,6 @@ import type { BatchRecord } from '../../storage/store.ts'
 import { authenticate, payerOf } from '../auth.ts'
 import { jsonRequestBody, readJson } from '../body.ts'
 import { queryInt } from '../query.ts'
-import { fromValueError } from '../value-error.ts'
 
 const Params = t.Object({ batch_id: t.String() })
 const FINAL = new Set(['completed', 'failed', 'expired', 'cancelled'])

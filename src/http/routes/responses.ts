@@ -1,11 +1,11 @@
 import { Elysia, t } from 'elysia'
 import { knownTypeError, ResponsesRequest } from '../../api/responses.ts'
+import { fromValueError } from '../../api/value-error.ts'
 import { ResponsesService } from '../../responses/service.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
 import { queryEnum, queryInt } from '../query.ts'
-import { fromValueError } from '../value-error.ts'
 
 const Params = t.Object({ response_id: t.String() })
 
