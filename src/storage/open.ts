@@ -1,4 +1,3 @@
-import type { Config } from '../config/load.ts'
 import { openPostgresStore } from './postgres/store.ts'
 import { openSqliteStore } from './sqlite/store.ts'
 import type { Store } from './store.ts'
@@ -7,8 +6,18 @@ import type { Store } from './store.ts'
  * The store the config names: the embedded SQLite file, or PostgreSQL shared by several nodes.
  * `role` is who uses the connection: the event loop, or a thread (see WAL_CHECKPOINT_BYTES).
  */
+/** The storage settings the store needs (config/load.ts's `storage` section is one). */
+export interface StorageSettings {
+  readonly kind: 'sqlite' | 'postgres'
+  readonly postgresUrl?: string | undefined
+  readonly postgresMaxConnections: number
+  readonly statementTimeoutMs: number
+  readonly sqlitePath: string
+  readonly sqliteStartupCheck: Parameters<typeof openSqliteStore>[2]
+}
+
 export async function openStore(
-  s: Config['storage'],
+  s: StorageSettings,
   role: 'eventLoop' | 'thread' = 'eventLoop',
 ): Promise<Store> {
   if (s.kind === 'postgres')
