@@ -7,7 +7,7 @@
 import { type ModelConfig, OPENAI_ROUTE } from '../../src/config/load.ts'
 import { ShareBudget } from '../../src/routing/budget.ts'
 import { type Candidate, NodePool } from '../../src/routing/nodes.ts'
-import { Attempt, type RouteRequest, type RoutingPolicy } from '../../src/routing/policy.ts'
+import { Attempt, type NodeMetrics, type RouteRequest, type RoutingPolicy } from '../../src/routing/policy.ts'
 import { chainSeed } from '../../src/routing/prefix.ts'
 import { Engine, type EngineParams } from '../../src/simulator/engine.ts'
 import { blockHashes, type TraceRequest } from './workloads.ts'
@@ -35,21 +35,38 @@ const spec = (
 ): NodeSpec => ({ name, kind, prefillTokensPerSec, itlMs, maxSeqs, cacheTokens, prefillBudgetTokens, rttMs })
 
 /**
- * The issue's fleet of 8: 2 fast GPU nodes (prefill 20k tok/s, ITL 15 ms, large cache), 4 medium
+ * The mixed fleet of 8: 2 fast GPU nodes (prefill 20k tok/s, ITL 15 ms, large cache), 4 medium
  * (8k tok/s, 25 ms), 2 slow llama.cpp-like (2.5k tok/s, 40 ms, 4 sequences, small cache). Each
  * decoding sequence adds ITL/20 to an iteration (the engine's default), and one iteration
  * prefills at most the budget.
  */
-export const FLEET: readonly NodeSpec[] = [
-  spec('fast-1', 'fast', 20_000, 15, 64, 600_000, 8192, 1),
-  spec('fast-2', 'fast', 20_000, 15, 64, 600_000, 8192, 2),
-  spec('medium-1', 'medium', 8_000, 25, 32, 200_000, 4096, 1),
-  spec('medium-2', 'medium', 8_000, 25, 32, 200_000, 4096, 2),
-  spec('medium-3', 'medium', 8_000, 25, 32, 200_000, 4096, 3),
-  spec('medium-4', 'medium', 8_000, 25, 32, 200_000, 4096, 4),
-  spec('slow-1', 'slow', 2_500, 40, 4, 16_000, 512, 5),
-  spec('slow-2', 'slow', 2_500, 40, 4, 16_000, 512, 5),
-]
+const fast = (i: number, rtt: number) => spec(`fast-${i}`, 'fast', 20_000, 15, 64, 600_000, 8192, rtt)
+const medium = (i: number, rtt: number) => spec(`medium-${i}`, 'medium', 8_000, 25, 32, 200_000, 4096, rtt)
+const slow = (i: number, rtt: number) => spec(`slow-${i}`, 'slow', 2_500, 40, 4, 16_000, 512, rtt)
+
+function mixed(copies: number): NodeSpec[] {
+  const out: NodeSpec[] = []
+  for (let k = 0; k < copies; k++) {
+    const i = (j: number) => k * 10 + j
+    out.push(fast(i(1), 1), fast(i(2), 2))
+    for (let j = 1; j <= 4; j++) out.push(medium(i(j), j))
+    out.push(slow(i(1), 5), slow(i(2), 5))
+  }
+  return out
+}
+
+/** Identical nodes: the medium kind (8k tok/s, 25 ms, 32 sequences, 200k-token cache), RTT 1-4 ms. */
+const identical = (n: number) => Array.from({ length: n }, (_, i) => medium(i + 1, 1 + (i % 4)))
+
+export const FLEETS = {
+  'identical-8': identical(8),
+  'identical-16': identical(16),
+  'identical-32': identical(32),
+  'mixed-8': mixed(1),
+  'mixed-32': mixed(4),
+} satisfies Record<string, readonly NodeSpec[]>
+export type FleetName = keyof typeof FLEETS
+export const FLEET: readonly NodeSpec[] = FLEETS['mixed-8']
 
 /**
  * Nominal capacity of a node in requests/s: every slot busy, each request costing its share of
@@ -68,12 +85,21 @@ export function fleetCapacity(fleet: readonly NodeSpec[], uncached: number, out:
 
 export interface SimOptions {
   readonly fleet: readonly NodeSpec[]
-  /** Feed the nodes' load (waiting, running, cache use) to the policy every second. */
-  readonly metrics: boolean
+  /**
+   * Feed each node's /metrics (waiting, running, KV-cache use as vLLM reports it, cache blocks)
+   * to the policy every this many ms; undefined: never.
+   */
+  readonly metricsEveryMs: number | undefined
   /** Hedge late first tokens (within 5% of requests), if the policy proposes times. */
   readonly hedge: boolean
   /** Slow a node down: [node index, from ms, to ms, factor]. */
   readonly slowdowns: readonly (readonly [number, number, number, number])[]
+  /**
+   * Stall a node without errors: [node index, from ms, to ms]. It accepts requests and answers
+   * nothing (no tokens, no progress, its /metrics frozen as vLLM's are when the engine hangs)
+   * until `to`, then carries on where it stopped.
+   */
+  readonly stalls: readonly (readonly [number, number, number])[]
   /** Requests arriving before this are not measured (warm-up). */
   readonly measureFromMs: number
   readonly measureToMs: number
@@ -90,23 +116,37 @@ export interface SimResult {
   readonly hedges: number
   /** Prompt tokens served from the nodes' caches, share of all prompt tokens. */
   readonly cacheHitShare: number
+  /** Requests sent to a stalled node more than 2 s into its stall (first attempts and hedges). */
+  readonly sentToStalledAfter2s: number
 }
 
 /** Prompt block hashes of a trace, computed once and shared by every policy's run. */
 export interface PreparedRequest extends TraceRequest {
+  /** 16-token block hashes: the engine's cache keys, and the fine index of the peers that keep one. */
+  readonly fineBlocks: readonly number[]
   readonly engineBlocks: readonly string[]
+  /** 64-token blocks (256 characters): Tropa's and SGLang's index (prefix.ts). */
   readonly routerBlocks: readonly number[]
+  /** Closed loop: the session's next turn, sent `thinkMs` after this one's last token. */
+  readonly next: PreparedRequest | undefined
 }
 
 const MODEL = 'bench/chat'
 
 export function prepare(trace: readonly TraceRequest[]): PreparedRequest[] {
   const seed = chainSeed(MODEL)
-  return trace.map((r) => ({
-    ...r,
-    engineBlocks: blockHashes(r.segments, 16, 0x811c9dc5).map(String),
-    routerBlocks: blockHashes(r.segments, 64, seed),
-  }))
+  const one = (r: TraceRequest): PreparedRequest => {
+    const fineBlocks = blockHashes(r.segments, 16, 0x811c9dc5)
+    return {
+      ...r,
+      fineBlocks,
+      // The engine keys its cache by block id; numbers hash faster than their strings.
+      engineBlocks: fineBlocks as unknown as readonly string[],
+      routerBlocks: blockHashes(r.segments, 64, seed),
+      next: r.next ? one(r.next) : undefined,
+    }
+  }
+  return trace.map(one)
 }
 
 class Heap {
@@ -156,10 +196,22 @@ interface SimNode {
   readonly engine: Engine
   /** The engine tick that is scheduled (older scheduled ticks are stale). */
   tickAt: number | undefined
+  /** Engine time = virtual time - offset (a stall shifts the engine's clock by its length). */
+  offset: number
+  /** While stalled: since when, the engine calls held until the end, and the frozen /metrics. */
+  stalledAt: number | undefined
+  held: ((engineNow: number) => void)[]
+  frozen: BenchMetrics | undefined
+}
+
+/** What a node's /metrics says: vLLM's gauges and its cache size (`vllm:cache_config_info`). */
+export interface BenchMetrics extends NodeMetrics {
+  readonly cacheBlocks: number
 }
 
 interface Job {
   readonly req: PreparedRequest
+  readonly arrivalMs: number
   readonly attempts: Set<Attempt>
   firstAtMs: number | undefined
   hedged: boolean
@@ -202,7 +254,15 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
       cacheBlocks: Math.floor(n.cacheTokens / 16),
       tokenEvents: false,
     }
-    nodes.set(cands[i]!, { spec: n, engine: new Engine(params), tickAt: undefined })
+    nodes.set(cands[i]!, {
+      spec: n,
+      engine: new Engine(params),
+      tickAt: undefined,
+      offset: 0,
+      stalledAt: undefined,
+      held: [],
+      frozen: undefined,
+    })
   })
   const heap = new Heap()
   let now = 0
@@ -218,18 +278,32 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
   let nextId = 0
   let cachedTokens = 0
   let promptTokens = 0
+  let sentToStalledAfter2s = 0
+  /** Runs an engine call now, or at the end of the node's stall. */
+  const onEngine = (n: SimNode, fn: (engineNow: number) => void) => {
+    if (n.stalledAt !== undefined) n.held.push(fn)
+    else {
+      fn(now - n.offset)
+      scheduleTick(n)
+    }
+  }
 
   const scheduleTick = (n: SimNode) => {
-    const next = n.engine.nextEventAt()
-    if (next === undefined || next === n.tickAt) return
+    if (n.stalledAt !== undefined) return
+    const engineNext = n.engine.nextEventAt()
+    if (engineNext === undefined) return
+    const next = engineNext + n.offset
+    if (next === n.tickAt) return
     n.tickAt = next
     at(next, () => {
       if (n.tickAt !== next) return
       n.tickAt = undefined
-      for (const ev of n.engine.advance(now)) {
+      if (n.stalledAt !== undefined) return // resumes at the stall's end
+      // The engine's own time, not now - offset: float rounding could stop short of it.
+      for (const ev of n.engine.advance(engineNext)) {
         const entry = jobOf.get(ev.id)
         if (!entry) continue
-        const back = ev.at + n.spec.rttMs / 2
+        const back = ev.at + n.offset + n.spec.rttMs / 2
         if (ev.kind === 'first_token') at(back, () => onFirst(ev.id, ev.cachedTokens))
         else if (ev.kind === 'done') at(back, () => onDone(ev.id))
       }
@@ -239,9 +313,10 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
 
   const dispatch = (job: Job, exclude: Set<Candidate>): boolean => {
     const r = job.req
-    const req: RouteRequest = {
+    const req: RouteRequest & { fine: readonly number[] } = {
       modelId: MODEL,
       promptTokens: r.promptTokens,
+      fine: r.fineBlocks,
       prefix: r.routerBlocks,
       blockTokens: 64,
       session: r.session,
@@ -252,6 +327,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     const c = policy.choose(cands, req)
     if (!c) return false
     const n = nodes.get(c)!
+    if (n.stalledAt !== undefined && now - n.stalledAt > 2000) sentToStalledAfter2s++
     pool.begin(c.node, now)
     const a = new Attempt(c, req, now)
     policy.started(a)
@@ -261,11 +337,12 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     idOf.set(a, id)
     at(now + n.spec.rttMs / 2, () => {
       if (!jobOf.has(id)) return // cancelled on the way
-      n.engine.submit(
-        { id, promptBlocks: r.engineBlocks, promptTokens: r.promptTokens, outputTokens: r.outputTokens },
-        now,
+      onEngine(n, (t) =>
+        n.engine.submit(
+          { id, promptBlocks: r.engineBlocks, promptTokens: r.promptTokens, outputTokens: r.outputTokens },
+          t,
+        ),
       )
-      scheduleTick(n)
     })
     if (o.hedge && !job.hedged && policy.hedgeAtMs) {
       const t = policy.hedgeAtMs(a)
@@ -288,10 +365,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     idOf.delete(e.a)
     pool.cancel(e.a.candidate.node)
     policy.ended(e.a, now, 'cancelled', undefined)
-    at(now + e.node.spec.rttMs / 2, () => {
-      e.node.engine.cancel(id, now)
-      scheduleTick(e.node)
-    })
+    at(now + e.node.spec.rttMs / 2, () => onEngine(e.node, (t) => e.node.engine.cancel(id, t)))
   }
 
   const onFirst = (id: string, cached: number) => {
@@ -304,9 +378,8 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     cachedOf.set(a, cached)
     cachedTokens += cached
     promptTokens += job.req.promptTokens
-    const r = job.req
-    if (r.arrivalMs >= o.measureFromMs && r.arrivalMs < o.measureToMs) {
-      ttft.push(now - r.arrivalMs)
+    if (job.arrivalMs >= o.measureFromMs && job.arrivalMs < o.measureToMs) {
+      ttft.push(now - job.arrivalMs)
       served++
     }
     for (const other of [...job.attempts]) if (other !== a) cancel(idOf.get(other)!)
@@ -321,6 +394,8 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     policy.ended(e.a, now, 'ok', cachedOf.get(e.a), e.job.req.outputTokens)
     idOf.delete(e.a)
     cachedOf.delete(e.a)
+    const next = e.job.req.next
+    if (next && e.job.attempts.size === 0) arrive(next, now + next.thinkMs)
     drain()
   }
 
@@ -331,29 +406,51 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     }
   }
 
-  for (const r of trace) {
-    if (r.arrivalMs >= o.measureFromMs && r.arrivalMs < o.measureToMs) measured++
-    at(r.arrivalMs, () => {
-      const job: Job = { req: r, attempts: new Set(), firstAtMs: undefined, hedged: false }
+  /** A request arrives (a closed loop's next turn only while the run lasts). */
+  function arrive(r: PreparedRequest, t: number) {
+    if (t >= o.measureToMs) return // a closed loop's turn after the end
+    if (t >= o.measureFromMs && t < o.measureToMs) measured++
+    at(t, () => {
+      hedges.earn() // as the pipeline does for every request (pipeline/dispatch.ts)
+      const job: Job = { req: r, arrivalMs: t, attempts: new Set(), firstAtMs: undefined, hedged: false }
       if (waitingJobs.length > 0 || !dispatch(job, new Set())) waitingJobs.push(job)
     })
   }
+  for (const r of trace) arrive(r, r.arrivalMs)
   for (const [i, from, to, factor] of o.slowdowns) {
     const n = nodes.get(cands[i]!)!
-    at(from, () => n.engine.setSlowdown(factor))
-    at(to, () => n.engine.setSlowdown(1))
+    at(from, () => onEngine(n, () => n.engine.setSlowdown(factor)))
+    at(to, () => onEngine(n, () => n.engine.setSlowdown(1)))
   }
-  if (o.metrics && policy.nodeMetrics) {
-    const poll = () => {
-      for (const [c, n] of nodes)
-        policy.nodeMetrics!(
-          c.node,
-          { waiting: n.engine.waiting(), running: n.engine.running(), kvUsage: n.engine.cacheUsage() },
-          now,
-        )
-      if (now + 1000 < o.horizonMs) at(now + 1000, poll)
+  const metricsOf = (n: SimNode): BenchMetrics =>
+    n.frozen ?? {
+      waiting: n.engine.waiting(),
+      running: n.engine.running(),
+      kvUsage: n.engine.kvUsage(),
+      cacheBlocks: Math.floor(n.spec.cacheTokens / 16),
     }
-    at(1000, poll)
+  for (const [i, from, to] of o.stalls) {
+    const n = nodes.get(cands[i]!)!
+    at(from, () => {
+      n.frozen = metricsOf(n)
+      n.stalledAt = now
+      n.tickAt = undefined
+    })
+    at(to, () => {
+      n.offset += now - n.stalledAt!
+      n.stalledAt = undefined
+      n.frozen = undefined
+      for (const fn of n.held.splice(0)) fn(now - n.offset)
+      scheduleTick(n)
+    })
+  }
+  const every = o.metricsEveryMs
+  if (every !== undefined && policy.nodeMetrics) {
+    const poll = () => {
+      for (const [c, n] of nodes) policy.nodeMetrics!(c.node, metricsOf(n), now)
+      if (now + every < o.horizonMs) at(now + every, poll)
+    }
+    at(every, poll)
   }
 
   while (heap.size > 0) {
@@ -368,5 +465,6 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     measured,
     hedges: hedges.used,
     cacheHitShare: promptTokens === 0 ? 0 : cachedTokens / promptTokens,
+    sentToStalledAfter2s,
   }
 }

@@ -23,8 +23,19 @@ export interface PredictedTtftOptions {
    * batching engine adds about itl/20 to every iteration per decoding sequence, hence 0.05.
    */
   readonly gamma: number
-  /** Random nodes sampled besides the best prefix matches (power-of-two choices). */
+  /** Random nodes sampled besides the best prefix matches (power-of-two choices), on fleets larger than `scanAll`. */
   readonly sampled: number
+  /**
+   * Fleets of up to this many admissible nodes are predicted in full (each prediction is a few
+   * multiplications; the prefix match already visits every node). Larger ones are sampled.
+   */
+  readonly scanAll: number
+  /**
+   * A node with requests outstanding and no first token or end for longer than
+   * max(stallMinMs, 3 x the prefill of an average queued request) is taken for stalled: priced
+   * out until it answers.
+   */
+  readonly stallMinMs: number
   /** Prefix index size per node, in blocks. */
   readonly indexBlocks: number
   /** Time constant of the rate's recovery after a drop, ms (drops apply at once). */
@@ -44,6 +55,8 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   priorItlMs: 25,
   gamma: 0.05,
   sampled: 2,
+  scanAll: 32,
+  stallMinMs: 1000,
   indexBlocks: 32_768,
   recoveryMs: 10_000,
   sessionSlack: 1.15,
@@ -83,6 +96,8 @@ export class NodeModel {
   /** Requests routed here (first attempts and failovers) and first chunks seen. */
   routed = 0
   firstChunks = 0
+  /** The last sign of life: a first chunk or an end here, or a dispatch to it while it had nothing outstanding. */
+  lastProgressMs = 0
 
   constructor(
     readonly node: NodeState,
@@ -175,12 +190,17 @@ export class PredictedTtft implements RoutingPolicy {
       slotWaitMs = ((m.metricWaiting + 1) * m.serviceMs) / Math.max(1, m.metricRunning)
     }
     const uncached = Math.max(1, n - m.hitRatio * cached)
-    return (
-      m.rttMs +
-      slotWaitMs +
-      ((queued + uncached) * 1000) / m.rate(nowMs) +
-      this.opts.gamma * m.decoding * m.itlMs
-    )
+    const rate = m.rate(nowMs)
+    const queueMs = (queued * 1000) / rate
+    let t = m.rttMs + slotWaitMs + queueMs + (uncached * 1000) / rate + this.opts.gamma * m.decoding * m.itlMs
+    // Silent for longer than the head of its queue could take (3x an average queued request's
+    // prefill): stalled (hung, or a partition holding the connection). Its prediction grows by
+    // 8x the silence so far, until it answers.
+    if (m.waiting > 0) {
+      const silentMs = nowMs - m.lastProgressMs
+      if (silentMs > Math.max(this.opts.stallMinMs, (3 * queueMs) / m.waiting + m.rttMs)) t += 8 * silentMs
+    }
+    return t
   }
 
   choose(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
@@ -197,33 +217,39 @@ export class PredictedTtft implements RoutingPolicy {
     if (pool.length === 0) return soonestBack(candidates, req)
     if (pool.length === 1) return pool[0]
 
-    // The nodes holding the longest prefix, plus a few at random.
-    const picked = new Set<number>()
-    if (bestMatch > 0) for (let i = 0; i < pool.length; i++) if (matched[i] === bestMatch) picked.add(i)
     const sessionNode = req.session !== undefined ? this.sessions.get(req.session) : undefined
     let sessionIdx = -1
-    if (sessionNode) {
-      sessionIdx = pool.findIndex((c) => c.node === sessionNode)
-      if (sessionIdx >= 0) picked.add(sessionIdx)
+    if (sessionNode) sessionIdx = pool.findIndex((c) => c.node === sessionNode)
+    // Every node on a fleet of up to `scanAll`, from a random start so that equal predictions
+    // spread; on larger ones the nodes holding the longest prefix plus a few at random.
+    const picked: number[] = []
+    if (pool.length <= this.opts.scanAll) {
+      const start = Math.floor(this.opts.rng() * pool.length)
+      for (let k = 0; k < pool.length; k++) picked.push((start + k) % pool.length)
+    } else {
+      const set = new Set<number>()
+      if (bestMatch > 0) for (let i = 0; i < pool.length; i++) if (matched[i] === bestMatch) set.add(i)
+      if (sessionIdx >= 0) set.add(sessionIdx)
+      const want = Math.min(pool.length, set.size + this.opts.sampled)
+      for (let tries = 0; set.size < want && tries < 4 * pool.length; tries++)
+        set.add(Math.floor(this.opts.rng() * pool.length))
+      picked.push(...set)
     }
-    const want = Math.min(pool.length, picked.size + this.opts.sampled)
-    for (let tries = 0; picked.size < want && tries < 4 * pool.length; tries++)
-      picked.add(Math.floor(this.opts.rng() * pool.length))
 
     let best = -1
     let bestTtft = Number.POSITIVE_INFINITY
-    const times = new Map<number, number>()
+    let sessionTtft = Number.POSITIVE_INFINITY
     for (const i of picked) {
       const c = pool[i]!
       const cached = Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1)
       const t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
-      times.set(i, t)
+      if (i === sessionIdx) sessionTtft = t
       if (t < bestTtft) {
         bestTtft = t
         best = i
       }
     }
-    if (sessionIdx >= 0 && sessionIdx !== best && times.get(sessionIdx)! <= bestTtft * this.opts.sessionSlack)
+    if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
     return pool[best]
   }
@@ -239,6 +265,7 @@ export class PredictedTtft implements RoutingPolicy {
     m.queuedTokens += a.queuedTokens
     a.queueAheadTokens = m.queuedTokens
     a.decodingAtStart = m.decoding
+    if (m.waiting === 0) m.lastProgressMs = Math.max(m.lastProgressMs, a.startedAtMs)
     m.waiting++
     m.routed++
     if (req.prefix.length > 0) m.index.insert(req.prefix)
@@ -255,6 +282,7 @@ export class PredictedTtft implements RoutingPolicy {
     const m = this.model(a.candidate.node)
     const ttft = nowMs - a.startedAtMs
     const own = a.queuedTokens
+    m.lastProgressMs = nowMs
     this.dequeue(m, a)
     m.decoding++
     a.decoding = true
@@ -277,6 +305,7 @@ export class PredictedTtft implements RoutingPolicy {
     completionTokens?: number,
   ): void {
     const m = this.model(a.candidate.node)
+    if (outcome === 'ok') m.lastProgressMs = nowMs
     if (a.decoding) {
       m.decoding--
       a.decoding = false
@@ -290,7 +319,15 @@ export class PredictedTtft implements RoutingPolicy {
         m.itlMs += (itl - m.itlMs) * 0.2
       }
     } else this.dequeue(m, a)
-    if (outcome === 'overloaded') {
+    if (
+      outcome === 'cancelled' &&
+      a.firstAtMs === undefined &&
+      nowMs - a.startedAtMs > Math.max(this.opts.stallMinMs, 2 * (a.predictedTtftMs ?? 0))
+    ) {
+      // Abandoned (a hedge won elsewhere, the client left) after waiting well past its
+      // prediction without a first token: price the node out as for a 429, recovering with time.
+      m.dip(m.rate(nowMs) / 8, nowMs)
+    } else if (outcome === 'overloaded') {
       // 429/503: the node is full; price it out until its first tokens say otherwise.
       m.dip(m.rate(nowMs) / 8, nowMs)
     } else if (outcome === 'failed') {

@@ -89,6 +89,16 @@ export class PrefixIndex {
     }
   }
 
+  /** Drops the least recently used blocks beyond `maxBlocks`. */
+  trim(maxBlocks: number): void {
+    let over = this.blocks.size - maxBlocks
+    if (over <= 0) return
+    for (const oldest of this.blocks.keys()) {
+      this.blocks.delete(oldest)
+      if (--over === 0) break
+    }
+  }
+
   clear(): void {
     this.blocks.clear()
   }

@@ -44,6 +44,8 @@ interface Seq {
   prefillLeft: number
   generated: number
   cancelled: boolean
+  /** Admitted to the running batch: its prompt blocks are held in the KV cache. */
+  held: boolean
 }
 
 interface Plan {
@@ -58,6 +60,8 @@ export class Engine {
   private readonly byId = new Map<string, Seq>()
   /** Block hash -> present; Map order is recency (oldest first). */
   private readonly cache = new Map<string, true>()
+  /** Prompt blocks held by running sequences, with how many sequences hold each. */
+  private readonly heldBlocks = new Map<string, number>()
   private plan: Plan | undefined
   private slowdown = 1
   private readonly blockSize: number
@@ -67,7 +71,14 @@ export class Engine {
   }
 
   submit(req: EngineRequest, now: number): void {
-    const seq: Seq = { req, cachedTokens: 0, prefillLeft: req.promptTokens, generated: 0, cancelled: false }
+    const seq: Seq = {
+      req,
+      cachedTokens: 0,
+      prefillLeft: req.promptTokens,
+      generated: 0,
+      cancelled: false,
+      held: false,
+    }
     this.byId.set(req.id, seq)
     this.waitingQ.push(seq)
     if (!this.plan) this.schedule(now)
@@ -82,6 +93,7 @@ export class Engine {
     if (w >= 0) this.waitingQ.splice(w, 1)
     const r = this.runningSeqs.indexOf(seq)
     if (r >= 0) this.runningSeqs.splice(r, 1)
+    this.release(seq)
     if (!this.plan) this.schedule(now)
   }
 
@@ -124,8 +136,22 @@ export class Engine {
     return this.waitingQ.length
   }
 
+  /** Share of the prefix cache's blocks in use (cached prefixes included: near 1 on a warm node). */
   cacheUsage(): number {
     return this.p.cacheBlocks === 0 ? 0 : this.cache.size / this.p.cacheBlocks
+  }
+
+  /**
+   * KV-cache use as vLLM reports it (`vllm:kv_cache_usage_perc`): blocks held by running
+   * sequences (prompt blocks shared between them counted once, plus each one's partial and
+   * generated tokens) over the capacity. Cached prefixes no sequence holds are free blocks.
+   */
+  kvUsage(): number {
+    if (this.p.cacheBlocks === 0) return 0
+    let blocks = this.heldBlocks.size
+    for (const seq of this.runningSeqs)
+      blocks += Math.ceil(((seq.req.promptTokens % this.blockSize) + seq.generated) / this.blockSize)
+    return Math.min(1, blocks / this.p.cacheBlocks)
   }
 
   setSlowdown(factor: number): void {
@@ -161,6 +187,17 @@ export class Engine {
     this.byId.delete(seq.req.id)
     const r = this.runningSeqs.indexOf(seq)
     if (r >= 0) this.runningSeqs.splice(r, 1)
+    this.release(seq)
+  }
+
+  private release(seq: Seq) {
+    if (!seq.held) return
+    seq.held = false
+    for (const b of seq.req.promptBlocks) {
+      const n = this.heldBlocks.get(b)!
+      if (n <= 1) this.heldBlocks.delete(b)
+      else this.heldBlocks.set(b, n - 1)
+    }
   }
 
   /** Admits waiting sequences FCFS and plans the next iteration starting at `now`. */
@@ -169,6 +206,8 @@ export class Engine {
       const seq = this.waitingQ.shift()!
       seq.cachedTokens = this.lookupPrefix(seq.req.promptBlocks, seq.req.promptTokens)
       seq.prefillLeft = seq.req.promptTokens - seq.cachedTokens
+      seq.held = true
+      for (const b of seq.req.promptBlocks) this.heldBlocks.set(b, (this.heldBlocks.get(b) ?? 0) + 1)
       this.runningSeqs.push(seq)
     }
     if (this.runningSeqs.length === 0) return

@@ -408,7 +408,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
       '# TYPE vllm:num_requests_waiting gauge',
       `vllm:num_requests_waiting${label} ${timeScale === 0 ? 0 : engine.waiting()}`,
       '# TYPE vllm:gpu_cache_usage_perc gauge',
-      `vllm:gpu_cache_usage_perc${label} ${engine.cacheUsage()}`,
+      `vllm:gpu_cache_usage_perc${label} ${engine.kvUsage()}`,
       '# TYPE vllm:prefix_cache_hits_total counter',
       `vllm:prefix_cache_hits_total${label} ${cacheHits}`,
       '# TYPE vllm:prefix_cache_queries_total counter',

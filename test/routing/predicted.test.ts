@@ -67,6 +67,28 @@ describe('PredictedTtft', () => {
     }
   })
 
+  test('a silent node (requests out, no first token) is priced out within a couple of seconds, and back when it answers', () => {
+    const { pool, cands } = fleet(3)
+    const p = new PredictedTtft({ rng: rng() })
+    const prefix = prefixOf('y'.repeat(256 * 20))
+    const r0 = req({ nowMs: 0, prefix, promptTokens: 1500 })
+    const home = p.choose(cands, r0)!
+    for (let i = 0; i < 5; i++)
+      serve(p, pool, home, req({ nowMs: i * 1000, prefix, promptTokens: 1500 }), 100)
+    // home stops answering: one request goes out at 10 s and nothing comes back
+    const stuck = new Attempt(home, req({ nowMs: 10_000, prefix, promptTokens: 1500 }), 10_000)
+    pool.begin(home.node, 10_000)
+    p.started(stuck)
+    // at first the prefix keeps it home; 2 s into the silence it goes elsewhere
+    expect(p.choose(cands, req({ nowMs: 10_050, prefix, promptTokens: 1500 }))).toBe(home)
+    expect(p.choose(cands, req({ nowMs: 12_000, prefix, promptTokens: 1500 }))).not.toBe(home)
+    // it answers (late, so its rate dips and recovers over ~10 s): back to the prefix's home
+    p.firstChunk(stuck, 12_500)
+    pool.end(home.node, true, 13_000)
+    p.ended(stuck, 13_000, 'ok', undefined, 10)
+    expect(p.choose(cands, req({ nowMs: 40_000, prefix, promptTokens: 1500 }))).toBe(home)
+  })
+
   test('load outweighs the prefix: a node with a long queue loses to an idle one', () => {
     const { pool, cands } = fleet(2)
     const p = new PredictedTtft({ rng: rng() })

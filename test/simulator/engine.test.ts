@@ -77,6 +77,24 @@ describe('engine timing model', () => {
     expect((at(drain(e), 'first_token', 'a2') as { cachedTokens: number }).cachedTokens).toBe(0)
   })
 
+  test('KV use counts what running sequences hold (shared prompt blocks once), not cached prefixes', () => {
+    const e = new Engine({ ...params, blockSize: 16 })
+    // two 64-token prompts sharing their first 3 blocks, 5 tokens out each
+    e.submit({ id: 'a', promptBlocks: ['s0', 's1', 's2', 'a3'], promptTokens: 64, outputTokens: 5 }, 0)
+    e.submit({ id: 'b', promptBlocks: ['s0', 's1', 's2', 'b3'], promptTokens: 64, outputTokens: 5 }, 0)
+    expect(e.kvUsage()).toBeCloseTo(4 / 100) // a runs; b waits for the next iteration
+    e.advance(e.nextEventAt()!) // a has its first token; b joins, its shared prefix cached
+    // 5 distinct prompt blocks + a block for a's generated token
+    expect(e.kvUsage()).toBeCloseTo(6 / 100)
+    drain(e)
+    expect(e.kvUsage()).toBe(0)
+    expect(e.cacheUsage()).toBeCloseTo(5 / 100) // the prefixes stay cached, but nothing holds them
+    e.submit({ id: 'c', promptBlocks: ['s0', 's1', 's2', 'c3'], promptTokens: 64, outputTokens: 50 }, 1000)
+    e.advance(e.nextEventAt()!)
+    e.cancel('c', e.nextEventAt()!)
+    expect(e.kvUsage()).toBe(0)
+  })
+
   test('slowdown multiplies iteration time; cancel frees the slot', () => {
     const e = new Engine({ ...params, maxSeqs: 1 })
     e.setSlowdown(5)
