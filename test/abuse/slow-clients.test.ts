@@ -167,9 +167,11 @@ async function drain(c: RawClient, ms: number) {
 
 /**
  * The others' p99 must stay under P99_MS, or, where this machine cannot give even well-behaved
- * clients that much (the same load saturates its two cores), under 1.5 times what they got
- * while the same load came from well-behaved clients, measured in the same run: the attack may
- * not cost the others more than honest traffic of its size does.
+ * clients that much (the same load saturates its two cores), under twice what they got while
+ * the same load came from well-behaved clients, measured in the same run: the attack may not
+ * cost the others more than honest traffic of its size does. A p99 of a few hundred samples on
+ * two shared cores moves by half between identical runs (1.5x failed CI on code that passes it
+ * nine times in ten); the defect this guards against put the others' p99 past a second.
  */
 function expectOthersUnaffected(seen: Watched, control: Watched) {
   console.log('  others p99 (health, chat):', [seen.healthP99, seen.chatP99], 'control:', [
@@ -178,7 +180,7 @@ function expectOthersUnaffected(seen: Watched, control: Watched) {
   ])
   // Both probes wait on the same event loop, and a p99 of a few hundred samples is noisy: the
   // allowance is the worse of the two under honest load.
-  const allowed = Math.max(P99_MS, 1.5 * Math.max(control.healthP99, control.chatP99))
+  const allowed = Math.max(P99_MS, 2 * Math.max(control.healthP99, control.chatP99))
   expect(seen.healthP99).toBeLessThan(allowed)
   expect(seen.chatP99).toBeLessThan(allowed)
 }
