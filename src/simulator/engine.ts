@@ -23,6 +23,12 @@ export interface EngineParams {
   decodeMsPerSeq?: number
   /** Emit an event per generated token (default true; the routing benchmark needs only first and done). */
   tokenEvents?: boolean
+  /**
+   * vLLM's `--scheduling-policy priority`: waiting requests are admitted lowest `priority` first
+   * (then first come), and prefill goes to them in that order. (vLLM also pre-empts running
+   * sequences of a lower priority; this model does not.)
+   */
+  priorityScheduling?: boolean
 }
 
 export interface EngineRequest {
@@ -31,6 +37,8 @@ export interface EngineRequest {
   promptBlocks: readonly string[]
   promptTokens: number
   outputTokens: number
+  /** Lower runs first (vLLM's request `priority`); 0 when absent. */
+  priority?: number
 }
 
 export type EngineEvent =
@@ -200,10 +208,18 @@ export class Engine {
     }
   }
 
-  /** Admits waiting sequences FCFS and plans the next iteration starting at `now`. */
+  /** The waiting sequence of the lowest priority value, the earliest among equals. */
+  private takeFirstByPriority(): Seq {
+    let best = 0
+    for (let i = 1; i < this.waitingQ.length; i++)
+      if ((this.waitingQ[i]!.req.priority ?? 0) < (this.waitingQ[best]!.req.priority ?? 0)) best = i
+    return this.waitingQ.splice(best, 1)[0]!
+  }
+
+  /** Admits waiting sequences FCFS (or by priority) and plans the next iteration starting at `now`. */
   private schedule(now: number) {
     while (this.waitingQ.length > 0 && this.runningSeqs.length < this.p.maxSeqs) {
-      const seq = this.waitingQ.shift()!
+      const seq = this.p.priorityScheduling ? this.takeFirstByPriority() : this.waitingQ.shift()!
       seq.cachedTokens = this.lookupPrefix(seq.req.promptBlocks, seq.req.promptTokens)
       seq.prefillLeft = seq.req.promptTokens - seq.cachedTokens
       seq.held = true
@@ -215,7 +231,10 @@ export class Engine {
     const prefill: [Seq, number][] = []
     const decode: Seq[] = []
     let prefillTokens = 0
-    for (const seq of this.runningSeqs) {
+    const order = this.p.priorityScheduling
+      ? [...this.runningSeqs].sort((a, b) => (a.req.priority ?? 0) - (b.req.priority ?? 0))
+      : this.runningSeqs
+    for (const seq of order) {
       if (seq.prefillLeft > 0) {
         if (budget <= 0) continue
         const n = Math.min(seq.prefillLeft, budget)

@@ -40,6 +40,8 @@ export interface SimNodeOptions {
   ignoreEos?: boolean
   /** The API the node speaks (default openai); see protocols/index.ts. */
   protocol?: SimProtocol
+  /** vLLM's `--scheduling-policy priority`: requests may carry `priority` (else a non-zero one is a 400). */
+  priorityScheduling?: boolean
   /** How long the access tokens of a protocol with a token exchange (gigachat) live (default 30 min). */
   tokenLifetimeMs?: number
   faults?: Partial<SimFaults>
@@ -62,6 +64,8 @@ export interface SimNodeStats {
   uploads: number
   running: number
   waiting: number
+  /** Chat requests that carried a priority after the default (batch lines on a priority route). */
+  lowPriorityRequests: number
 }
 
 export interface SimNode {
@@ -94,6 +98,7 @@ interface ChatBody {
   max_tokens?: unknown
   max_completion_tokens?: unknown
   seed?: unknown
+  priority?: unknown
   tools?: { function?: { name?: string; parameters?: unknown } }[]
   tool_choice?: unknown
 }
@@ -109,6 +114,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     prefillBudgetTokens: opts.prefillBudgetTokens ?? 2048,
     cacheBlocks: opts.cacheBlocks ?? 4096,
     ...(opts.decodeMsPerSeq !== undefined && { decodeMsPerSeq: opts.decodeMsPerSeq }),
+    ...(opts.priorityScheduling && { priorityScheduling: true }),
   })
   const embeddingDims = opts.embeddingDims ?? 256
   let faults: SimFaults = { ...NO_FAULTS, ...opts.faults }
@@ -152,6 +158,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     outputTokens: number,
     h: Handlers,
     signal: AbortSignal,
+    priority = 0,
   ) => {
     const id = `r${++seq}`
     cacheQueries++
@@ -176,7 +183,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
       engine.cancel(id, engineNow())
       arm()
     })
-    engine.submit({ id, promptBlocks: blocks, promptTokens, outputTokens }, engineNow())
+    engine.submit({ id, promptBlocks: blocks, promptTokens, outputTokens, priority }, engineNow())
     arm()
   }
 
@@ -195,7 +202,18 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
       return errorResponse(400, 'model is required', 'invalid_request_error')
     if (!Array.isArray(body.messages) || body.messages.length === 0)
       return errorResponse(400, 'messages must be a non-empty array', 'invalid_request_error')
+    const priority = body.priority ?? 0
+    if (typeof priority !== 'number' || !Number.isInteger(priority))
+      return errorResponse(400, 'priority must be an integer', 'invalid_request_error')
+    // As vLLM answers a priority it cannot honour.
+    if (priority !== 0 && !opts.priorityScheduling)
+      return errorResponse(
+        400,
+        `Got priority ${priority} but Priority scheduling is not enabled.`,
+        'invalid_request_error',
+      )
     stats.chatRequests++
+    if (priority > 0) stats.lowPriorityRequests++
     const messages = body.messages as { role?: unknown }[]
     const prompt = renderPrompt(messages)
     const blocks = promptBlockHashes(body.model, prompt.tokens)
@@ -275,6 +293,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
             },
           },
           signal,
+          priority,
         )
       })
     }
@@ -350,6 +369,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
         },
       },
       signal,
+      priority,
     )
     return new Response(stream, { headers: SSE_HEADERS })
   }
@@ -529,6 +549,7 @@ function emptyStats(): SimNodeStats {
     embeddingRequests: 0,
     streams: 0,
     aborted: 0,
+    lowPriorityRequests: 0,
     promptTokens: 0,
     completionTokens: 0,
     cachedTokens: 0,

@@ -147,3 +147,22 @@ describe('engine timing model', () => {
     expect(z[1]).not.toBe(x[1]) // a different first block changes every later hash
   })
 })
+
+describe('priority scheduling (vLLM --scheduling-policy priority)', () => {
+  const full = (priorityScheduling: boolean) => {
+    const e = new Engine({ ...params, maxSeqs: 1, priorityScheduling })
+    // One running, then a low-priority request, then a high-priority (0) one waiting behind it.
+    e.submit({ id: 'run', promptBlocks: blocks('r', 1), promptTokens: 10, outputTokens: 2 }, 0)
+    e.submit({ id: 'low', promptBlocks: blocks('l', 1), promptTokens: 10, outputTokens: 2, priority: 100 }, 1)
+    e.submit({ id: 'high', promptBlocks: blocks('h', 1), promptTokens: 10, outputTokens: 2 }, 2)
+    return drain(e)
+  }
+  test('with it, a waiting request of a lower priority value is admitted first', () => {
+    const ev = full(true)
+    expect(at(ev, 'first_token', 'high')!.at).toBeLessThan(at(ev, 'first_token', 'low')!.at)
+  })
+  test('without it, first come first served', () => {
+    const ev = full(false)
+    expect(at(ev, 'first_token', 'low')!.at).toBeLessThan(at(ev, 'first_token', 'high')!.at)
+  })
+})
