@@ -238,6 +238,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
       weight: 1,
       firstByteTimeoutMs: undefined,
       hedge: true,
+      priorityScheduling: false,
       metricsUrl: '',
     })),
   }

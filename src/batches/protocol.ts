@@ -29,6 +29,8 @@ export type ToWorker =
   | { readonly t: 'validate'; readonly batchId: string }
   | { readonly t: 'finalize'; readonly batchId: string; readonly status: BatchStatus }
   | { readonly t: 'admitted'; readonly reqId: number; readonly reply: AdmitReply }
+  /** Interactive traffic needs the line's node: cancel its upstream call and give it back. */
+  | { readonly t: 'preempt'; readonly reqId: number }
   | { readonly t: 'stop' }
 
 export type AdmitReply =

@@ -7,7 +7,7 @@ import type { LiveKey } from '../identity/live.ts'
 import type { IdentityService } from '../identity/service.ts'
 import { requestId } from '../ids.ts'
 import type { Log } from '../log.ts'
-import type { Candidate, NodePool } from '../routing/nodes.ts'
+import type { Candidate, NodePool, NodeState } from '../routing/nodes.ts'
 import type { BatchRecord, BatchStatus, Store } from '../storage/store.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 
@@ -18,10 +18,15 @@ const UNFINISHED: readonly BatchStatus[] = ['validating', 'in_progress', 'finali
 
 export interface BatchSettings {
   readonly workers: number
-  /** Share of each node's max_concurrency kept free for interactive traffic. */
+  /** Share of each node's max_concurrency batch lines leave free on a node with no interactive traffic. */
   readonly interactiveReserve: number
-  /** Share of each node's max_concurrency batch lines may use while interactive traffic is active there. */
+  /**
+   * Share of each node's max_concurrency batch lines may keep while interactive traffic is active
+   * there; lines beyond it are pre-empted when an interactive request starts on the node.
+   */
   readonly busyShare: number
+  /** A node counts as free of interactive traffic once none has been in flight there for this long. */
+  readonly quietMs: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
   /**
@@ -39,6 +44,8 @@ interface Admitted {
   readonly line: number
   readonly model: string
   readonly startedAtMs: number
+  /** Pre-empted for interactive traffic: its node slot is already given back. */
+  preempted: boolean
 }
 
 /**
@@ -74,6 +81,7 @@ export class BatchScheduler {
   /** Starts the tick; worker threads start with the first batch there is to work on. */
   start(init: WorkerInit): void {
     this.init = init
+    this.pool.onInteractive = (node) => this.preemptOn(node)
     // One router owns a SQLite file: lines leased when it last stopped (or was killed) go back
     // to the queue now. On PostgreSQL other nodes may hold leases; a dead node's expire.
     if (this.config.storage.kind === 'sqlite')
@@ -113,7 +121,7 @@ export class BatchScheduler {
     for (const lines of this.admitted.values()) {
       for (const a of lines.values()) {
         this.meter.release(a.reservation)
-        this.pool.endBatch(a.candidate.node, true)
+        if (!a.preempted) this.pool.preemptBatch(a.candidate.node)
       }
     }
     this.admitted.clear()
@@ -160,6 +168,10 @@ export class BatchScheduler {
     const now = Math.floor(Date.now() / 1000)
     this.drainQueue() // nodes may have freed up without a batch line ending (interactive traffic left)
     const active = await this.store.batchesInStatus(['validating', 'in_progress', 'cancelling', 'finalizing'])
+    this.pool.batchQuietMs =
+      this.queued.length > 0 || active.some((b) => b.status === 'in_progress')
+        ? this.settings.quietMs
+        : undefined
     this.idleSinceMs = active.length === 0 ? this.idleSinceMs || Date.now() : 0
     if (this.idleSinceMs > 0 && Date.now() - this.idleSinceMs >= 1000) this.idleSinceMs = Date.now()
     if (active.length > 0) this.ensureWorkers()
@@ -375,14 +387,16 @@ export class BatchScheduler {
   }
 
   /**
-   * A line may go to a node only while the node has headroom beyond the share kept for
-   * interactive traffic, and while interactive requests are active on the node (one started in
-   * the last two seconds) batch lines shrink to `busyShare`: every running sequence slows each
-   * decode step a little, and interactive time to first token must not pay for the batch.
-   */
-  /**
-   * The node is picked (and its slot taken) synchronously; then the money is reserved, which
-   * may wait on Redis in a cluster. undefined: no node has room now.
+   * A line goes only to a node free of interactive traffic (none in flight there, none for
+   * `quietMs`), up to its max_concurrency less the interactive reserve; on a node serving
+   * interactive requests, batch lines keep at most `busyShare` of it (none by default). Sharing
+   * a node costs interactive users: a batch line's prefill lengthens the iteration their first
+   * token waits for, and every running sequence slows each decode step. An interactive request
+   * that starts on a node pre-empts the lines there (`preemptOn`), so batches never hold a slot
+   * interactive traffic needs, and the routing policy prefers nodes already serving interactive
+   * traffic (routing/predicted.ts `batchNodeFactor`), so that at low load whole nodes stay free
+   * for the batch. The node is picked (and its slot taken) synchronously; then the money is
+   * reserved, which may wait on Redis in a cluster. undefined: no node has room now.
    */
   private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): Promise<AdmitReply> | undefined {
     const b = this.batchInfo(m.batchId)
@@ -392,20 +406,54 @@ export class BatchScheduler {
     const now = Date.now()
     let best: Candidate | undefined
     for (const c of this.pool.candidates(m.model)) {
-      const busy = now - c.node.lastInteractiveAtMs < 2000
-      const share = busy ? this.settings.busyShare : 1 - this.settings.interactiveReserve
-      // An idle node always takes at least one line, however small its max_concurrency.
-      const cap = busy
-        ? Math.floor(c.route.maxConcurrency * share)
-        : Math.max(1, Math.floor(c.route.maxConcurrency * share))
-      if (!c.node.available(now) || c.node.inFlight >= cap || c.node.batchInFlight >= cap) continue
-      if (!best || c.node.inFlight / c.route.weight < best.node.inFlight / best.route.weight) best = c
+      const cap = this.batchCap(c, now)
+      if (!c.node.available(now) || c.node.inFlight >= c.route.maxConcurrency || c.node.batchInFlight >= cap)
+        continue
+      if (!best || c.node.batchInFlight / c.route.weight < best.node.batchInFlight / best.route.weight)
+        best = c
     }
     if (!best) return undefined
     const node = best
     this.pool.beginBatch(node.node)
     return this.fund(w, m, key, b.orgId, node, now)
   }
+
+  /** How many batch lines the node may run now. */
+  private batchCap(c: Candidate, nowMs: number): number {
+    // A quiet node always takes at least one line, however small its max_concurrency.
+    if (c.node.quiet(nowMs, this.settings.quietMs))
+      return Math.max(1, Math.floor(c.route.maxConcurrency * (1 - this.settings.interactiveReserve)))
+    return Math.min(
+      Math.floor(c.route.maxConcurrency * this.settings.busyShare),
+      c.route.maxConcurrency - c.node.interactiveInFlight,
+    )
+  }
+
+  /**
+   * An interactive request started on a node running batch lines: the lines over what the node
+   * may keep beside interactive traffic are cancelled upstream, newest first (the least work
+   * lost), and go back to the queue to run elsewhere or later. A pre-empted run is not billed
+   * and costs the line no attempt; only the run that completes is billed, once.
+   */
+  private preemptOn(node: NodeState): void {
+    const lines: { w: Worker; reqId: number; a: Admitted }[] = []
+    for (const [w, admitted] of this.admitted)
+      for (const [reqId, a] of admitted)
+        if (a.candidate.node === node && !a.preempted) lines.push({ w, reqId, a })
+    if (lines.length === 0) return
+    let over = node.batchInFlight - this.batchCap(lines[0]!.a.candidate, Date.now())
+    lines.sort((x, y) => y.a.startedAtMs - x.a.startedAtMs)
+    for (const l of lines) {
+      if (over-- <= 0) break
+      l.a.preempted = true
+      this.pool.preemptBatch(node)
+      this.preempted++
+      l.w.postMessage({ t: 'preempt', reqId: l.reqId } satisfies ToWorker)
+    }
+  }
+
+  /** Batch lines pre-empted by interactive traffic so far (for /metrics). */
+  preempted = 0
 
   private async fund(
     w: Worker,
@@ -432,6 +480,7 @@ export class BatchScheduler {
       line: m.line,
       model: m.model,
       startedAtMs: now,
+      preempted: false,
     })
     return {
       kind: 'go',
@@ -447,7 +496,7 @@ export class BatchScheduler {
     const a = lines?.get(m.reqId)
     if (!a) return
     lines!.delete(m.reqId)
-    this.pool.endBatch(a.candidate.node, m.nodeOk)
+    if (!a.preempted) this.pool.endBatch(a.candidate.node, m.nodeOk)
     queueMicrotask(() => this.drainQueue())
     if (!m.usage) {
       this.meter.release(a.reservation)

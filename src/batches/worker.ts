@@ -24,6 +24,8 @@ import { endStamp } from './stamps.ts'
 import { type LineCost, priceLine, validateFile } from './validate.ts'
 
 declare const self: Worker
+/** The `priority` of a batch line on a route with vLLM's priority scheduling: after everything else. */
+const BATCH_PRIORITY = 100
 let cfg: WorkerInit
 let store: Store
 let files: FilesService
@@ -34,6 +36,15 @@ let stopping = false
 let inFlight = 0
 let nextReq = 0
 const waiting = new Map<number, (r: AdmitReply) => void>()
+/** Upstream calls under way, by the main thread's request number (to pre-empt them). */
+const calls = new Map<number, AbortController>()
+
+/** The main thread took the line's node back for interactive traffic. */
+class Preempted extends Error {
+  constructor() {
+    super('pre-empted by interactive traffic')
+  }
+}
 let markReady!: () => void
 // Messages can arrive before the store and the tokenizer are open: every job waits for this.
 const ready = new Promise<void>((resolve) => {
@@ -59,6 +70,9 @@ self.onmessage = (ev: MessageEvent<ToWorker | { t: 'init'; init: WorkerInit }>) 
     case 'admitted':
       waiting.get(m.reqId)?.(m.reply)
       waiting.delete(m.reqId)
+      break
+    case 'preempt':
+      calls.get(m.reqId)?.abort(new Preempted())
       break
     case 'stop':
       stopping = true
@@ -146,14 +160,18 @@ async function runLine(line: BatchLine) {
     nodeOk: true,
     outcome: 'error',
   }
+  // Registered before anything else is awaited, so a pre-emption can never miss the call.
+  const controller = new AbortController()
+  calls.set(reply.reqId, controller)
   try {
-    settle = await callUpstream(line, batch, body, cost, reply)
+    settle = await callUpstream(line, batch, body, cost, reply, controller)
   } catch (err) {
     // Its result could not be written (the disk is full): the line goes back to the queue as soon
     // as the store takes writes again, instead of waiting for its lease to run out.
     unwritten.set(`${line.batchId}:${line.line}`, line)
     throw err
   } finally {
+    calls.delete(reply.reqId)
     post(settle)
   }
 }
@@ -179,6 +197,7 @@ async function callUpstream(
   body: Record<string, unknown>,
   cost: LineCost,
   reply: Extract<AdmitReply, { kind: 'go' }> & { reqId: number },
+  controller: AbortController,
 ): Promise<Extract<FromWorker, { t: 'settle' }>> {
   const endpoint = batch.endpoint
   const modelId = cost.model.id
@@ -199,7 +218,6 @@ async function callUpstream(
   // Through the same provider adapters as live traffic, to the route the main thread chose:
   // headers within the first-byte timeout, then the body within the idle timeout.
   const route = cost.model.routes.find((r) => r.node === reply.node)
-  const controller = new AbortController()
   let timer: ReturnType<typeof setTimeout> | undefined
   try {
     if (!route) throw new Error(`no route ${reply.node} for ${modelId}`)
@@ -214,7 +232,14 @@ async function callUpstream(
       {
         route,
         path,
-        body: JSON.stringify({ ...sent, model: route.upstreamModel, stream: false, ...bounds }),
+        body: JSON.stringify({
+          ...sent,
+          model: route.upstreamModel,
+          stream: false,
+          ...bounds,
+          // vLLM's priority scheduling: lower runs first, interactive requests are 0.
+          ...(route.priorityScheduling && { priority: BATCH_PRIORITY }),
+        }),
         stream: false,
       },
       controller,
@@ -231,6 +256,12 @@ async function callUpstream(
     status = err instanceof UpstreamFailed && err.upstreamStatus !== null ? err.upstreamStatus : 0
   } finally {
     clearTimeout(timer)
+  }
+  if (controller.signal.reason instanceof Preempted && !(status >= 200 && status < 300)) {
+    // Whatever the node had done is dropped: the line goes back to the queue at once, as no
+    // attempt (it was no fault of the node's), and is billed only for the run that completes.
+    await store.retryLine(line.batchId, line.line, 0, true)
+    return { t: 'settle', reqId, usage: null, nodeOk: true, outcome: 'preempted' }
   }
   if (status >= 200 && status < 300) {
     let parsed: { id?: unknown; model?: unknown; usage?: unknown; choices?: unknown } | null = null

@@ -18,6 +18,8 @@ export interface RouteConfig {
   readonly firstByteTimeoutMs: number | undefined
   /** Whether a late first token may be hedged to another node. */
   readonly hedge: boolean
+  /** The node runs vLLM's priority scheduling: batch lines are sent with the lowest priority. */
+  readonly priorityScheduling: boolean
   /** The node's Prometheus metrics, if it has them. */
   readonly metricsUrl: string
   /** Extra static headers of every request. */
@@ -127,6 +129,7 @@ export interface Config {
     readonly windowSec: number
     readonly interactiveReserve: number
     readonly busyShare: number
+    readonly quietMs: number
     readonly tickMs: number
     readonly linkTtlSec: number
     readonly maxAttempts: number
@@ -330,8 +333,9 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       workers: cfg.batches?.workers ?? 2,
       concurrency: cfg.batches?.concurrency ?? 64,
       windowSec: cfg.batches?.window_sec ?? 24 * 3600,
-      interactiveReserve: cfg.batches?.interactive_reserve ?? 0.1,
-      busyShare: cfg.batches?.busy_share ?? 0.25,
+      interactiveReserve: cfg.batches?.interactive_reserve ?? 0,
+      busyShare: cfg.batches?.busy_share ?? 0,
+      quietMs: cfg.batches?.quiet_ms ?? 1000,
       tickMs: cfg.batches?.tick_ms ?? 200,
       linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
       maxAttempts: cfg.batches?.max_attempts ?? 5,
@@ -456,6 +460,7 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
       weight: r.weight ?? 1,
       firstByteTimeoutMs: r.first_byte_timeout_ms,
       hedge: r.hedge ?? !(r.billed_per_request ?? false),
+      priorityScheduling: r.priority_scheduling ?? false,
       // Hosted providers have no Prometheus endpoint of their own.
       metricsUrl: r.metrics_url ?? (url && provider === 'openai' ? `${url.origin}/metrics` : ''),
       headers: r.headers ?? {},

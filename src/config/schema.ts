@@ -31,6 +31,8 @@ export const RouteSchema = T.Object(
     billed_per_request: T.Optional(T.Boolean()),
     /** Whether a late first token may be hedged to another node (default: not billed_per_request). */
     hedge: T.Optional(T.Boolean()),
+    /** The node runs vLLM with `--scheduling-policy priority`: batch lines go at the lowest priority. */
+    priority_scheduling: T.Optional(T.Boolean()),
     /** The node's Prometheus metrics (vLLM, llama.cpp); default: <origin of base_url>/metrics. */
     metrics_url: T.Optional(T.String()),
     /** azure: the `api-version` query parameter. */
@@ -175,10 +177,12 @@ export const BatchesSchema = T.Object(
     concurrency: T.Optional(T.Integer({ minimum: 1, maximum: 10_000 })),
     /** The completion window; "24h" per the API, shorter in tests. */
     window_sec: T.Optional(T.Integer({ minimum: 1 })),
-    /** Share of every node's max_concurrency that batch lines leave to interactive traffic. */
+    /** Share of every node's max_concurrency that batch lines leave free on a node with no interactive traffic. */
     interactive_reserve: T.Optional(T.Number({ minimum: 0, maximum: 0.95 })),
-    /** Share of every node's max_concurrency batch lines may use while interactive traffic is active there. */
+    /** Share of every node's max_concurrency batch lines may keep while interactive traffic is active there. */
     busy_share: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
+    /** A node takes batch lines once no interactive request has been in flight there for this long. */
+    quiet_ms: T.Optional(T.Integer({ minimum: 0, maximum: 60_000 })),
     tick_ms: T.Optional(T.Integer({ minimum: 10, maximum: 10_000 })),
     link_ttl_sec: T.Optional(T.Integer({ minimum: 1 })),
     max_attempts: T.Optional(T.Integer({ minimum: 1, maximum: 20 })),

@@ -134,6 +134,7 @@ export async function dispatch<T>(
       stream: d.stream,
       exclude,
       nowMs,
+      batchQuietMs: deps.pool.batchQuietMs,
     }
     const c = deps.policy.choose(candidates, req)
     if (!c) return false

@@ -8,7 +8,10 @@ export class NodeState {
   inFlight = 0
   /** Batch lines among inFlight. */
   batchInFlight = 0
-  /** When an interactive request last started here (batch lines yield while this is recent). */
+  /**
+   * When an interactive request last started or ended here: batch lines are admitted only to a
+   * node with none in flight and none for a moment (batches/scheduler.ts).
+   */
   lastInteractiveAtMs = 0
   consecutiveFailures = 0
   /** The node answered its last request; until then (and after a failure) it is probed first. */
@@ -27,6 +30,16 @@ export class NodeState {
     readonly name: string,
     readonly baseUrl: string,
   ) {}
+
+  /** Interactive requests in flight (batch lines are not: an interactive request pre-empts them). */
+  get interactiveInFlight(): number {
+    return this.inFlight - this.batchInFlight
+  }
+
+  /** No interactive request in flight here, and none for `quietMs`: batch lines may use the node. */
+  quiet(nowMs: number, quietMs: number): boolean {
+    return this.interactiveInFlight === 0 && nowMs - this.lastInteractiveAtMs >= quietMs
+  }
 
   /**
    * Whether the node may take a request now: not ejected (the breaker open), and while it comes
@@ -85,14 +98,28 @@ export class NodePool {
     }
   }
 
+  /**
+   * Told when an interactive request starts on a node that runs batch lines: the batch
+   * scheduler pre-empts them there (interactive traffic always wins the node).
+   */
+  onInteractive: ((node: NodeState) => void) | undefined
+  /**
+   * Set while a batch is running (its lines want nodes): how long a node must go without
+   * interactive traffic before batch lines may use it. Interactive requests then prefer nodes
+   * already serving interactive traffic (routing/predicted.ts), so that idle nodes stay free.
+   */
+  batchQuietMs: number | undefined
+
   candidates(modelId: string): readonly Candidate[] {
     return this.byModel.get(modelId) ?? []
   }
 
+  /** An interactive request starts on the node. */
   begin(node: NodeState, nowMs = Date.now()): void {
     node.inFlight++
     node.requests++
     node.lastInteractiveAtMs = nowMs
+    if (node.batchInFlight > 0) this.onInteractive?.(node)
   }
 
   /** A batch line starts on the node (counted apart, so batches can yield to interactive traffic). */
@@ -102,19 +129,28 @@ export class NodePool {
     node.requests++
   }
 
-  endBatch(node: NodeState, ok: boolean): void {
+  endBatch(node: NodeState, ok: boolean, nowMs = Date.now()): void {
     node.batchInFlight--
-    this.end(node, ok)
+    node.inFlight--
+    this.outcome(node, ok, nowMs)
   }
 
-  /** The request left the node before it answered, through no fault of the node (lost hedge, client gone). */
-  cancel(node: NodeState): void {
+  /** A batch line was pre-empted on the node: it leaves with no verdict on the node. */
+  preemptBatch(node: NodeState): void {
+    node.batchInFlight--
     node.inFlight--
   }
 
-  /** The request left the node; `ok` says whether the node served it. */
+  /** An interactive request left the node before it answered, through no fault of the node (lost hedge, client gone). */
+  cancel(node: NodeState, nowMs = Date.now()): void {
+    node.inFlight--
+    node.lastInteractiveAtMs = nowMs
+  }
+
+  /** An interactive request left the node; `ok` says whether the node served it. */
   end(node: NodeState, ok: boolean, nowMs = Date.now()): void {
     node.inFlight--
+    node.lastInteractiveAtMs = nowMs
     this.outcome(node, ok, nowMs)
   }
 

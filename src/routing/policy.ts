@@ -19,6 +19,8 @@ export interface RouteRequest {
   readonly stream: boolean
   /** Nodes already tried for this request (failover, hedging). */
   readonly exclude: ReadonlySet<Candidate>
+  /** While a batch runs: how long a node must go without interactive traffic to be the batch's (routing/nodes.ts). */
+  readonly batchQuietMs?: number | undefined
   readonly nowMs: number
 }
 
@@ -104,16 +106,21 @@ export interface RoutingPolicy {
   hedgeAtMs?(a: Attempt): number | undefined
 }
 
-/** Whether a node can take one more request now. */
+/**
+ * Whether a node can take one more interactive request now. Batch lines do not count: an
+ * interactive request pre-empts them (batches/scheduler.ts), so a batch never causes a 503.
+ */
 export function admissible(c: Candidate, req: RouteRequest): boolean {
-  return !req.exclude.has(c) && c.node.available(req.nowMs) && c.node.inFlight < c.route.maxConcurrency
+  return (
+    !req.exclude.has(c) && c.node.available(req.nowMs) && c.node.interactiveInFlight < c.route.maxConcurrency
+  )
 }
 
 /** Every node is ejected: the one whose ejection ends first, rather than failing outright. */
 export function soonestBack(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
   let best: Candidate | undefined
   for (const c of candidates) {
-    if (req.exclude.has(c) || c.node.inFlight >= c.route.maxConcurrency) continue
+    if (req.exclude.has(c) || c.node.interactiveInFlight >= c.route.maxConcurrency) continue
     if (!best || c.node.ejectedUntilMs < best.node.ejectedUntilMs) best = c
   }
   return best
@@ -135,7 +142,7 @@ export class LeastInFlight implements RoutingPolicy {
     for (let i = 0; i < n; i++) {
       const c = candidates[(this.turn + i) % n]!
       if (!admissible(c, req)) continue
-      const score = c.node.inFlight / c.route.weight
+      const score = c.node.interactiveInFlight / c.route.weight
       if (score < bestScore) {
         best = c
         bestScore = score

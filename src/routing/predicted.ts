@@ -43,6 +43,14 @@ export interface PredictedTtftOptions {
   /** A session's previous node wins when predicted within this factor of the best. */
   readonly sessionSlack: number
   /**
+   * While a batch runs, a node that is the batch's (quiet: no interactive request in flight nor
+   * lately, or running batch lines and no interactive request) is priced this much higher:
+   * interactive requests stay on nodes already serving interactive traffic unless those would be
+   * slower by more than this factor, so that at low load the batch gets whole nodes (taking one
+   * back pre-empts its lines).
+   */
+  readonly batchNodeFactor: number
+  /**
    * Hedge a streamed request when its first chunk is later than this quantile of observed/predicted
    * TTFT times the prediction (and at least `hedgeMinMs` after it started).
    */
@@ -60,6 +68,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   indexBlocks: 32_768,
   recoveryMs: 10_000,
   sessionSlack: 1.15,
+  batchNodeFactor: 1.1,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
 }
@@ -242,7 +251,13 @@ export class PredictedTtft implements RoutingPolicy {
     for (const i of picked) {
       const c = pool[i]!
       const cached = Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1)
-      const t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
+      let t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
+      if (
+        c.node.interactiveInFlight === 0 &&
+        (c.node.batchInFlight > 0 ||
+          (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))
+      )
+        t *= this.opts.batchNodeFactor
       if (i === sessionIdx) sessionTtft = t
       if (t < bestTtft) {
         bestTtft = t

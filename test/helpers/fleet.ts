@@ -22,6 +22,7 @@ export function routeFleet(n: number, maxConcurrency = 64): { pool: NodePool; ca
       weight: 1,
       firstByteTimeoutMs: undefined,
       hedge: true,
+      priorityScheduling: false,
       metricsUrl: '',
     })),
   }

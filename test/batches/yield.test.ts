@@ -1,0 +1,195 @@
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import type OpenAI from 'openai'
+import { toFile } from 'openai'
+import { batchCostNano, costNano } from '../../src/billing/money.ts'
+import type { SimNode, SimNodeOptions } from '../../src/simulator/index.ts'
+import { usageRows } from '../helpers/ledger.ts'
+import { startTropa, type Tropa } from '../helpers/start.ts'
+
+// Interactive traffic always wins a node from a batch: it is never refused or queued because of
+// batch lines (an interactive request pre-empts the lines on its node, which run again later and
+// are billed once, for the run that completes), and batch lines run only on nodes that no
+// interactive request uses.
+const SEQS = 4
+const LINE_TOKENS = 40
+const node = (i: number, extra: Partial<SimNodeOptions> = {}): SimNodeOptions => ({
+  name: `sim-${i}`,
+  maxSeqs: SEQS,
+  prefillTokensPerSec: 50_000,
+  itlMs: 20, // a batch line of 40 tokens holds its slot for about a second
+  iterationOverheadMs: 1,
+  ignoreEos: true,
+  seed: i,
+  ...extra,
+})
+const PRICE = { prompt: '0.000001', completion: '0.000002' }
+
+function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false) {
+  return startTropa({
+    nodes: [node(1, extraNodes), node(2, extraNodes)],
+    models: (nodes) => [
+      {
+        id: 'test/chat',
+        context_length: 8192,
+        pricing: PRICE,
+        routes: nodes.map((n) => ({
+          name: n.name,
+          base_url: n.url,
+          upstream_model: 'm',
+          max_concurrency: SEQS,
+          hedge: false,
+          ...(priorityRoutes && { priority_scheduling: true }),
+        })),
+      },
+    ],
+    extra: { batches: { tick_ms: 20, workers: 1, concurrency: 32, quiet_ms: 300 } },
+  })
+}
+
+async function startBatch(client: OpenAI, n: number) {
+  const rows = Array.from({ length: n }, (_, i) =>
+    JSON.stringify({
+      custom_id: `line-${i}`,
+      method: 'POST',
+      url: '/v1/chat/completions',
+      body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: LINE_TOKENS },
+    }),
+  )
+  const file = await client.files.create({
+    file: await toFile(Buffer.from(`${rows.join('\n')}\n`), 'lines.jsonl'),
+    purpose: 'batch',
+  })
+  return client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' })
+}
+
+const running = (nodes: SimNode[]) => nodes.reduce((s, n) => s + n.stats().running, 0)
+
+async function until(what: () => boolean | Promise<boolean>, tries = 500) {
+  for (let i = 0; i < tries; i++) {
+    if (await what()) return
+    await Bun.sleep(20)
+  }
+  throw new Error('condition not reached')
+}
+
+/** A streamed chat completion read to its end: status, text, and the node that served it. */
+async function interactive(t: Tropa, i: number) {
+  const res = await t.fetch('/v1/chat/completions', {
+    method: 'POST',
+    body: JSON.stringify({
+      model: 'test/chat',
+      messages: [{ role: 'user', content: `interactive ${i}` }],
+      max_tokens: 4,
+      stream: true,
+    }),
+  })
+  const text = await res.text()
+  return { status: res.status, done: text.includes('data: [DONE]'), node: res.headers.get('x-tropa-node') }
+}
+
+async function finished(client: OpenAI, id: string) {
+  let b = await client.batches.retrieve(id)
+  for (let i = 0; i < 1500 && !['completed', 'failed', 'cancelled', 'expired'].includes(b.status); i++) {
+    await Bun.sleep(20)
+    b = await client.batches.retrieve(id)
+  }
+  return b
+}
+
+/** Every output line's custom_id, and the batch's ledger rows. */
+async function outcome(t: Tropa, client: OpenAI, id: string) {
+  const b = await client.batches.retrieve(id)
+  const text = await (await client.files.content(b.output_file_id!)).text()
+  const ids = text
+    .trim()
+    .split('\n')
+    .map((l) => (JSON.parse(l) as { custom_id: string }).custom_id)
+  const rows = (await usageRows(t)).filter((r) => r.batchId === id)
+  return { b, ids, rows }
+}
+
+describe('interactive requests take nodes back from a running batch', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    t = await start()
+  })
+  afterAll(() => t.stop())
+
+  test('on a fleet full of batch lines, interactive requests are all served at once: lines are pre-empted upstream, run again later, and billed once', async () => {
+    const client = t.client()
+    const n = 24
+    const batch = await startBatch(client, n)
+    // Both nodes full of batch lines.
+    await until(() => running(t.nodes) === 2 * SEQS)
+    const abortedBefore = t.nodes.reduce((s, x) => s + x.stats().aborted, 0)
+
+    // As many interactive requests as the fleet has slots, all at once.
+    const answers = await Promise.all(Array.from({ length: 2 * SEQS }, (_, i) => interactive(t, i)))
+    for (const a of answers) expect(a).toMatchObject({ status: 200, done: true })
+    // Each took a slot from a batch line: the lines were cancelled at the upstream, not waited for.
+    const aborted = t.nodes.reduce((s, x) => s + x.stats().aborted, 0) - abortedBefore
+    expect(aborted).toBeGreaterThanOrEqual(2 * SEQS)
+    // Never more sequences at a node than its slots: nothing queued inside a node behind a line.
+    expect(t.nodes.every((x) => x.stats().waiting === 0)).toBe(true)
+
+    const b = await finished(client, batch.id)
+    expect(b.status).toBe('completed')
+    expect(b.request_counts).toMatchObject({ total: n, completed: n, failed: 0 })
+    const { ids, rows } = await outcome(t, client, batch.id)
+    // Every line answered once, and billed once, at half the price of the run that completed.
+    expect(ids.sort()).toEqual(Array.from({ length: n }, (_, i) => `line-${i}`).sort())
+    expect(rows).toHaveLength(n)
+    for (const r of rows) {
+      expect(r.completionTokens).toBe(LINE_TOKENS)
+      expect(r.costNano).toBe(
+        batchCostNano(costNano(r.promptTokens, LINE_TOKENS, { promptNano: 1000n, completionNano: 2000n })),
+      )
+    }
+  }, 60_000)
+
+  test('while a batch runs, interactive traffic keeps to the node it already uses and the batch has the other', async () => {
+    const client = t.client()
+    const before = t.nodes.map((x) => x.stats())
+    const batch = await startBatch(client, 40)
+    await until(() => running(t.nodes) === 2 * SEQS)
+    // One user's requests one after another, for a while.
+    const served: (string | null)[] = []
+    for (let i = 0; i < 12; i++) {
+      const a = await interactive(t, 100 + i)
+      expect(a.status).toBe(200)
+      served.push(a.node)
+    }
+    // All on one node (the first took it from the batch; the rest stayed).
+    expect(new Set(served).size).toBe(1)
+    const home = t.nodes.findIndex((x) => x.name === served[0])
+    const other = 1 - home
+    const streams = t.nodes.map((x, i) => x.stats().streams - before[i]!.streams)
+    expect(streams[home]).toBe(12)
+    expect(streams[other]).toBe(0)
+    // Meanwhile the other node kept running batch lines.
+    expect(t.nodes[other]!.stats().running).toBeGreaterThan(0)
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+  }, 60_000)
+})
+
+describe('routes marked priority_scheduling', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    t = await start({ priorityScheduling: true }, true)
+  })
+  afterAll(() => t.stop())
+
+  test('batch lines are sent at the lowest priority; interactive requests at the default', async () => {
+    const client = t.client()
+    const batch = await startBatch(client, 8)
+    const b = await finished(client, batch.id)
+    expect(b.request_counts).toMatchObject({ completed: 8, failed: 0 })
+    const a = await interactive(t, 1)
+    expect(a.status).toBe(200)
+    const low = t.nodes.reduce((s, x) => s + x.stats().lowPriorityRequests, 0)
+    const chats = t.nodes.reduce((s, x) => s + x.stats().chatRequests, 0)
+    expect(low).toBe(8)
+    expect(chats).toBe(9)
+  }, 60_000)
+})
