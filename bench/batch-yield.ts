@@ -1,0 +1,463 @@
+// Does a running batch stay invisible to interactive users? Open-loop streamed interactive
+// traffic on four simulated nodes (16 sequences each, ~512-token prompts), with and without a
+// batch of the same requests running, in one run: interactive TTFT p50/p99, inter-token p99 and
+// refusals side by side; the batch's throughput in the valleys and the peaks of a bursty load,
+// and on an idle fleet against interactive saturation. Issue #25's targets are checked at the end.
+//   bun bench/batch-yield.ts [--seconds 20] [--seed 1] [--priority] [--quick] [--json FILE]
+// The router and the simulated fleet run as processes of their own; this process only sends
+// and times, so the three share the machine's cores but not an event loop.
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { parseArgs } from 'node:util'
+import type { SimNodeOptions } from '../src/simulator/index.ts'
+import { freePort, jsonCall, startRouterProcess } from '../test/helpers/process.ts'
+import { startSimProcess } from '../test/helpers/sim-process.ts'
+
+const { values } = parseArgs({
+  options: {
+    seconds: { type: 'string' },
+    seed: { type: 'string' },
+    json: { type: 'string' },
+    quick: { type: 'boolean' },
+    priority: { type: 'boolean' },
+  },
+})
+const QUICK = values.quick === true
+const SECONDS = Number(values.seconds ?? (QUICK ? 4 : 20))
+const SEED = Number(values.seed ?? 1)
+const NODES = 4
+const SEQS = 16
+const OUT = 32
+const ADMIN = 'bench-admin-token-0123456789'
+/** Nodes marked as running vLLM's priority scheduling (batch lines sent at the lowest priority). */
+const PRIORITY = values.priority === true
+
+const node = (i: number): SimNodeOptions => ({
+  name: `sim-${i}`,
+  maxSeqs: SEQS,
+  prefillTokensPerSec: 20_000,
+  itlMs: 20,
+  iterationOverheadMs: 2,
+  seed: i,
+  ignoreEos: true,
+  ...(PRIORITY && { priorityScheduling: true }),
+})
+
+/** A deterministic generator (mulberry32). */
+function rng(seed: number) {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+// ~512 tokens of varied text, unique per request (no prefix cache help).
+const WORDS =
+  'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau'.split(
+    ' ',
+  )
+function prompt(i: number): string {
+  const r = rng(i * 7919 + 17)
+  const words = [`request ${i}:`]
+  for (let k = 0; k < 500; k++) words.push(WORDS[Math.floor(r() * WORDS.length)]!)
+  return words.join(' ')
+}
+const body = (i: number, stream: boolean) => ({
+  model: 'bench/chat',
+  messages: [{ role: 'user', content: prompt(i) }],
+  max_tokens: OUT,
+  ...(stream && { stream: true }),
+})
+
+const dir = mkdtempSync(join(tmpdir(), 'tropa-batch-yield-'))
+const fleet = await startSimProcess(Array.from({ length: NODES }, (_, i) => node(i + 1)))
+const configPath = join(dir, 'tropa.json')
+writeFileSync(
+  configPath,
+  JSON.stringify({
+    server: { data_dir: dir, admin_token: ADMIN, log_level: 'error' },
+    batches: { tick_ms: 50, workers: 2, concurrency: 128 },
+    upstream: { first_byte_timeout_ms: 60_000 },
+    models: [
+      {
+        id: 'bench/chat',
+        context_length: 8192,
+        pricing: { prompt: '0.000001', completion: '0.000002' },
+        routes: fleet.nodes.map((n) => ({
+          name: n.name,
+          base_url: n.url,
+          upstream_model: 'm',
+          max_concurrency: SEQS,
+          hedge: false,
+          ...(PRIORITY && { priority_scheduling: true }),
+        })),
+      },
+    ],
+  }),
+)
+const router = await startRouterProcess(configPath, freePort())
+const org = await jsonCall(router.url, '/v1/admin/organizations', ADMIN, { name: 'bench', balance_rub: 1e6 })
+const key = (await jsonCall(router.url, '/v1/keys', org.master_key as string, { name: 'b' })).key as string
+const auth = { authorization: `Bearer ${key}` }
+
+interface Sample {
+  ttftMs: number | undefined
+  gapsMs: number[]
+  status: number
+}
+
+/** One streamed request: its TTFT and the gaps between its content events. */
+async function streamed(i: number): Promise<Sample> {
+  const start = performance.now()
+  let res: Response
+  try {
+    res = await fetch(`${router.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { ...auth, 'content-type': 'application/json' },
+      body: JSON.stringify(body(i, true)),
+    })
+  } catch {
+    return { ttftMs: undefined, gapsMs: [], status: 0 }
+  }
+  if (res.status !== 200) {
+    await res.arrayBuffer()
+    return { ttftMs: undefined, gapsMs: [], status: res.status }
+  }
+  const reader = res.body!.getReader()
+  const dec = new TextDecoder()
+  let ttftMs: number | undefined
+  let last = 0
+  const gapsMs: number[] = []
+  let carry = ''
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    const now = performance.now()
+    carry += dec.decode(value, { stream: true })
+    const events = carry.split('\n\n')
+    carry = events.pop()!
+    for (const e of events) {
+      if (!e.includes('"content":"') || e.includes('"content":""')) continue
+      if (ttftMs === undefined) ttftMs = now - start
+      else gapsMs.push(now - last)
+      last = now
+    }
+  }
+  return { ttftMs, gapsMs, status: 200 }
+}
+
+/** Interactive saturation: every slot of the fleet kept busy by a closed loop; requests a second. */
+async function saturation(seconds: number): Promise<number> {
+  let n = 0
+  let next = 1_000_000
+  const until = performance.now() + seconds * 1000
+  await Promise.all(
+    Array.from({ length: NODES * SEQS }, async () => {
+      while (performance.now() < until) {
+        const s = await streamed(next++)
+        if (s.status === 200) n++
+      }
+    }),
+  )
+  return n / seconds
+}
+
+type Phase = { seconds: number; load: number; name: string }
+
+/** Open-loop Poisson arrivals through the phases (load as a share of saturation), seeded. */
+async function openLoop(phases: readonly Phase[], capacity: number, seed: number, first: number) {
+  const r = rng(seed)
+  const samples: Promise<Sample & { phase: string }>[] = []
+  let i = first
+  const t0 = performance.now()
+  let at = 0
+  const bounds: { name: string; startMs: number; endMs: number }[] = []
+  for (const p of phases) {
+    const end = at + p.seconds * 1000
+    bounds.push({ name: p.name, startMs: t0 + at, endMs: t0 + end })
+    const rate = (p.load * capacity) / 1000 // per ms
+    for (;;) {
+      at += -Math.log(1 - r()) / rate
+      if (at >= end) break
+      const wait = t0 + at - performance.now()
+      if (wait > 1) await Bun.sleep(wait)
+      const phase = p.name
+      samples.push(streamed(i++).then((s) => ({ ...s, phase })))
+    }
+    at = end
+  }
+  return { samples: await Promise.all(samples), bounds }
+}
+
+const pct = (xs: number[], q: number) => {
+  if (xs.length === 0) return Number.NaN
+  const s = [...xs].sort((a, b) => a - b)
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(s.length * q) - 1))]!
+}
+
+interface Figures {
+  ttftP50: number
+  ttftP99: number
+  itlP99: number
+  refused: number
+  requests: number
+}
+function figures(samples: Sample[]): Figures {
+  const ok = samples.filter((s) => s.ttftMs !== undefined)
+  return {
+    ttftP50: pct(
+      ok.map((s) => s.ttftMs!),
+      0.5,
+    ),
+    ttftP99: pct(
+      ok.map((s) => s.ttftMs!),
+      0.99,
+    ),
+    itlP99: pct(
+      ok.flatMap((s) => s.gapsMs),
+      0.99,
+    ),
+    refused: samples.filter((s) => s.status !== 200).length,
+    requests: samples.length,
+  }
+}
+
+let batchCounter = 0
+/** Uploads and starts a batch of `n` lines; resolves once it is running. */
+async function startBatch(n: number): Promise<string> {
+  const base = 5_000_000 + 100_000 * batchCounter++
+  const jsonl = Array.from({ length: n }, (_, i) =>
+    JSON.stringify({
+      custom_id: `b${i}`,
+      method: 'POST',
+      url: '/v1/chat/completions',
+      body: body(base + i, false),
+    }),
+  ).join('\n')
+  const form = new FormData()
+  form.set('purpose', 'batch')
+  form.set('file', new Blob([`${jsonl}\n`]), 'yield.jsonl')
+  const file = (await (
+    await fetch(`${router.url}/v1/files`, { method: 'POST', headers: auth, body: form })
+  ).json()) as { id: string }
+  const b = await jsonCall(router.url, '/v1/batches', key, {
+    input_file_id: file.id,
+    endpoint: '/v1/chat/completions',
+    completion_window: '24h',
+  })
+  for (;;) {
+    const s = await batchState(b.id as string)
+    if (s.status !== 'validating') return b.id as string
+    await Bun.sleep(20)
+  }
+}
+async function batchState(id: string) {
+  const b = (await (await fetch(`${router.url}/v1/batches/${id}`, { headers: auth })).json()) as {
+    status: string
+    request_counts: { completed: number; failed: number }
+  }
+  return { status: b.status, done: b.request_counts.completed + b.request_counts.failed }
+}
+async function stopBatch(id: string) {
+  await fetch(`${router.url}/v1/batches/${id}/cancel`, { method: 'POST', headers: auth })
+  for (let i = 0; i < 600; i++) {
+    const s = await batchState(id)
+    if (['cancelled', 'completed', 'failed', 'expired'].includes(s.status)) break
+    await Bun.sleep(100)
+  }
+  await quiet()
+}
+/** Until the fleet runs nothing (cancelled lines finish or are aborted). */
+async function quiet() {
+  for (let i = 0; i < 600; i++) {
+    const s = await fleet.stats()
+    if (s.running === 0 && s.waiting === 0) return
+    await Bun.sleep(100)
+  }
+}
+
+/** Lines done per second while each phase ran, from samples of the batch's count. */
+function phaseRates(
+  counts: { atMs: number; done: number }[],
+  bounds: { name: string; startMs: number; endMs: number }[],
+) {
+  const at = (t: number) => {
+    let best = counts[0]!
+    for (const c of counts) if (Math.abs(c.atMs - t) < Math.abs(best.atMs - t)) best = c
+    return best.done
+  }
+  const byName = new Map<string, { lines: number; seconds: number }>()
+  for (const b of bounds) {
+    const cur = byName.get(b.name) ?? { lines: 0, seconds: 0 }
+    // The first second of a phase is the switch-over; rates are read over the rest.
+    const from = b.startMs + 1000
+    cur.lines += at(b.endMs) - at(from)
+    cur.seconds += (b.endMs - from) / 1000
+    byName.set(b.name, cur)
+  }
+  return Object.fromEntries([...byName].map(([k, v]) => [k, v.lines / v.seconds]))
+}
+
+async function scenario(name: string, phases: Phase[], capacity: number, withBatch: boolean) {
+  let batchId: string | undefined
+  const counts: { atMs: number; done: number }[] = []
+  let sampling: ReturnType<typeof setInterval> | undefined
+  if (withBatch) {
+    batchId = await startBatch(QUICK ? 600 : 3000)
+    await Bun.sleep(1000) // the batch fills the fleet first
+    const id = batchId
+    sampling = setInterval(() => {
+      void batchState(id).then((s) => counts.push({ atMs: performance.now(), done: s.done }))
+    }, 250)
+  }
+  const { samples, bounds } = await openLoop(phases, capacity, SEED * 1000 + name.length, 0)
+  if (sampling) clearInterval(sampling)
+  let rates: Record<string, number> = {}
+  let finished = false
+  if (batchId) {
+    const s = await batchState(batchId)
+    finished = s.status !== 'in_progress'
+    counts.push({ atMs: performance.now(), done: s.done })
+    rates = phaseRates(counts, bounds)
+    await stopBatch(batchId)
+  } else await quiet()
+  return { figures: figures(samples), rates, batchFinishedEarly: finished }
+}
+
+const log = (...a: unknown[]) => console.log(...a)
+
+export interface BatchYieldReport {
+  seed: number
+  seconds: number
+  priority: boolean
+  /** Interactive saturation, requests a second. */
+  capacity: number
+  /** Batch lines a second on an idle fleet. */
+  idleRate: number
+  results: { name: string; without: Figures; with: Figures; rates: Record<string, number>; early: boolean }[]
+  checks: { what: string; value: number; target: string; met: boolean }[]
+}
+
+try {
+  // Warm-up: connections, the tokenizer, every node learned.
+  await Promise.all(Array.from({ length: 32 }, (_, i) => streamed(900_000 + i)))
+  const capacity = await saturation(QUICK ? 3 : 8)
+  log(`interactive saturation: ${capacity.toFixed(1)} requests/s`)
+  await quiet()
+
+  // Idle fleet: the batch alone, lines a second against interactive saturation.
+  const idleId = await startBatch(QUICK ? 300 : 1500)
+  const idleStart = performance.now()
+  const idleBegin = await batchState(idleId)
+  await Bun.sleep((QUICK ? 3 : 8) * 1000)
+  const idleEnd = await batchState(idleId)
+  const idleRate = (idleEnd.done - idleBegin.done) / ((performance.now() - idleStart) / 1000)
+  await stopBatch(idleId)
+  log(
+    `batch on an idle fleet: ${idleRate.toFixed(1)} lines/s (${((idleRate / capacity) * 100).toFixed(0)}% of saturation)`,
+  )
+
+  const S = SECONDS
+  const burstHalf = QUICK ? 3 : 10
+  const cycles = QUICK ? 1 : 2
+  const scenarios: { name: string; phases: Phase[] }[] = [
+    { name: 'load 50%', phases: [{ seconds: S, load: 0.5, name: 'steady' }] },
+    { name: 'load 80%', phases: [{ seconds: S, load: 0.8, name: 'steady' }] },
+    {
+      name: 'bursts 90/10%',
+      phases: Array.from({ length: cycles }, () => [
+        { seconds: burstHalf, load: 0.9, name: 'peak' },
+        { seconds: burstHalf, load: 0.1, name: 'valley' },
+      ]).flat(),
+    },
+  ]
+  const results = []
+  for (const s of scenarios) {
+    const without = await scenario(s.name, s.phases, capacity, false)
+    const withB = await scenario(s.name, s.phases, capacity, true)
+    results.push({
+      name: s.name,
+      without: without.figures,
+      with: withB.figures,
+      rates: withB.rates,
+      early: withB.batchFinishedEarly,
+    })
+    log(s.name, JSON.stringify({ without: without.figures, with: withB.figures, batchRates: withB.rates }))
+  }
+
+  const ratio = (a: number, b: number) => a / b
+  const checks: { what: string; value: number; target: string; met: boolean }[] = []
+  for (const r of results) {
+    for (const [k, label] of [
+      ['ttftP50', 'TTFT p50'],
+      ['ttftP99', 'TTFT p99'],
+      ['itlP99', 'inter-token p99'],
+    ] as const) {
+      const v = ratio(r.with[k], r.without[k])
+      checks.push({ what: `${r.name}: ${label} with / without`, value: v, target: '<= 1.10', met: v <= 1.1 })
+    }
+    checks.push({
+      what: `${r.name}: refusals with (without ${r.without.refused})`,
+      value: r.with.refused,
+      target: `<= ${r.without.refused}`,
+      met: r.with.refused <= r.without.refused,
+    })
+    if (r.early)
+      checks.push({ what: `${r.name}: the batch ran the whole time`, value: 0, target: 'yes', met: false })
+  }
+  const bursts = results.find((r) => r.name.startsWith('bursts'))!
+  const valley = (bursts.rates.valley ?? 0) / idleRate
+  const peak = (bursts.rates.peak ?? 0) / idleRate
+  checks.push({
+    what: 'batch rate in valleys / idle rate',
+    value: valley,
+    target: '>= 0.80',
+    met: valley >= 0.8,
+  })
+  checks.push({ what: 'batch rate in peaks / idle rate', value: peak, target: '<= 0.10', met: peak <= 0.1 })
+  checks.push({
+    what: 'idle batch rate / interactive saturation',
+    value: idleRate / capacity,
+    target: '>= 0.90',
+    met: idleRate / capacity >= 0.9,
+  })
+  const report: BatchYieldReport = {
+    seed: SEED,
+    seconds: SECONDS,
+    priority: PRIORITY,
+    capacity,
+    idleRate,
+    results,
+    checks,
+  }
+  if (values.json) writeFileSync(values.json, JSON.stringify(report))
+  {
+    console.log(
+      '\n| scenario | TTFT p50 without / with (ms) | TTFT p99 without / with | inter-token p99 without / with | refused without / with | batch lines/s (by phase) |',
+    )
+    console.log('|---|---|---|---|---|---|')
+    const f = (x: number) => x.toFixed(0)
+    for (const r of results)
+      console.log(
+        `| ${r.name} | ${f(r.without.ttftP50)} / ${f(r.with.ttftP50)} | ${f(r.without.ttftP99)} / ${f(r.with.ttftP99)} | ${f(r.without.itlP99)} / ${f(r.with.itlP99)} | ${r.without.refused} / ${r.with.refused} | ${Object.entries(
+          r.rates,
+        )
+          .map(([k, v]) => `${k} ${v.toFixed(1)}`)
+          .join(', ')} |`,
+      )
+    console.log('\n| target | value | wanted | |')
+    console.log('|---|---|---|---|')
+    for (const c of checks)
+      console.log(`| ${c.what} | ${c.value.toFixed(2)} | ${c.target} | ${c.met ? 'met' : 'MISSED'} |`)
+  }
+} finally {
+  router.proc.kill('SIGKILL')
+  await router.proc.exited
+  await fleet.stop()
+  rmSync(dir, { recursive: true, force: true })
+}
