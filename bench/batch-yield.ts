@@ -151,16 +151,21 @@ async function streamed(i: number): Promise<Sample> {
   return { ttftMs, gapsMs, status: 200 }
 }
 
+/** Rates are read after this much of a measurement, once the first wave of requests has ended. */
+const RAMP_MS = 2000
+
 /** Interactive saturation: every slot of the fleet kept busy by a closed loop; requests a second. */
 async function saturation(seconds: number): Promise<number> {
   let n = 0
   let next = 1_000_000
-  const until = performance.now() + seconds * 1000
+  const start = performance.now()
+  const until = start + RAMP_MS + seconds * 1000
   await Promise.all(
     Array.from({ length: NODES * SEQS }, async () => {
       while (performance.now() < until) {
         const s = await streamed(next++)
-        if (s.status === 200) n++
+        const now = performance.now()
+        if (s.status === 200 && now >= start + RAMP_MS && now <= until) n++
       }
     }),
   )
@@ -352,6 +357,7 @@ try {
 
   // Idle fleet: the batch alone, lines a second against interactive saturation.
   const idleId = await startBatch(QUICK ? 300 : 1500)
+  await Bun.sleep(RAMP_MS)
   const idleStart = performance.now()
   const idleBegin = await batchState(idleId)
   await Bun.sleep((QUICK ? 3 : 8) * 1000)

@@ -331,6 +331,15 @@ export class BatchScheduler {
 
   private readonly queued: { w: Worker; m: Extract<FromWorker, { t: 'admit' }>; sinceMs: number }[] = []
 
+  /**
+   * How long a line waits here for a node before it goes back to the table: through a peak of
+   * interactive traffic lines wait rather than being leased, read and priced again every few
+   * seconds (work the interactive traffic's CPU pays for), but well within their lease.
+   */
+  private queueWaitMs(): number {
+    return Math.min(30_000, (this.init?.leaseMs ?? 10_000) / 2)
+  }
+
   /** Admits waiting lines while there is room; a line that waited too long goes back to its worker. */
   private drainQueue() {
     const now = Date.now()
@@ -338,7 +347,9 @@ export class BatchScheduler {
       const q = this.queued[0]!
       const pending =
         this.admit(q.w, q.m) ??
-        (now - q.sinceMs > 5_000 ? Promise.resolve<AdmitReply>({ kind: 'wait', ms: 100 }) : undefined)
+        (now - q.sinceMs > this.queueWaitMs()
+          ? Promise.resolve<AdmitReply>({ kind: 'wait', ms: 100 })
+          : undefined)
       if (!pending) return
       this.queued.shift()
       void pending.then((reply) =>
