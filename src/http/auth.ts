@@ -1,6 +1,7 @@
 import { InvalidValue, PermissionDenied } from '../errors.ts'
 import type { LiveOrg, Principal } from '../identity/live.ts'
 import type { Payer } from '../pipeline/chat.ts'
+import { DRY_RUN_HEADER } from '../pipeline/quote.ts'
 import type { Services } from '../services.ts'
 
 /**
@@ -30,8 +31,9 @@ export const authenticateFirst = (svc: Services) => async (request: Request) => 
 }
 
 /** Model endpoints take API keys only: they need a key to bill. */
-export function payerOf(p: Principal): Payer {
-  if (p.kind === 'api') return p
+export function payerOf(p: Principal, headers?: Headers): Payer {
+  if (p.kind === 'api')
+    return headers?.get(DRY_RUN_HEADER) === '1' ? { key: p.key, org: p.org, quoteOnly: true } : p
   throw new PermissionDenied(
     p.kind === 'master'
       ? 'a master key manages keys only; call model endpoints with an API key (sk-...)'

@@ -21,6 +21,7 @@ import {
 import type { Deadline } from '../upstream/watchdog.ts'
 import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
 import { chatPrefix, NO_PREFIX, type PromptPrefix } from './prefix.ts'
+import { quoteCall } from './quote.ts'
 import {
   COUNT_SLICE_CHARS,
   countChatPromptLive,
@@ -43,6 +44,11 @@ export interface ChatDeps extends UpstreamDeps {
 export interface Payer {
   readonly key: LiveKey
   readonly org: LiveOrg
+  /**
+   * `x-tropa-dry-run: 1`: answer a quote (pipeline/quote.ts) in place of the call: nothing is
+   * reserved, charged or sent upstream.
+   */
+  readonly quoteOnly?: boolean
 }
 
 /** A completion as JSON (chat's or the legacy endpoint's): the fields Tropa reads or rewrites. */
@@ -242,6 +248,7 @@ export async function runModelCall(
 ): Promise<Response> {
   const { model, promptTokens, stream, startedAtMs } = call
   const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
+  if (payer.quoteOnly) return quoteCall(deps, payer, call, worst, requestId)
   // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
   const reserved = deps.meter.reserve(payer.key, payer.org, worst)
   const reservation = reserved instanceof Promise ? await reserved : reserved

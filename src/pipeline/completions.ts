@@ -183,6 +183,7 @@ async function translated(
 ): Promise<Response> {
   const chat = toChat(body)
   const res = await chatWithModel(deps, payer, chat, signal, requestId, sessionHint, cut)
+  if (payer.quoteOnly) return res
   const id = `cmpl-${requestId}`
   if (chat.stream !== true) {
     const out = textCompletionOf((await res.json()) as ChatCompletionJson, id)

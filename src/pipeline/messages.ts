@@ -23,6 +23,7 @@ export async function createMessage(
 ): Promise<Response> {
   const chat = toChatRequest(body)
   const res = await chatCompletion(deps, payer, chat, signal, requestId, sessionHint, cut)
+  if (payer.quoteOnly) return res // a quote is the same object whatever the inbound API
   const headers = new Headers(res.headers)
   const id = `msg_${requestId}`
   const stops = body.stop_sequences

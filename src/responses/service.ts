@@ -116,6 +116,7 @@ export class ResponsesService {
       store,
     }
     const answer = await chatCompletion(this.deps, payer, chat, signal, requestId, sessionHint, cut)
+    if (payer.quoteOnly) return answer // a quote, nothing stored
     const headers: Record<string, string> = {}
     for (const name of ['x-tropa-node', 'x-tropa-cost-rub']) {
       const v = answer.headers.get(name)

@@ -97,6 +97,8 @@ export interface RoutingPolicy {
     cachedTokens: number | undefined,
     completionTokens?: number,
   ): void
+  /** The predicted time to first token of `req` on `c`, ms, without placing it (a quote). */
+  estimateTtftMs?(c: Candidate, req: RouteRequest): number | undefined
   /** A /metrics poll of a node (only when polling is on). */
   nodeMetrics?(node: NodeState, m: NodeMetrics, nowMs: number): void
   /**

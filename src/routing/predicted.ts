@@ -269,6 +269,13 @@ export class PredictedTtft implements RoutingPolicy {
     return pool[best]
   }
 
+  estimateTtftMs(c: Candidate, req: RouteRequest): number {
+    const m = this.model(c.node)
+    const blocks = req.prefix.length > 0 ? m.index.match(req.prefix) : 0
+    const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
+    return this.predict(m, req.promptTokens, cached, req.nowMs)
+  }
+
   started(a: Attempt): void {
     const m = this.model(a.candidate.node)
     const req = a.req

@@ -13,7 +13,7 @@ export const chatRoutes = (svc: Services) =>
       ({ principal, body, request, set, server }) =>
         chatCompletion(
           svc.deps,
-          payerOf(principal),
+          payerOf(principal, request.headers),
           body as ChatRequest,
           request.signal,
           set.headers['x-request-id'] as string,

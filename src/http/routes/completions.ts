@@ -13,7 +13,7 @@ export const completionRoutes = (svc: Services) =>
       ({ principal, body, request, set, server }) =>
         textCompletion(
           svc.deps,
-          payerOf(principal),
+          payerOf(principal, request.headers),
           body as CompletionRequest,
           request.signal,
           set.headers['x-request-id'] as string,

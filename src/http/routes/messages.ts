@@ -18,7 +18,7 @@ export const messageRoutes = (svc: Services) =>
       ({ principal, body, request, set, server }) =>
         createMessage(
           svc.deps,
-          payerOf(principal),
+          payerOf(principal, request.headers),
           body as MessagesRequest,
           request.signal,
           set.headers['x-request-id'] as string,
