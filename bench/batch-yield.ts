@@ -154,7 +154,11 @@ async function streamed(i: number): Promise<Sample> {
 /** Rates are read after this much of a measurement, once the first wave of requests has ended. */
 const RAMP_MS = 2000
 
-/** Interactive saturation: every slot of the fleet kept busy by a closed loop; requests a second. */
+/**
+ * Interactive saturation: every slot of the fleet kept busy by a closed loop of the requests the
+ * batch is made of (not streamed, so the figure is the fleet's capacity, not this process's SSE
+ * parsing); requests a second.
+ */
 async function saturation(seconds: number): Promise<number> {
   let n = 0
   let next = 1_000_000
@@ -163,9 +167,14 @@ async function saturation(seconds: number): Promise<number> {
   await Promise.all(
     Array.from({ length: NODES * SEQS }, async () => {
       while (performance.now() < until) {
-        const s = await streamed(next++)
+        const res = await fetch(`${router.url}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { ...auth, 'content-type': 'application/json' },
+          body: JSON.stringify(body(next++, false)),
+        })
+        await res.arrayBuffer()
         const now = performance.now()
-        if (s.status === 200 && now >= start + RAMP_MS && now <= until) n++
+        if (res.status === 200 && now >= start + RAMP_MS && now <= until) n++
       }
     }),
   )
