@@ -15,6 +15,7 @@ import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
 import { randomBase62 } from './ids.ts'
 import type { Log } from './log.ts'
+import { Telemetry } from './metrics/telemetry.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
 import { ShareBudget } from './routing/budget.ts'
 import { NodePool } from './routing/nodes.ts'
@@ -36,6 +37,8 @@ export interface Services {
   readonly ledger: LedgerWriter
   readonly files: FilesService
   readonly batches: BatchService
+  /** Request metrics. */
+  readonly telemetry: Telemetry
   readonly log: Log
   /** Flushes the ledger and stops timers; the store is closed by whoever opened it. */
   stop(): Promise<void>
@@ -124,6 +127,7 @@ export async function buildServices(
     log,
   })
   probes.start()
+  const telemetry = new Telemetry(config.metrics, policyOverride?.name ?? config.routing.policy)
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,
@@ -137,6 +141,7 @@ export async function buildServices(
     hedges: config.routing.hedgeShare > 0 ? new ShareBudget(config.routing.hedgeShare, 10) : undefined,
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,
+    telemetry,
   }
   const contents = new LocalFileStore(config.files.dir)
   const disk = new DiskWatch(
@@ -203,6 +208,7 @@ export async function buildServices(
     ledger,
     files,
     batches,
+    telemetry,
     log,
     async stop() {
       clearTimeout(sweep)

@@ -132,6 +132,10 @@ export interface Config {
     readonly maxAttempts: number
     readonly leaseMs: number | undefined
   }
+  readonly metrics: {
+    readonly perOrg: boolean
+    readonly perOrgMax: number
+  }
   readonly models: readonly ModelConfig[]
 }
 
@@ -336,6 +340,10 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
       maxAttempts: cfg.batches?.max_attempts ?? 5,
       leaseMs: cfg.batches?.lease_ms,
+    },
+    metrics: {
+      perOrg: cfg.metrics?.per_org ?? false,
+      perOrgMax: cfg.metrics?.per_org_max ?? 100,
     },
     models,
   } satisfies Config)

@@ -212,6 +212,16 @@ export const RedisSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const MetricsSchema = T.Object(
+  {
+    /** Label requests, tokens and roubles by organization (off by default: one series per org). */
+    per_org: T.Optional(T.Boolean()),
+    /** Distinct organizations labelled; later ones are counted under org="other". */
+    per_org_max: T.Optional(T.Integer({ minimum: 1, maximum: 10_000 })),
+  },
+  { additionalProperties: false },
+)
+
 /** The config file as written by an operator (TOML or JSON). */
 export const ConfigFileSchema = T.Object(
   {
@@ -224,6 +234,7 @@ export const ConfigFileSchema = T.Object(
     batches: T.Optional(BatchesSchema),
     redis: T.Optional(RedisSchema),
     responses: T.Optional(ResponsesSchema),
+    metrics: T.Optional(MetricsSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

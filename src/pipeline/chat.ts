@@ -6,6 +6,8 @@ import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { ContextLengthExceeded, InvalidValue, UpstreamFailed, UpstreamTimeout } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
+import type { RequestRecord } from '../metrics/record.ts'
+import type { Telemetry } from '../metrics/telemetry.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
@@ -37,6 +39,8 @@ export interface ChatDeps extends UpstreamDeps {
   readonly limiter: RateLimiter
   /** A stream whose client takes no bytes for this long is cut (server.stream_write_timeout_ms). */
   readonly streamWriteTimeoutMs: number
+  /** Each request's record (metrics, access log), found by its request id. */
+  readonly telemetry: Telemetry
 }
 
 /** Who pays for a request. */
@@ -241,6 +245,9 @@ export async function runModelCall(
   cut?: () => void,
 ): Promise<Response> {
   const { model, promptTokens, stream, startedAtMs } = call
+  // Undefined for what the HTTP layer does not measure; set before the reservation, so a 402 has its model.
+  const rec = deps.telemetry.of(requestId)
+  rec?.call(model.id, payer.org.id, payer.key.id)
   const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
   // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
   const reserved = deps.meter.reserve(payer.key, payer.org, worst)
@@ -279,7 +286,7 @@ export async function runModelCall(
     const p = u.prompt_tokens
     const cTokens = u.completion_tokens
     deps.limiter.used(payer.key, cTokens)
-    return deps.meter.settle(reservation, {
+    const charged = deps.meter.settle(reservation, {
       requestId,
       model: model.id,
       node: c.node.name,
@@ -294,11 +301,13 @@ export async function runModelCall(
       cachedTokens: cachedOf(u) ?? null,
       ttftMs,
     })
+    rec?.settled(p, cTokens, cachedOf(u) ?? 0, charged)
+    return charged
   }
 
   try {
     if (!stream) {
-      const { value, candidate, attempt } = await dispatch(
+      const answer = await dispatch(
         deps,
         {
           model,
@@ -310,6 +319,8 @@ export async function runModelCall(
         },
         signal,
       )
+      const { value, candidate, attempt } = answer
+      rec?.answered(answer, candidate.node.name, false, performance.now())
       ttftMs = Date.now() - startedAtMs
       value.id = completionId
       value.model = model.id
@@ -323,11 +334,7 @@ export async function runModelCall(
       })
     }
 
-    const {
-      value: first,
-      candidate,
-      attempt,
-    } = await dispatch(
+    const answer = await dispatch(
       deps,
       {
         model,
@@ -343,6 +350,8 @@ export async function runModelCall(
       },
       signal,
     )
+    const { value: first, candidate, attempt } = answer
+    rec?.answered(answer, candidate.node.name, true, performance.now())
     ttftMs = Date.now() - startedAtMs
     // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
     const relay: ChatStreamRelay = new ChatStreamRelay(
@@ -373,6 +382,7 @@ export async function runModelCall(
         )
       },
       cut,
+      rec,
     )
     return new Response(body$, {
       headers: {
@@ -567,9 +577,12 @@ function relayStream(
   reservation: Reservation,
   settle: (usage: Usage | undefined, outcome: string) => void,
   cut: (() => void) | undefined,
+  rec: RequestRecord | undefined,
 ): ReadableStream<Uint8Array> {
   const { reader, reply } = first
   const c = attempt.candidate
+  const firstChunkAtMs = Date.now()
+  let lastChunkAtMs = firstChunkAtMs
   let finished = false
   let gone = false
   const idle = deps.timeouts.idleTimeoutMs
@@ -583,6 +596,7 @@ function relayStream(
     const usage = relay.usage
     finishAttempt(deps, attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
     if (!reservation.done) settle(relay.usage, outcome)
+    rec?.ended(outcome, firstChunkAtMs, lastChunkAtMs)
   }
   const errorEvent = (message: string, code: string) =>
     sseEvent({ error: { message, type: 'upstream_error', param: null, code } })
@@ -650,7 +664,8 @@ function relayStream(
             } else finish('ok', true)
             return close()
           }
-          deadline.atMs = Date.now() + idle
+          lastChunkAtMs = Date.now()
+          deadline.atMs = lastChunkAtMs + idle
           if (relayedThisTurn(value.length) > TURN_BUDGET_BYTES) await nextTurn()
           wait = send(relay.push(value))
           if (wait && (await wait)) return cutStalled()

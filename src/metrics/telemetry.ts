@@ -1,0 +1,98 @@
+import { endpointOf, outcomeOfStatus, outcomeOfStream, RequestRecord } from './record.ts'
+import { RequestMetrics, type RequestMetricsOptions } from './request-metrics.ts'
+
+/** Response header: the router's own time on this request, ms. */
+export const OVERHEAD_HEADER = 'x-tropa-overhead-ms'
+/** Request header `x-tropa-explain: 1` asks for a response header of the same name: why that node. */
+export const EXPLAIN_HEADER = 'x-tropa-explain'
+
+/**
+ * The request lifecycle as the operator sees it: a record per request to a model endpoint, opened
+ * when the request arrives (by its request id), filled in by the pipeline, closed once, when the
+ * response (or the stream) is over, into the metrics.
+ */
+export class Telemetry {
+  readonly metrics: RequestMetrics
+  private readonly open = new Map<string, RequestRecord>()
+
+  constructor(
+    opts: RequestMetricsOptions,
+    /** The routing policy's name, for x-tropa-explain. */
+    private readonly policyName: string,
+  ) {
+    this.metrics = new RequestMetrics(opts)
+  }
+
+  /** Requests begun and not yet ended (a leak shows here). */
+  get openCount(): number {
+    return this.open.size
+  }
+
+  /** A request arrived; only POSTs to model endpoints get a record. */
+  begin(id: string, method: string, url: string): void {
+    const endpoint = endpointOf(method, url)
+    if (endpoint < 0) return
+    this.open.set(id, new RequestRecord(this, id, endpoint, performance.now()))
+  }
+
+  /** The request's record, for the pipeline to fill in; undefined for batch lines and others. */
+  of(id: string): RequestRecord | undefined {
+    return this.open.get(id)
+  }
+
+  /** The answer first reached the upstream: time to first token, observed at once. */
+  firstToken(rec: RequestRecord): void {
+    if (rec.model !== undefined && rec.node !== undefined && rec.ttftMs !== undefined)
+      this.metrics.firstToken(rec.model, rec.node, rec.ttftMs / 1000)
+  }
+
+  /**
+   * The handler's answer: stamps x-tropa-overhead-ms (and x-tropa-explain when asked), and ends
+   * the record unless a stream is still running (the relay ends it).
+   */
+  answered(id: string, request: Request, answer: Promise<Response>): Promise<Response> {
+    const rec = this.open.get(id)
+    if (!rec) return answer
+    return answer.then((res) => {
+      if (rec.node !== undefined) {
+        rec.overheadMs = Math.max(0, performance.now() - rec.startedAt - rec.upstreamMs)
+        res.headers.set(OVERHEAD_HEADER, rec.overheadMs.toFixed(3))
+        if (request.headers.get(EXPLAIN_HEADER) === '1') res.headers.set(EXPLAIN_HEADER, this.explain(rec))
+      }
+      rec.status = res.status
+      rec.responded = true
+      if (!rec.stream || rec.streamEnded !== undefined) this.complete(rec)
+      return res
+    })
+  }
+
+  /** The request ended in an error response (the error mapper). */
+  failed(id: string, status: number): void {
+    const rec = this.open.get(id)
+    if (!rec) return
+    rec.status = status
+    rec.responded = true
+    this.complete(rec)
+  }
+
+  /** Ends a record: once, into the metrics. */
+  complete(rec: RequestRecord): void {
+    if (rec.done) return
+    rec.done = true
+    this.open.delete(rec.id)
+    const durationMs = performance.now() - rec.startedAt
+    rec.outcome =
+      rec.streamEnded !== undefined ? outcomeOfStream(rec.streamEnded) : outcomeOfStatus(rec.status)
+    this.metrics.record(rec, durationMs / 1000)
+  }
+
+  /** Why this node: the policy, its prediction for the node, the prefix it expected cached. */
+  private explain(rec: RequestRecord): string {
+    const a = rec.attempt
+    const parts = [`node=${rec.node}`, `policy=${this.policyName}`]
+    if (a?.predictedTtftMs !== undefined) parts.push(`predicted_ttft_ms=${a.predictedTtftMs.toFixed(1)}`)
+    if (a) parts.push(`prefix_cached_tokens=${a.predictedCachedTokens}`)
+    parts.push(`attempts=${rec.tried}`, `hedged=${rec.hedged}`)
+    return parts.join('; ')
+  }
+}
