@@ -15,6 +15,7 @@ import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
 import { randomBase62 } from './ids.ts'
 import type { Log } from './log.ts'
+import { AccessLog } from './metrics/access-log.ts'
 import { Telemetry } from './metrics/telemetry.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
 import { ShareBudget } from './routing/budget.ts'
@@ -37,7 +38,7 @@ export interface Services {
   readonly ledger: LedgerWriter
   readonly files: FilesService
   readonly batches: BatchService
-  /** Request metrics. */
+  /** Request metrics and the access log. */
   readonly telemetry: Telemetry
   readonly log: Log
   /** Flushes the ledger and stops timers; the store is closed by whoever opened it. */
@@ -127,7 +128,14 @@ export async function buildServices(
     log,
   })
   probes.start()
-  const telemetry = new Telemetry(config.metrics, policyOverride?.name ?? config.routing.policy)
+  const { accessLog: access } = config
+  const accessLog =
+    access.sink === 'off'
+      ? undefined
+      : new AccessLog({ ...access, sink: access.sink }, (err) =>
+          log('error', 'writing the access log failed; its lines were dropped', { error: String(err) }),
+        )
+  const telemetry = new Telemetry(config.metrics, accessLog, policyOverride?.name ?? config.routing.policy)
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,
@@ -220,6 +228,7 @@ export async function buildServices(
       await bus?.close()
       shared?.close()
       sharedLimiter?.close()
+      await accessLog?.stop()
     },
   }
 }

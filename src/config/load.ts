@@ -136,6 +136,14 @@ export interface Config {
     readonly perOrg: boolean
     readonly perOrgMax: number
   }
+  readonly accessLog: {
+    readonly sink: 'off' | 'stderr' | 'file'
+    /** Absolute. */
+    readonly path: string
+    readonly maxBytes: number
+    readonly keep: number
+    readonly bufferLines: number
+  }
   readonly models: readonly ModelConfig[]
 }
 
@@ -160,7 +168,11 @@ type Env = Record<string, string | undefined>
 /** Environment variables that override file keys (documented in docs/config.md). */
 const ENV_KEYS: Record<
   string,
-  readonly [section: 'server' | 'storage' | 'demo' | 'redis', key: string, kind: 'int' | 'str' | 'bool']
+  readonly [
+    section: 'server' | 'storage' | 'demo' | 'redis' | 'access_log',
+    key: string,
+    kind: 'int' | 'str' | 'bool',
+  ]
 > = {
   TROPA_PORT: ['server', 'port', 'int'],
   TROPA_HOST: ['server', 'host', 'str'],
@@ -175,6 +187,7 @@ const ENV_KEYS: Record<
   TROPA_REDIS_URL: ['redis', 'url', 'str'],
   TROPA_REDIS_PREFIX: ['redis', 'prefix', 'str'],
   TROPA_DEMO: ['demo', 'enabled', 'bool'],
+  TROPA_ACCESS_LOG: ['access_log', 'sink', 'str'],
 }
 /** Benchmarks compare the money path on and off in one run; this turns it off. */
 const NO_BILLING_ENV = 'TROPA_BENCH_NO_BILLING'
@@ -344,6 +357,13 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
     metrics: {
       perOrg: cfg.metrics?.per_org ?? false,
       perOrgMax: cfg.metrics?.per_org_max ?? 100,
+    },
+    accessLog: {
+      sink: cfg.access_log?.sink ?? 'off',
+      path: resolve(dataDir, cfg.access_log?.path ?? 'access.log'),
+      maxBytes: cfg.access_log?.max_bytes ?? 100 * 1024 * 1024,
+      keep: cfg.access_log?.keep ?? 5,
+      bufferLines: cfg.access_log?.buffer_lines ?? 10_000,
     },
     models,
   } satisfies Config)

@@ -222,6 +222,22 @@ export const MetricsSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const AccessLogSchema = T.Object(
+  {
+    /** One JSON line per request to a model endpoint: off (default), stderr, or a file. */
+    sink: T.Optional(T.Union([T.Literal('off'), T.Literal('stderr'), T.Literal('file')])),
+    /** The file (sink "file"), relative to server.data_dir; default access.log. */
+    path: T.Optional(T.String({ minLength: 1 })),
+    /** Rotate the file before it grows past this many bytes. */
+    max_bytes: T.Optional(T.Integer({ minimum: 4096 })),
+    /** Rotated files kept (access.log.1 …). */
+    keep: T.Optional(T.Integer({ minimum: 0, maximum: 100 })),
+    /** Lines held while the sink is busy; past this they are dropped and counted. */
+    buffer_lines: T.Optional(T.Integer({ minimum: 1, maximum: 1_000_000 })),
+  },
+  { additionalProperties: false },
+)
+
 /** The config file as written by an operator (TOML or JSON). */
 export const ConfigFileSchema = T.Object(
   {
@@ -235,6 +251,7 @@ export const ConfigFileSchema = T.Object(
     redis: T.Optional(RedisSchema),
     responses: T.Optional(ResponsesSchema),
     metrics: T.Optional(MetricsSchema),
+    access_log: T.Optional(AccessLogSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

@@ -89,7 +89,7 @@ const EMBEDDINGS = ENDPOINTS.indexOf('/v1/embeddings')
 
 /**
  * What is known about one request to a model endpoint, filled in by the pipeline as it learns it
- * and read once when the request ends (metrics). One object per request; the
+ * and read once when the request ends (metrics, access log). One object per request; the
  * pipeline's calls are plain field writes.
  */
 export class RequestRecord {

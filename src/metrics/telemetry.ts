@@ -1,4 +1,6 @@
-import { endpointOf, outcomeOfStatus, outcomeOfStream, RequestRecord } from './record.ts'
+import { formatRub } from '../billing/money.ts'
+import type { AccessLog } from './access-log.ts'
+import { ENDPOINTS, endpointOf, OUTCOMES, outcomeOfStatus, outcomeOfStream, RequestRecord } from './record.ts'
 import { RequestMetrics, type RequestMetricsOptions } from './request-metrics.ts'
 
 /** Response header: the router's own time on this request, ms. */
@@ -9,7 +11,7 @@ export const EXPLAIN_HEADER = 'x-tropa-explain'
 /**
  * The request lifecycle as the operator sees it: a record per request to a model endpoint, opened
  * when the request arrives (by its request id), filled in by the pipeline, closed once, when the
- * response (or the stream) is over, into the metrics.
+ * response (or the stream) is over, into the metrics and the access log.
  */
 export class Telemetry {
   readonly metrics: RequestMetrics
@@ -17,6 +19,7 @@ export class Telemetry {
 
   constructor(
     opts: RequestMetricsOptions,
+    readonly accessLog: AccessLog | undefined,
     /** The routing policy's name, for x-tropa-explain. */
     private readonly policyName: string,
   ) {
@@ -75,7 +78,7 @@ export class Telemetry {
     this.complete(rec)
   }
 
-  /** Ends a record: once, into the metrics. */
+  /** Ends a record: once, into the metrics and the access log. */
   complete(rec: RequestRecord): void {
     if (rec.done) return
     rec.done = true
@@ -84,6 +87,7 @@ export class Telemetry {
     rec.outcome =
       rec.streamEnded !== undefined ? outcomeOfStream(rec.streamEnded) : outcomeOfStatus(rec.status)
     this.metrics.record(rec, durationMs / 1000)
+    if (this.accessLog) this.accessLog.push(accessLine(rec, durationMs))
   }
 
   /** Why this node: the policy, its prediction for the node, the prefix it expected cached. */
@@ -96,3 +100,30 @@ export class Telemetry {
     return parts.join('; ')
   }
 }
+
+/** The access log's line: ids, never a credential (the key is named by its id only). */
+function accessLine(rec: RequestRecord, durationMs: number): string {
+  return JSON.stringify({
+    time: new Date().toISOString(),
+    request_id: rec.id,
+    org_id: rec.orgId ?? null,
+    key_id: rec.keyId ?? null,
+    endpoint: ENDPOINTS[rec.endpoint],
+    model: rec.model ?? null,
+    node: rec.node ?? null,
+    status: rec.status,
+    outcome: OUTCOMES[rec.outcome],
+    stream: rec.stream,
+    prompt_tokens: rec.promptTokens,
+    completion_tokens: rec.completionTokens,
+    cached_tokens: rec.cachedTokens,
+    cost_rub: formatRub(rec.costNano),
+    duration_ms: round3(durationMs),
+    ttft_ms: rec.ttftMs === undefined ? null : round3(rec.ttftMs),
+    overhead_ms: rec.overheadMs === undefined ? null : round3(rec.overheadMs),
+    attempts: rec.tried,
+    hedged: rec.hedged,
+  })
+}
+
+const round3 = (x: number) => Math.round(x * 1000) / 1000

@@ -1,6 +1,10 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import OpenAI from 'openai'
-import { CHAT_PRICE, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
+import { AccessLog } from '../../src/metrics/access-log.ts'
+import { ADMIN_TOKEN, CHAT_PRICE, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
 /** The value of one series of the exposition (exact label set), or 0 when it is not there. */
 function sample(text: string, name: string, labels: Record<string, string> = {}): number {
@@ -35,7 +39,7 @@ async function eventually(check: () => Promise<boolean>): Promise<void> {
   throw new Error('condition not met in 3 s')
 }
 
-describe('request metrics and headers', () => {
+describe('request metrics, access log and headers', () => {
   let t: Tropa
   beforeAll(async () => {
     t = await startTropa({
@@ -73,6 +77,7 @@ describe('request metrics and headers', () => {
           routes: [{ name: 'sim-1', base_url: a!.url, upstream_model: 'embed-up' }],
         },
       ],
+      extra: { access_log: { sink: 'file', path: 'access.log' } },
     })
   })
   afterAll(() => t.stop())
@@ -248,8 +253,64 @@ describe('request metrics and headers', () => {
     expect(text).toMatch(/^tropa_ledger_queue_depth \d+$/m)
     expect(text).toMatch(/^tropa_batches\{status="in_progress"\} \d+$/m)
     expect(text).toMatch(/^tropa_batch_lines_pending \d+$/m)
+    expect(text).toMatch(/^tropa_access_log_dropped_total 0$/m)
     // The per-node gauges are still there.
     expect(text).toMatch(/^tropa_upstream_in_flight\{node="sim-1"\} \d+$/m)
+  })
+
+  test('the access log has one line per request with its fields, and no secret', async () => {
+    // Credentials that must never be written: the API key, the master key, the admin token
+    // (here presented to a model endpoint, which refuses it).
+    const denied = await t.fetch(CHAT, {
+      method: 'POST',
+      key: ADMIN_TOKEN,
+      body: JSON.stringify({ model: 'test/chat', messages }),
+    })
+    expect(denied.status).toBe(403)
+    const { response } = await t
+      .client()
+      .chat.completions.create({ model: 'test/chat', messages, max_tokens: 7 })
+      .withResponse()
+    const id = response.headers.get('x-request-id')!
+    const path = join(t.dir, 'access.log')
+    let lines: Record<string, unknown>[] = []
+    await eventually(async () => {
+      lines = readFileSync(path, 'utf8')
+        .split('\n')
+        .filter((l) => l.length > 0)
+        .map((l) => JSON.parse(l))
+      return lines.some((l) => l.request_id === id)
+    })
+    const line = lines.find((l) => l.request_id === id)!
+    expect(line).toMatchObject({
+      org_id: t.orgId,
+      endpoint: CHAT,
+      model: 'test/chat',
+      node: response.headers.get('x-tropa-node'),
+      status: 200,
+      outcome: 'ok',
+      stream: false,
+      attempts: 1,
+      hedged: false,
+    })
+    expect(line.key_id).toMatch(/^key_/)
+    expect(typeof line.time).toBe('string')
+    expect(line.prompt_tokens).toBeGreaterThan(0)
+    expect(line.cost_rub).toBe(response.headers.get('x-tropa-cost-rub'))
+    for (const f of ['duration_ms', 'ttft_ms', 'overhead_ms']) expect(typeof line[f]).toBe('number')
+    expect(line.ttft_ms as number).toBeLessThanOrEqual(line.duration_ms as number)
+
+    // One line per request: ids are unique, and every request of this file so far is there.
+    const ids = lines.map((l) => l.request_id)
+    expect(new Set(ids).size).toBe(ids.length)
+    const deniedLine = lines.find((l) => l.request_id === denied.headers.get('x-request-id'))
+    expect(deniedLine).toMatchObject({ status: 403, outcome: 'client_error', key_id: null })
+    const counted = sample(await metrics(t), 'tropa_requests_total', ok)
+    expect(lines.filter((l) => l.model === 'test/chat' && l.outcome === 'ok').length).toBe(counted)
+
+    const text = readFileSync(path, 'utf8')
+    for (const secret of [t.apiKey, t.masterKey, ADMIN_TOKEN]) expect(text).not.toContain(secret)
+    expect(text).not.toContain(t.apiKey.slice(3, 20))
   })
 
   test('every request record was closed (none left open)', async () => {
@@ -300,5 +361,46 @@ describe('per-organization labels off (the default)', () => {
     expect(sample(text, 'tropa_requests_total', okLabels)).toBe(1)
     expect(text).not.toContain('org=')
     expect(text).not.toContain(t.orgId)
+  })
+})
+
+describe('access log sink', () => {
+  test('a file is rotated by size, keeping `keep` old ones', async () => {
+    const t = await startTropa({
+      extra: { access_log: { sink: 'file', path: 'rot.log', max_bytes: 4096, keep: 2 } },
+    })
+    try {
+      const client = t.client()
+      for (let i = 0; i < 40; i++)
+        await client.chat.completions.create({ model: 'test/chat', messages, max_tokens: 2 })
+      const path = join(t.dir, 'rot.log')
+      await eventually(async () => existsSync(`${path}.2`))
+      for (const f of [path, `${path}.1`, `${path}.2`]) {
+        expect(statSync(f).size).toBeLessThanOrEqual(4096)
+        for (const line of readFileSync(f, 'utf8').trim().split('\n'))
+          expect(JSON.parse(line).status).toBe(200)
+      }
+      expect(existsSync(`${path}.3`)).toBe(false)
+    } finally {
+      await t.stop()
+    }
+  })
+
+  test('a full buffer drops lines and counts them; it never waits', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tropa-access-'))
+    try {
+      const log = new AccessLog(
+        { sink: 'file', path: join(dir, 'a.log'), maxBytes: 1 << 20, keep: 1, bufferLines: 2 },
+        () => {},
+      )
+      // Five lines in one turn of the event loop: the buffer holds two, three are dropped.
+      for (let i = 0; i < 5; i++) log.push(JSON.stringify({ i }))
+      expect(log.dropped).toBe(3)
+      await log.stop()
+      expect(log.written).toBe(2)
+      expect(readFileSync(join(dir, 'a.log'), 'utf8')).toBe('{"i":0}\n{"i":1}\n')
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
   })
 })

@@ -109,13 +109,20 @@ function metricsText(svc: Services): string {
 /** Batches not finished yet, by status (terminal ones are history: the API lists them). */
 const OPEN_BATCH_STATUSES = ['validating', 'in_progress', 'finalizing', 'cancelling'] as const
 
-/** The ledger's queue and the batches (read from the store at each scrape). */
+/** The ledger's queue, the access log's drops, and the batches (read from the store at each scrape). */
 async function operationsText(svc: Services): Promise<string> {
   const lines = [
     '# HELP tropa_ledger_queue_depth Ledger rows settled and not yet written to the store.',
     '# TYPE tropa_ledger_queue_depth gauge',
     `tropa_ledger_queue_depth ${svc.ledger.backlog}`,
   ]
+  const access = svc.telemetry.accessLog
+  if (access)
+    lines.push(
+      '# HELP tropa_access_log_dropped_total Access log lines dropped because the sink fell behind.',
+      '# TYPE tropa_access_log_dropped_total counter',
+      `tropa_access_log_dropped_total ${access.dropped}`,
+    )
   try {
     const open = await svc.store.batchesInStatus(OPEN_BATCH_STATUSES)
     const byStatus = new Map<string, number>(OPEN_BATCH_STATUSES.map((s) => [s, 0]))
