@@ -313,6 +313,17 @@ describe('request metrics, access log and headers', () => {
     expect(text).not.toContain(t.apiKey.slice(3, 20))
   })
 
+  test('the Grafana dashboard and the alert rules ask only for metrics Tropa exports', async () => {
+    const exported = new Set([...(await metrics(t)).matchAll(/^# TYPE (\S+) /gm)].map((m) => m[1]!))
+    const docs = join(import.meta.dir, '../../docs/observability')
+    const asked = `${readFileSync(join(docs, 'grafana-dashboard.json'), 'utf8')}${readFileSync(join(docs, 'alerts.yml'), 'utf8')}`
+    const names = new Set(
+      [...asked.matchAll(/\btropa_[a-z_]+/g)].map((m) => m[0].replace(/_(bucket|sum|count)$/, '')),
+    )
+    expect(names.size).toBeGreaterThan(10)
+    for (const name of names) expect({ name, exported: exported.has(name) }).toEqual({ name, exported: true })
+  })
+
   test('every request record was closed (none left open)', async () => {
     await eventually(async () => t.svc.telemetry.openCount === 0)
   })
