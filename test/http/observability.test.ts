@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import Anthropic from '@anthropic-ai/sdk'
 import OpenAI from 'openai'
 import { AccessLog } from '../../src/metrics/access-log.ts'
 import { ADMIN_TOKEN, CHAT_PRICE, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
@@ -235,6 +236,57 @@ describe('request metrics, access log and headers', () => {
     await eventually(async () => sample(await metrics(t), 'tropa_requests_total', cancelled) === before + 1)
   })
 
+  test('a client that gives up before a JSON answer is counted cancelled (499)', async () => {
+    const cancelled = { endpoint: CHAT, model: 'test/slow', outcome: 'cancelled' }
+    const before = sample(await metrics(t), 'tropa_requests_total', cancelled)
+    const abort = new AbortController()
+    const pending = t
+      .client()
+      .chat.completions.create({ model: 'test/slow', messages, max_tokens: 400 }, { signal: abort.signal })
+      .catch((e: unknown) => e)
+    await Bun.sleep(150)
+    abort.abort()
+    expect(await pending).toBeInstanceOf(Error)
+    await eventually(async () => sample(await metrics(t), 'tropa_requests_total', cancelled) === before + 1)
+    const dur = { endpoint: CHAT, model: 'test/slow', status: '4xx' }
+    expect(sample(await metrics(t), 'tropa_request_duration_seconds_count', dur)).toBeGreaterThanOrEqual(1)
+  })
+
+  test('the other front ends go through the same record: messages, responses, legacy completions', async () => {
+    const before = await metrics(t)
+    const anthropic = new Anthropic({ baseURL: t.url, apiKey: t.apiKey, maxRetries: 0 })
+    const msg = await anthropic.messages
+      .create({ model: 'test/chat', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] })
+      .withResponse()
+    expect(msg.response.headers.get('x-tropa-overhead-ms')).toMatch(/^\d+(\.\d+)?$/)
+    const streamed = anthropic.messages.stream({
+      model: 'test/slow',
+      max_tokens: 6,
+      messages: [{ role: 'user', content: 'hi' }],
+    })
+    await streamed.finalMessage()
+    const client = t.client()
+    const resp = await client.responses
+      .create({ model: 'test/chat', input: 'hi', max_output_tokens: 16 })
+      .withResponse()
+    expect(resp.response.headers.get('x-tropa-overhead-ms')).toMatch(/^\d+(\.\d+)?$/)
+    const legacy = await client.completions
+      .create({ model: 'test/chat', prompt: 'hi', max_tokens: 5 })
+      .withResponse()
+    expect(legacy.response.headers.get('x-tropa-overhead-ms')).toMatch(/^\d+(\.\d+)?$/)
+    const delta = async (endpoint: string, model: string) => {
+      const labels = { endpoint, model, outcome: 'ok' }
+      return (
+        sample(await metrics(t), 'tropa_requests_total', labels) -
+        sample(before, 'tropa_requests_total', labels)
+      )
+    }
+    expect(await delta('/v1/messages', 'test/chat')).toBe(1)
+    await eventually(async () => (await delta('/v1/messages', 'test/slow')) === 1)
+    expect(await delta('/v1/responses', 'test/chat')).toBe(1)
+    expect(await delta('/v1/completions', 'test/chat')).toBe(1)
+  })
+
   test('embeddings are measured too, without a first token', async () => {
     const before = await metrics(t)
     await t.client().embeddings.create({ model: 'test/embed', input: 'hello' })
@@ -306,7 +358,9 @@ describe('request metrics, access log and headers', () => {
     const deniedLine = lines.find((l) => l.request_id === denied.headers.get('x-request-id'))
     expect(deniedLine).toMatchObject({ status: 403, outcome: 'client_error', key_id: null })
     const counted = sample(await metrics(t), 'tropa_requests_total', ok)
-    expect(lines.filter((l) => l.model === 'test/chat' && l.outcome === 'ok').length).toBe(counted)
+    expect(
+      lines.filter((l) => l.endpoint === CHAT && l.model === 'test/chat' && l.outcome === 'ok').length,
+    ).toBe(counted)
 
     const text = readFileSync(path, 'utf8')
     for (const secret of [t.apiKey, t.masterKey, ADMIN_TOKEN]) expect(text).not.toContain(secret)
