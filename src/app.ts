@@ -69,7 +69,7 @@ export function createApp(svc: Services) {
     .onRequest(({ request, set }) => {
       const id = requestId()
       set.headers['x-request-id'] = id
-      svc.telemetry.begin(id, request.method, request.url)
+      svc.telemetry.begin(id, request)
       // Tropa's own header limit, below the runtime's (RUNTIME_HEADER_BYTES, whose refusal has no
       // body), so that a 431 carries OpenAI's error body like every other refusal.
       if (headersOver(request.headers, maxHeaderBytes)) throw new HeadersTooLarge(maxHeaderBytes)

@@ -30,20 +30,34 @@ export const STATUS_CLASSES = ['2xx', '4xx', '5xx'] as const
 
 /**
  * The endpoint index of a POST to a model endpoint, else -1. Reads the path in place (no URL
- * object per request): the first character after `/v1/` tells the candidates apart.
+ * object per request): the character after `/v1/` names the one candidate, checked whole once.
  */
 export function endpointOf(method: string, url: string): number {
   if (method !== 'POST') return -1
   const at = url.indexOf('/', url.indexOf('//') + 2)
-  if (at < 0 || !url.startsWith('/v1/', at)) return -1
-  for (let i = 0; i < ENDPOINTS.length; i++) {
-    const path = ENDPOINTS[i]!
-    if (url.charCodeAt(at + 4) !== path.charCodeAt(4) || !url.startsWith(path, at)) continue
-    const next = url.charCodeAt(at + path.length)
-    // The exact path, or with a query; not a longer path (/v1/messages/count_tokens).
-    if (Number.isNaN(next) || next === 63 /* ? */) return i
+  if (at < 0) return -1
+  let i: number
+  switch (url.charCodeAt(at + 4)) {
+    case 99 /* c */:
+      i = url.charCodeAt(at + 5) === 104 /* h */ ? 0 : 1
+      break
+    case 114 /* r */:
+      i = 2
+      break
+    case 109 /* m */:
+      i = 3
+      break
+    case 101 /* e */:
+      i = 4
+      break
+    default:
+      return -1
   }
-  return -1
+  const path = ENDPOINTS[i]!
+  if (!url.startsWith(path, at)) return -1
+  // The exact path, or with a query; not a longer path (/v1/messages/count_tokens).
+  const end = at + path.length
+  return end === url.length || url.charCodeAt(end) === 63 /* ? */ ? i : -1
 }
 
 /** The outcome of a request answered with an error status. */
@@ -120,6 +134,8 @@ export class RequestRecord {
   /** A stream's end, as the relay tells it (undefined until it ended). */
   streamEnded: string | undefined
   done = false
+  /** The request asked for x-tropa-explain. */
+  explain = false
 
   constructor(
     private readonly owner: RecordOwner,

@@ -269,7 +269,11 @@ export async function runModelCall(
     session: call.session,
   }
   const completionId = call.completionId
-  const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
+  const headers = (c: Candidate): Record<string, string> => {
+    const h: Record<string, string> = { 'x-request-id': requestId, 'x-tropa-node': c.node.name }
+    if (rec) deps.telemetry.stamp(rec, h)
+    return h
+  }
   // What is billed, and shown to the client: the upstream's usage when it is sane
   // (sanitizeUsage), else Tropa's own counts, marked estimated.
   const billed = (usage: Usage | undefined, completionTokens: () => number): Usage =>

@@ -119,14 +119,14 @@ export async function createEmbeddings(
             cost_rub: costRub,
           })
         : withCost(value.text, costRub)
-    return new Response(shown, {
-      headers: {
-        'content-type': 'application/json',
-        'x-request-id': requestId,
-        'x-tropa-node': candidate.node.name,
-        'x-tropa-cost-rub': formatRub(charged),
-      },
-    })
+    const headers: Record<string, string> = {
+      'content-type': 'application/json',
+      'x-request-id': requestId,
+      'x-tropa-node': candidate.node.name,
+      'x-tropa-cost-rub': formatRub(charged),
+    }
+    if (rec) deps.telemetry.stamp(rec, headers)
+    return new Response(shown, { headers })
   } catch (err) {
     deps.meter.release(reservation)
     throw err

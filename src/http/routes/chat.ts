@@ -12,7 +12,6 @@ export const chatRoutes = (svc: Services) =>
       const id = set.headers['x-request-id'] as string
       return svc.telemetry.answered(
         id,
-        request,
         chatCompletion(
           svc.deps,
           payerOf(principal),

@@ -12,7 +12,6 @@ export const completionRoutes = (svc: Services) =>
       const id = set.headers['x-request-id'] as string
       return svc.telemetry.answered(
         id,
-        request,
         textCompletion(
           svc.deps,
           payerOf(principal),

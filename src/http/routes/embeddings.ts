@@ -12,7 +12,6 @@ export const embeddingRoutes = (svc: Services) =>
       const id = set.headers['x-request-id'] as string
       return svc.telemetry.answered(
         id,
-        request,
         createEmbeddings(svc.deps, payerOf(principal), body as EmbeddingRequest, request.signal, id),
       )
     },

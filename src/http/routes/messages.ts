@@ -19,7 +19,6 @@ export const messageRoutes = (svc: Services) =>
         const id = set.headers['x-request-id'] as string
         return svc.telemetry.answered(
           id,
-          request,
           createMessage(
             svc.deps,
             payerOf(principal),

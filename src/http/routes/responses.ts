@@ -24,7 +24,6 @@ export const responseRoutes = (svc: Services) => {
         const id = set.headers['x-request-id'] as string
         return svc.telemetry.answered(
           id,
-          request,
           responses.create(
             payer,
             body as ResponsesRequest,
