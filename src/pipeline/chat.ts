@@ -380,7 +380,7 @@ export async function runModelCall(
         if (usage || text.length <= COUNT_SLICE_CHARS)
           return void settle(candidate, usage, () => countTokens(text), outcome)
         // A long answer cut short (say many streams cut at once) is counted a slice at a time.
-        countTokensYielding(text).then(
+        return countTokensYielding(text).then(
           (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
           (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
         )
@@ -579,7 +579,8 @@ function relayStream(
   relay: ChatStreamRelay,
   attempt: Attempt,
   reservation: Reservation,
-  settle: (usage: Usage | undefined, outcome: string) => void,
+  /** Returns a promise when the charge is settled later (a long answer counted a slice at a time). */
+  settle: (usage: Usage | undefined, outcome: string) => Promise<void> | undefined,
   cut: (() => void) | undefined,
   rec: RequestRecord | undefined,
 ): ReadableStream<Uint8Array> {
@@ -599,8 +600,12 @@ function relayStream(
     deps.watchdog.clear(deadline)
     const usage = relay.usage
     finishAttempt(deps, attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
-    if (!reservation.done) settle(relay.usage, outcome)
-    rec?.ended(outcome, firstChunkAtMs, lastChunkAtMs)
+    const later = reservation.done ? undefined : settle(relay.usage, outcome)
+    // The record ends with what was billed, so after a charge counted later.
+    if (rec) {
+      if (later) void later.then(() => rec.ended(outcome, firstChunkAtMs, lastChunkAtMs))
+      else rec.ended(outcome, firstChunkAtMs, lastChunkAtMs)
+    }
   }
   const errorEvent = (message: string, code: string) =>
     sseEvent({ error: { message, type: 'upstream_error', param: null, code } })

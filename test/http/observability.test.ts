@@ -49,8 +49,9 @@ describe('request metrics, access log and headers', () => {
         { name: 'sim-2', timeScale: 0, seed: 2 },
         { name: 'slow', timeScale: 1, itlMs: 5, ignoreEos: true, seed: 3 },
         { name: 'broken', timeScale: 0, faults: { errorRate: 1 } },
+        { name: 'long', timeScale: 1, itlMs: 1, ignoreEos: true, seed: 4 },
       ],
-      models: ([a, b, slow, broken]) => [
+      models: ([a, b, slow, broken, long]) => [
         {
           id: 'test/chat',
           context_length: 4096,
@@ -62,6 +63,12 @@ describe('request metrics, access log and headers', () => {
           context_length: 4096,
           pricing: CHAT_PRICE,
           routes: [{ name: 'slow', base_url: slow!.url, upstream_model: 'chat-up' }],
+        },
+        {
+          id: 'test/long',
+          context_length: 16384,
+          pricing: CHAT_PRICE,
+          routes: [{ name: 'long', base_url: long!.url, upstream_model: 'chat-up' }],
         },
         {
           id: 'test/broken',
@@ -234,6 +241,30 @@ describe('request metrics, access log and headers', () => {
       .chat.completions.create({ model: 'test/slow', messages, max_tokens: 400, stream: true })
     for await (const _ of stream) break
     await eventually(async () => sample(await metrics(t), 'tropa_requests_total', cancelled) === before + 1)
+  })
+
+  test('a long stream cut by its client: the tokens counted later still reach the metrics', async () => {
+    const labels = { model: 'test/long', type: 'completion' }
+    const cancelled = { endpoint: CHAT, model: 'test/long', outcome: 'cancelled' }
+    const before = await metrics(t)
+    const stream = await t
+      .client()
+      .chat.completions.create({ model: 'test/long', messages, max_tokens: 6000, stream: true })
+    let text = ''
+    // Past 8 KiB of text, a cut stream's tokens are counted a slice at a time, after it ended.
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta.content ?? ''
+      if (text.length > 9_000) break
+    }
+    await eventually(
+      async () =>
+        sample(await metrics(t), 'tropa_requests_total', cancelled) -
+          sample(before, 'tropa_requests_total', cancelled) ===
+        1,
+    )
+    const billed =
+      sample(await metrics(t), 'tropa_tokens_total', labels) - sample(before, 'tropa_tokens_total', labels)
+    expect(billed).toBeGreaterThan(1000)
   })
 
   test('a client that gives up before a JSON answer is counted cancelled (499)', async () => {
