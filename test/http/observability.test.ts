@@ -470,7 +470,9 @@ describe('access log sink', () => {
       for (let i = 0; i < 40; i++)
         await client.chat.completions.create({ model: 'test/chat', messages, max_tokens: 2 })
       const path = join(t.dir, 'rot.log')
-      await eventually(async () => existsSync(`${path}.2`))
+      // Flushed and closed: no write or rotation is under way while the files are read.
+      await t.svc.telemetry.accessLog!.stop()
+      expect(t.svc.telemetry.accessLog!.written).toBe(40)
       for (const f of [path, `${path}.1`, `${path}.2`]) {
         expect(statSync(f).size).toBeLessThanOrEqual(4096)
         for (const line of readFileSync(f, 'utf8').trim().split('\n'))
