@@ -135,7 +135,12 @@ export async function buildServices(
       : new AccessLog({ ...access, sink: access.sink }, (err) =>
           log('error', 'writing the access log failed; its lines were dropped', { error: String(err) }),
         )
-  const telemetry = new Telemetry(config.metrics, accessLog, policyOverride?.name ?? config.routing.policy)
+  const telemetry = new Telemetry(
+    config.metrics,
+    accessLog,
+    policyOverride?.name ?? config.routing.policy,
+    config.accessLog,
+  )
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,

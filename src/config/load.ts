@@ -143,6 +143,10 @@ export interface Config {
     readonly maxBytes: number
     readonly keep: number
     readonly bufferLines: number
+    readonly bufferBytes: number
+    readonly captureOrgs: readonly string[]
+    readonly captureKeys: readonly string[]
+    readonly captureMaxChars: number
   }
   readonly models: readonly ModelConfig[]
 }
@@ -281,6 +285,12 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
   const balance = parseRub(cfg.demo?.balance_rub ?? '1000', 6)
   if (balance === undefined)
     problems.push(`${source}: demo.balance_rub must have at most six fractional digits`)
+  const capturing =
+    (cfg.access_log?.capture_orgs?.length ?? 0) + (cfg.access_log?.capture_keys?.length ?? 0) > 0
+  if (capturing && (cfg.access_log?.sink ?? 'off') === 'off')
+    problems.push(
+      `${source}: access_log.capture_orgs / capture_keys name whose bodies to write into the access log, which is off. Fix: set access_log.sink to "stderr" or "file", or remove them`,
+    )
   if (problems.length > 0) throw new ConfigError(problems)
 
   const dataDir = resolve(cfg.server?.data_dir ?? './tropa-data')
@@ -364,6 +374,10 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       maxBytes: cfg.access_log?.max_bytes ?? 100 * 1024 * 1024,
       keep: cfg.access_log?.keep ?? 5,
       bufferLines: cfg.access_log?.buffer_lines ?? 10_000,
+      bufferBytes: cfg.access_log?.buffer_bytes ?? 16 * 1024 * 1024,
+      captureOrgs: cfg.access_log?.capture_orgs ?? [],
+      captureKeys: cfg.access_log?.capture_keys ?? [],
+      captureMaxChars: cfg.access_log?.capture_max_chars ?? 32_768,
     },
     models,
   } satisfies Config)

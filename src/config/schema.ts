@@ -234,6 +234,14 @@ export const AccessLogSchema = T.Object(
     keep: T.Optional(T.Integer({ minimum: 0, maximum: 100 })),
     /** Lines held while the sink is busy; past this they are dropped and counted. */
     buffer_lines: T.Optional(T.Integer({ minimum: 1, maximum: 1_000_000 })),
+    /** Bytes held while the sink is busy (captured bodies make lines big); past this, dropped. */
+    buffer_bytes: T.Optional(T.Integer({ minimum: 65_536, maximum: 1024 * 1024 * 1024 })),
+    /** Organizations whose request and response bodies are written into their lines (redacted). */
+    capture_orgs: T.Optional(T.Array(T.String({ minLength: 1 }), { maxItems: 10_000 })),
+    /** API keys (key ids) whose request and response bodies are written into their lines. */
+    capture_keys: T.Optional(T.Array(T.String({ minLength: 1 }), { maxItems: 10_000 })),
+    /** A captured body longer than this many characters is cut there. */
+    capture_max_chars: T.Optional(T.Integer({ minimum: 256, maximum: 16 * 1024 * 1024 })),
   },
   { additionalProperties: false },
 )

@@ -12,6 +12,8 @@ export interface AccessLogOptions {
   readonly keep: number
   /** Lines held while a write is under way; past this, lines are dropped and counted. */
   readonly bufferLines: number
+  /** Characters held (lines with captured bodies are big); past this, lines are dropped and counted. */
+  readonly bufferBytes: number
 }
 
 /**
@@ -26,6 +28,7 @@ export class AccessLog {
   /** Lines written. */
   written = 0
   private lines: string[] = []
+  private queuedChars = 0
   private scheduled = false
   private writing: Promise<void> | undefined
   private file: FileHandle | undefined
@@ -39,11 +42,16 @@ export class AccessLog {
 
   /** Queues one line (a JSON object's text, without the newline). */
   push(line: string): void {
-    if (this.stopped || this.lines.length >= this.opts.bufferLines) {
+    if (
+      this.stopped ||
+      this.lines.length >= this.opts.bufferLines ||
+      this.queuedChars + line.length > this.opts.bufferBytes
+    ) {
       this.dropped++
       return
     }
     this.lines.push(line)
+    this.queuedChars += line.length
     if (!this.scheduled && this.writing === undefined) {
       this.scheduled = true
       setImmediate(this.flush)
@@ -55,6 +63,7 @@ export class AccessLog {
     if (this.lines.length === 0 || this.writing !== undefined) return
     const batch = this.lines
     this.lines = []
+    this.queuedChars = 0
     const text = `${batch.join('\n')}\n`
     this.writing = this.write(text, batch.length)
       .catch((err) => {

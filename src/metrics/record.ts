@@ -136,6 +136,10 @@ export class RequestRecord {
   done = false
   /** The request asked for x-tropa-explain. */
   explain = false
+  /** The parsed request body, kept only while bodies are captured for someone (access_log.capture_*). */
+  requestBody: unknown
+  /** The JSON answer's text, read from a copy when this request's bodies are captured. */
+  responseText: string | undefined
 
   constructor(
     private readonly owner: RecordOwner,

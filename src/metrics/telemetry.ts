@@ -1,4 +1,5 @@
 import { formatRub } from '../billing/money.ts'
+import { redactCredentials } from '../upstream/redact.ts'
 import type { AccessLog } from './access-log.ts'
 import { ENDPOINTS, endpointOf, OUTCOMES, outcomeOfStatus, outcomeOfStream, RequestRecord } from './record.ts'
 import { RequestMetrics, type RequestMetricsOptions } from './request-metrics.ts'
@@ -8,6 +9,13 @@ export const OVERHEAD_HEADER = 'x-tropa-overhead-ms'
 /** Request header `x-tropa-explain: 1` asks for a response header of the same name: why that node. */
 export const EXPLAIN_HEADER = 'x-tropa-explain'
 
+/** Whose request and response bodies go into their access log lines (access_log.capture_*). */
+export interface CaptureOptions {
+  readonly captureOrgs: readonly string[]
+  readonly captureKeys: readonly string[]
+  readonly captureMaxChars: number
+}
+
 /**
  * The request lifecycle as the operator sees it: a record per request to a model endpoint, opened
  * when the request arrives (by its request id), filled in by the pipeline, closed once, when the
@@ -16,14 +24,37 @@ export const EXPLAIN_HEADER = 'x-tropa-explain'
 export class Telemetry {
   readonly metrics: RequestMetrics
   private readonly open = new Map<string, RequestRecord>()
+  /** Undefined unless someone's bodies are captured (then requests keep their body until they end). */
+  private readonly capture:
+    | { orgs: ReadonlySet<string>; keys: ReadonlySet<string>; maxChars: number }
+    | undefined
 
   constructor(
     opts: RequestMetricsOptions,
     readonly accessLog: AccessLog | undefined,
     /** The routing policy's name, for x-tropa-explain. */
     private readonly policyName: string,
+    capture?: CaptureOptions,
   ) {
     this.metrics = new RequestMetrics(opts)
+    this.capture =
+      accessLog && capture && capture.captureOrgs.length + capture.captureKeys.length > 0
+        ? {
+            orgs: new Set(capture.captureOrgs),
+            keys: new Set(capture.captureKeys),
+            maxChars: capture.captureMaxChars,
+          }
+        : undefined
+  }
+
+  /** Whether this request's bodies go into its access log line. */
+  private captured(rec: RequestRecord): boolean {
+    const c = this.capture
+    return (
+      c !== undefined &&
+      ((rec.orgId !== undefined && c.orgs.has(rec.orgId)) ||
+        (rec.keyId !== undefined && c.keys.has(rec.keyId)))
+    )
   }
 
   /** Requests begun and not yet ended (a leak shows here). */
@@ -62,14 +93,31 @@ export class Telemetry {
     if (rec.explain) headers[EXPLAIN_HEADER] = this.explain(rec)
   }
 
-  /** The handler's answer: ends the record, unless a stream is still running (the relay ends it). */
-  answered(id: string, answer: Promise<Response>): Promise<Response> {
+  /**
+   * The handler's answer: ends the record, unless a stream is still running (the relay ends it).
+   * `body` is the parsed request, kept only while bodies are captured for someone.
+   */
+  answered(id: string, answer: Promise<Response>, body?: unknown): Promise<Response> {
     const rec = this.open.get(id)
     if (!rec) return answer
+    if (this.capture) rec.requestBody = body
     return answer.then((res) => {
       rec.status = res.status
       rec.responded = true
-      if (!rec.stream || rec.streamEnded !== undefined) this.complete(rec)
+      if (rec.stream && rec.streamEnded === undefined) return res
+      if (this.captured(rec) && res.body !== null) {
+        // A copy read in the background; the client's answer goes out meanwhile.
+        res
+          .clone()
+          .text()
+          .then(
+            (text) => {
+              rec.responseText = text
+            },
+            () => {},
+          )
+          .finally(() => this.complete(rec))
+      } else this.complete(rec)
       return res
     })
   }
@@ -92,7 +140,24 @@ export class Telemetry {
     rec.outcome =
       rec.streamEnded !== undefined ? outcomeOfStream(rec.streamEnded) : outcomeOfStatus(rec.status)
     this.metrics.record(rec, durationMs / 1000)
-    if (this.accessLog) this.accessLog.push(accessLine(rec, durationMs))
+    const log = this.accessLog
+    if (!log) return
+    if (!this.captured(rec)) {
+      log.push(accessLine(rec, durationMs))
+      return
+    }
+    // Serialised and redacted at the next turn, off the request's path.
+    const maxChars = this.capture!.maxChars
+    setImmediate(() => {
+      let request: string | null = null
+      try {
+        request = rec.requestBody === undefined ? null : bounded(JSON.stringify(rec.requestBody), maxChars)
+      } catch {
+        request = null
+      }
+      const response = rec.responseText === undefined ? null : bounded(rec.responseText, maxChars)
+      log.push(accessLine(rec, durationMs, request, response))
+    })
   }
 
   /** Why this node: the policy, its prediction for the node, the prefix it expected cached. */
@@ -106,9 +171,24 @@ export class Telemetry {
   }
 }
 
-/** The access log's line: ids, never a credential (the key is named by its id only). */
-function accessLine(rec: RequestRecord, durationMs: number): string {
-  return JSON.stringify({
+/** A captured body: credentials redacted, cut at `maxChars`. */
+function bounded(text: string, maxChars: number): string {
+  const cut = text.length > maxChars
+  const redacted = redactCredentials(cut ? text.slice(0, maxChars) : text)
+  return cut ? `${redacted}…[cut at ${maxChars} of ${text.length} chars]` : redacted
+}
+
+/**
+ * The access log's line: ids, never a credential (the key is named by its id only); the bodies,
+ * redacted, when they are captured for this request.
+ */
+function accessLine(
+  rec: RequestRecord,
+  durationMs: number,
+  requestBody?: string | null,
+  responseBody?: string | null,
+): string {
+  const line = {
     time: new Date().toISOString(),
     request_id: rec.id,
     org_id: rec.orgId ?? null,
@@ -128,7 +208,12 @@ function accessLine(rec: RequestRecord, durationMs: number): string {
     overhead_ms: rec.overheadMs === undefined ? null : round3(rec.overheadMs),
     attempts: rec.tried,
     hedged: rec.hedged,
-  })
+  }
+  return JSON.stringify(
+    requestBody === undefined
+      ? line
+      : { ...line, request_body: requestBody, response_body: responseBody ?? null },
+  )
 }
 
 const round3 = (x: number) => Math.round(x * 1000) / 1000

@@ -21,6 +21,7 @@ export const chatRoutes = (svc: Services) =>
           request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
           () => server?.timeout(request, 1),
         ),
+        body,
       )
     },
     {

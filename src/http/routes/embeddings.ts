@@ -13,6 +13,7 @@ export const embeddingRoutes = (svc: Services) =>
       return svc.telemetry.answered(
         id,
         createEmbeddings(svc.deps, payerOf(principal), body as EmbeddingRequest, request.signal, id),
+        body,
       )
     },
     {

@@ -28,6 +28,7 @@ export const messageRoutes = (svc: Services) =>
             request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
             () => server?.timeout(request, 1),
           ),
+          body,
         )
       },
       {

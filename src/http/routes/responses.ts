@@ -34,6 +34,7 @@ export const responseRoutes = (svc: Services) => {
               undefined,
             () => server?.timeout(request, 1),
           ),
+          body,
         )
       },
       {
