@@ -105,7 +105,7 @@ export class Telemetry {
       rec.status = res.status
       rec.responded = true
       if (rec.stream && rec.streamEnded === undefined) return res
-      if (this.captured(rec) && res.body !== null) {
+      if (!rec.stream && res.body !== null && this.captured(rec)) {
         // A copy read in the background; the client's answer goes out meanwhile.
         res
           .clone()
