@@ -3,7 +3,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import Anthropic from '@anthropic-ai/sdk'
-import OpenAI from 'openai'
+import OpenAI, { toFile } from 'openai'
 import { AccessLog } from '../../src/metrics/access-log.ts'
 import { ADMIN_TOKEN, CHAT_PRICE, newApiKey, startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -597,5 +597,55 @@ describe('body capture', () => {
     expect(line.status).toBe(200)
     expect('request_body' in line).toBe(false)
     expect('response_body' in line).toBe(false)
+  })
+})
+
+describe('batch gauges', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    t = await startTropa({
+      nodes: [{ name: 'slow', timeScale: 1, itlMs: 50, ignoreEos: true, seed: 5 }],
+      models: ([slow]) => [
+        {
+          id: 'test/chat',
+          context_length: 4096,
+          pricing: CHAT_PRICE,
+          routes: [{ name: 'slow', base_url: slow!.url, upstream_model: 'chat-up' }],
+        },
+      ],
+    })
+  })
+  afterAll(() => t.stop())
+
+  test('a running batch shows in tropa_batches and its lines in tropa_batch_lines_pending', async () => {
+    const text0 = await metrics(t)
+    expect(sample(text0, 'tropa_batches', { status: 'in_progress' })).toBe(0)
+    const c = t.client()
+    const lines = [1, 2, 3].map((i) =>
+      JSON.stringify({
+        custom_id: `l${i}`,
+        method: 'POST',
+        url: '/v1/chat/completions',
+        body: { model: 'test/chat', messages, max_tokens: 100 },
+      }),
+    )
+    const file = await c.files.create({
+      file: await toFile(Buffer.from(`${lines.join('\n')}\n`), 'b.jsonl'),
+      purpose: 'batch',
+    })
+    const b = await c.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    })
+    // Each line takes about 5 s on this node: the batch is seen running with its lines pending.
+    await eventually(async () => {
+      const text = await metrics(t)
+      return (
+        sample(text, 'tropa_batches', { status: 'in_progress' }) === 1 &&
+        sample(text, 'tropa_batch_lines_pending', {}) === 3
+      )
+    })
+    await c.batches.cancel(b.id)
   })
 })
