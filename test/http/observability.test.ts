@@ -649,3 +649,42 @@ describe('batch gauges', () => {
     await c.batches.cancel(b.id)
   })
 })
+
+describe('x-tropa-explain after a failover', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    t = await startTropa({
+      nodes: [
+        { name: 'bad', timeScale: 0, faults: { errorRate: 1 } },
+        { name: 'good', timeScale: 0, seed: 2 },
+      ],
+      // The failing node looks ten times better, so it is tried first.
+      models: ([bad, good]) => [
+        {
+          id: 'test/chat',
+          context_length: 4096,
+          pricing: CHAT_PRICE,
+          routes: [
+            { name: 'bad', base_url: bad!.url, upstream_model: 'chat-up', weight: 10 },
+            { name: 'good', base_url: good!.url, upstream_model: 'chat-up', weight: 1 },
+          ],
+        },
+      ],
+    })
+  })
+  afterAll(() => t.stop())
+
+  test('names the node that answered and counts both attempts', async () => {
+    const res = await t.fetch(CHAT, {
+      method: 'POST',
+      headers: { 'x-tropa-explain': '1' },
+      body: JSON.stringify({ model: 'test/chat', messages, max_tokens: 5 }),
+    })
+    expect(res.status).toBe(200)
+    expect(res.headers.get('x-tropa-node')).toBe('good')
+    const explain = res.headers.get('x-tropa-explain')!
+    expect(explain).toContain('node=good')
+    expect(explain).toContain('attempts=2')
+    expect(explain).toContain('hedged=false')
+  })
+})
