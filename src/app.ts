@@ -67,12 +67,21 @@ export function createApp(svc: Services) {
     serve: { maxRequestBodySize: RUNTIME_BODY_CAP, idleTimeout },
   })
     .onRequest(({ request, set }) => {
-      set.headers['x-request-id'] = requestId()
+      const id = requestId()
+      set.headers['x-request-id'] = id
+      svc.telemetry.begin(id, request)
       // Tropa's own header limit, below the runtime's (RUNTIME_HEADER_BYTES, whose refusal has no
       // body), so that a 431 carries OpenAI's error body like every other refusal.
       if (headersOver(request.headers, maxHeaderBytes)) throw new HeadersTooLarge(maxHeaderBytes)
     })
-    .use(errorMapper(svc.log, allowedMethods, (err) => svc.files.disk?.report(err)))
+    .use(
+      errorMapper(
+        svc.log,
+        allowedMethods,
+        (err) => svc.files.disk?.report(err),
+        (id, status) => svc.telemetry.failed(id, status),
+      ),
+    )
     .use(docsRoutes())
     .use(healthRoutes(svc))
     .use(modelRoutes(svc))

@@ -15,6 +15,8 @@ import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
 import { randomBase62 } from './ids.ts'
 import type { Log } from './log.ts'
+import { AccessLog } from './metrics/access-log.ts'
+import { Telemetry } from './metrics/telemetry.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
 import { ShareBudget } from './routing/budget.ts'
 import { NodePool } from './routing/nodes.ts'
@@ -36,6 +38,8 @@ export interface Services {
   readonly ledger: LedgerWriter
   readonly files: FilesService
   readonly batches: BatchService
+  /** Request metrics and the access log. */
+  readonly telemetry: Telemetry
   readonly log: Log
   /** Flushes the ledger and stops timers; the store is closed by whoever opened it. */
   stop(): Promise<void>
@@ -124,6 +128,19 @@ export async function buildServices(
     log,
   })
   probes.start()
+  const { accessLog: access } = config
+  const accessLog =
+    access.sink === 'off'
+      ? undefined
+      : new AccessLog({ ...access, sink: access.sink }, (err) =>
+          log('error', 'writing the access log failed; its lines were dropped', { error: String(err) }),
+        )
+  const telemetry = new Telemetry(
+    config.metrics,
+    accessLog,
+    policyOverride?.name ?? config.routing.policy,
+    config.accessLog,
+  )
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,
@@ -137,6 +154,7 @@ export async function buildServices(
     hedges: config.routing.hedgeShare > 0 ? new ShareBudget(config.routing.hedgeShare, 10) : undefined,
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,
+    telemetry,
   }
   const contents = new LocalFileStore(config.files.dir)
   const disk = new DiskWatch(
@@ -203,6 +221,7 @@ export async function buildServices(
     ledger,
     files,
     batches,
+    telemetry,
     log,
     async stop() {
       clearTimeout(sweep)
@@ -214,6 +233,7 @@ export async function buildServices(
       await bus?.close()
       shared?.close()
       sharedLimiter?.close()
+      await accessLog?.stop()
     },
   }
 }

@@ -135,6 +135,22 @@ export interface Config {
     readonly maxAttempts: number
     readonly leaseMs: number | undefined
   }
+  readonly metrics: {
+    readonly perOrg: boolean
+    readonly perOrgMax: number
+  }
+  readonly accessLog: {
+    readonly sink: 'off' | 'stderr' | 'file'
+    /** Absolute. */
+    readonly path: string
+    readonly maxBytes: number
+    readonly keep: number
+    readonly bufferLines: number
+    readonly bufferBytes: number
+    readonly captureOrgs: readonly string[]
+    readonly captureKeys: readonly string[]
+    readonly captureMaxChars: number
+  }
   readonly models: readonly ModelConfig[]
 }
 
@@ -159,7 +175,11 @@ type Env = Record<string, string | undefined>
 /** Environment variables that override file keys (documented in docs/config.md). */
 const ENV_KEYS: Record<
   string,
-  readonly [section: 'server' | 'storage' | 'demo' | 'redis', key: string, kind: 'int' | 'str' | 'bool']
+  readonly [
+    section: 'server' | 'storage' | 'demo' | 'redis' | 'access_log',
+    key: string,
+    kind: 'int' | 'str' | 'bool',
+  ]
 > = {
   TROPA_PORT: ['server', 'port', 'int'],
   TROPA_HOST: ['server', 'host', 'str'],
@@ -174,6 +194,7 @@ const ENV_KEYS: Record<
   TROPA_REDIS_URL: ['redis', 'url', 'str'],
   TROPA_REDIS_PREFIX: ['redis', 'prefix', 'str'],
   TROPA_DEMO: ['demo', 'enabled', 'bool'],
+  TROPA_ACCESS_LOG: ['access_log', 'sink', 'str'],
 }
 /** Benchmarks compare the money path on and off in one run; this turns it off. */
 const NO_BILLING_ENV = 'TROPA_BENCH_NO_BILLING'
@@ -267,6 +288,12 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
   const balance = parseRub(cfg.demo?.balance_rub ?? '1000', 6)
   if (balance === undefined)
     problems.push(`${source}: demo.balance_rub must have at most six fractional digits`)
+  const capturing =
+    (cfg.access_log?.capture_orgs?.length ?? 0) + (cfg.access_log?.capture_keys?.length ?? 0) > 0
+  if (capturing && (cfg.access_log?.sink ?? 'off') === 'off')
+    problems.push(
+      `${source}: access_log.capture_orgs / capture_keys name whose bodies to write into the access log, which is off. Fix: set access_log.sink to "stderr" or "file", or remove them`,
+    )
   if (problems.length > 0) throw new ConfigError(problems)
 
   const dataDir = resolve(cfg.server?.data_dir ?? './tropa-data')
@@ -340,6 +367,21 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
       maxAttempts: cfg.batches?.max_attempts ?? 5,
       leaseMs: cfg.batches?.lease_ms,
+    },
+    metrics: {
+      perOrg: cfg.metrics?.per_org ?? false,
+      perOrgMax: cfg.metrics?.per_org_max ?? 100,
+    },
+    accessLog: {
+      sink: cfg.access_log?.sink ?? 'off',
+      path: resolve(dataDir, cfg.access_log?.path ?? 'access.log'),
+      maxBytes: cfg.access_log?.max_bytes ?? 100 * 1024 * 1024,
+      keep: cfg.access_log?.keep ?? 5,
+      bufferLines: cfg.access_log?.buffer_lines ?? 10_000,
+      bufferBytes: cfg.access_log?.buffer_bytes ?? 16 * 1024 * 1024,
+      captureOrgs: cfg.access_log?.capture_orgs ?? [],
+      captureKeys: cfg.access_log?.capture_keys ?? [],
+      captureMaxChars: cfg.access_log?.capture_max_chars ?? 32_768,
     },
     models,
   } satisfies Config)

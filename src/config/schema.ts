@@ -216,6 +216,40 @@ export const RedisSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const MetricsSchema = T.Object(
+  {
+    /** Label requests, tokens and roubles by organization (off by default: one series per org). */
+    per_org: T.Optional(T.Boolean()),
+    /** Distinct organizations labelled; later ones are counted under org="other". */
+    per_org_max: T.Optional(T.Integer({ minimum: 1, maximum: 10_000 })),
+  },
+  { additionalProperties: false },
+)
+
+export const AccessLogSchema = T.Object(
+  {
+    /** One JSON line per request to a model endpoint: off (default), stderr, or a file. */
+    sink: T.Optional(T.Union([T.Literal('off'), T.Literal('stderr'), T.Literal('file')])),
+    /** The file (sink "file"), relative to server.data_dir; default access.log. */
+    path: T.Optional(T.String({ minLength: 1 })),
+    /** Rotate the file before it grows past this many bytes. */
+    max_bytes: T.Optional(T.Integer({ minimum: 4096 })),
+    /** Rotated files kept (access.log.1 …). */
+    keep: T.Optional(T.Integer({ minimum: 0, maximum: 100 })),
+    /** Lines held while the sink is busy; past this they are dropped and counted. */
+    buffer_lines: T.Optional(T.Integer({ minimum: 1, maximum: 1_000_000 })),
+    /** Bytes held while the sink is busy (captured bodies make lines big); past this, dropped. */
+    buffer_bytes: T.Optional(T.Integer({ minimum: 65_536, maximum: 1024 * 1024 * 1024 })),
+    /** Organizations whose request and response bodies are written into their lines (redacted). */
+    capture_orgs: T.Optional(T.Array(T.String({ minLength: 1 }), { maxItems: 10_000 })),
+    /** API keys (key ids) whose request and response bodies are written into their lines. */
+    capture_keys: T.Optional(T.Array(T.String({ minLength: 1 }), { maxItems: 10_000 })),
+    /** A captured body longer than this many characters is cut there. */
+    capture_max_chars: T.Optional(T.Integer({ minimum: 256, maximum: 16 * 1024 * 1024 })),
+  },
+  { additionalProperties: false },
+)
+
 /** The config file as written by an operator (TOML or JSON). */
 export const ConfigFileSchema = T.Object(
   {
@@ -228,6 +262,8 @@ export const ConfigFileSchema = T.Object(
     batches: T.Optional(BatchesSchema),
     redis: T.Optional(RedisSchema),
     responses: T.Optional(ResponsesSchema),
+    metrics: T.Optional(MetricsSchema),
+    access_log: T.Optional(AccessLogSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

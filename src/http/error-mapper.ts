@@ -75,6 +75,8 @@ export const errorMapper = (
   allowedMethods: (path: string) => string[],
   /** Told of every error that is a full disk (they become 507 `insufficient_storage`). */
   onDiskFull: (err: unknown) => void = () => {},
+  /** Told of every error response (the request's record ends with it). */
+  onAnswered: (requestId: string, status: number) => void = () => {},
 ) =>
   new Elysia({ name: 'error-mapper' }).onError({ as: 'global' }, ({ code, error, request, set }) => {
     const requestId = set.headers['x-request-id'] as string | undefined
@@ -114,5 +116,6 @@ export const errorMapper = (
     const res = (anthropicPath(request.url) ? anthropicErrorResponse : errorResponse)(err, requestId)
     if (err instanceof MethodNotAllowed)
       res.headers.set('allow', allowedMethods(new URL(request.url).pathname).join(', '))
+    if (requestId) onAnswered(requestId, err.status)
     return res
   })

@@ -6,6 +6,8 @@ import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { ContextLengthExceeded, InvalidValue, UpstreamFailed, UpstreamTimeout } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
+import type { RequestRecord } from '../metrics/record.ts'
+import type { Telemetry } from '../metrics/telemetry.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
@@ -38,6 +40,8 @@ export interface ChatDeps extends UpstreamDeps {
   readonly limiter: RateLimiter
   /** A stream whose client takes no bytes for this long is cut (server.stream_write_timeout_ms). */
   readonly streamWriteTimeoutMs: number
+  /** Each request's record (metrics, access log), found by its request id. */
+  readonly telemetry: Telemetry
 }
 
 /** Who pays for a request. */
@@ -247,6 +251,9 @@ export async function runModelCall(
   cut?: () => void,
 ): Promise<Response> {
   const { model, promptTokens, stream, startedAtMs } = call
+  // Undefined for what the HTTP layer does not measure; set before the reservation, so a 402 has its model.
+  const rec = deps.telemetry.of(requestId)
+  rec?.call(model.id, payer.org.id, payer.key.id)
   const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
   if (payer.quoteOnly) return quoteCall(deps, payer, call, worst, requestId)
   // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
@@ -269,7 +276,11 @@ export async function runModelCall(
     session: call.session,
   }
   const completionId = call.completionId
-  const headers = (c: Candidate) => ({ 'x-request-id': requestId, 'x-tropa-node': c.node.name })
+  const headers = (c: Candidate): Record<string, string> => {
+    const h: Record<string, string> = { 'x-request-id': requestId, 'x-tropa-node': c.node.name }
+    if (rec) deps.telemetry.stamp(rec, h)
+    return h
+  }
   // What is billed, and shown to the client: the upstream's usage when it is sane
   // (sanitizeUsage), else Tropa's own counts, marked estimated.
   const billed = (usage: Usage | undefined, completionTokens: () => number): Usage =>
@@ -286,7 +297,7 @@ export async function runModelCall(
     const p = u.prompt_tokens
     const cTokens = u.completion_tokens
     deps.limiter.used(payer.key, cTokens)
-    return deps.meter.settle(reservation, {
+    const charged = deps.meter.settle(reservation, {
       requestId,
       model: model.id,
       node: c.node.name,
@@ -301,11 +312,13 @@ export async function runModelCall(
       cachedTokens: cachedOf(u) ?? null,
       ttftMs,
     })
+    rec?.settled(p, cTokens, cachedOf(u) ?? 0, charged)
+    return charged
   }
 
   try {
     if (!stream) {
-      const { value, candidate, attempt } = await dispatch(
+      const answer = await dispatch(
         deps,
         {
           model,
@@ -317,6 +330,8 @@ export async function runModelCall(
         },
         signal,
       )
+      const { value, candidate, attempt } = answer
+      rec?.answered(answer, candidate.node.name, false, performance.now())
       ttftMs = Date.now() - startedAtMs
       value.id = completionId
       value.model = model.id
@@ -330,11 +345,7 @@ export async function runModelCall(
       })
     }
 
-    const {
-      value: first,
-      candidate,
-      attempt,
-    } = await dispatch(
+    const answer = await dispatch(
       deps,
       {
         model,
@@ -350,6 +361,8 @@ export async function runModelCall(
       },
       signal,
     )
+    const { value: first, candidate, attempt } = answer
+    rec?.answered(answer, candidate.node.name, true, performance.now())
     ttftMs = Date.now() - startedAtMs
     // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
     const relay: ChatStreamRelay = new ChatStreamRelay(
@@ -374,12 +387,13 @@ export async function runModelCall(
         if (usage || text.length <= COUNT_SLICE_CHARS)
           return void settle(candidate, usage, () => countTokens(text), outcome)
         // A long answer cut short (say many streams cut at once) is counted a slice at a time.
-        countTokensYielding(text).then(
+        return countTokensYielding(text).then(
           (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
           (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
         )
       },
       cut,
+      rec,
     )
     return new Response(body$, {
       headers: {
@@ -572,11 +586,15 @@ function relayStream(
   relay: ChatStreamRelay,
   attempt: Attempt,
   reservation: Reservation,
-  settle: (usage: Usage | undefined, outcome: string) => void,
+  /** Returns a promise when the charge is settled later (a long answer counted a slice at a time). */
+  settle: (usage: Usage | undefined, outcome: string) => Promise<void> | undefined,
   cut: (() => void) | undefined,
+  rec: RequestRecord | undefined,
 ): ReadableStream<Uint8Array> {
   const { reader, reply } = first
   const c = attempt.candidate
+  const firstChunkAtMs = Date.now()
+  let lastChunkAtMs = firstChunkAtMs
   let finished = false
   let gone = false
   const idle = deps.timeouts.idleTimeoutMs
@@ -589,7 +607,12 @@ function relayStream(
     deps.watchdog.clear(deadline)
     const usage = relay.usage
     finishAttempt(deps, attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
-    if (!reservation.done) settle(relay.usage, outcome)
+    const later = reservation.done ? undefined : settle(relay.usage, outcome)
+    // The record ends with what was billed, so after a charge counted later.
+    if (rec) {
+      if (later) void later.then(() => rec.ended(outcome, firstChunkAtMs, lastChunkAtMs))
+      else rec.ended(outcome, firstChunkAtMs, lastChunkAtMs)
+    }
   }
   const errorEvent = (message: string, code: string) =>
     sseEvent({ error: { message, type: 'upstream_error', param: null, code } })
@@ -657,7 +680,8 @@ function relayStream(
             } else finish('ok', true)
             return close()
           }
-          deadline.atMs = Date.now() + idle
+          lastChunkAtMs = Date.now()
+          deadline.atMs = lastChunkAtMs + idle
           if (relayedThisTurn(value.length) > TURN_BUDGET_BYTES) await nextTurn()
           wait = send(relay.push(value))
           if (wait && (await wait)) return cutStalled()

@@ -55,9 +55,19 @@ export interface Dispatched<T> {
   readonly value: T
   readonly candidate: Candidate
   readonly attempt: Attempt
+  /** performance.now() when the first attempt's request left (after its body was built). */
+  readonly sentAt: number
+  /** performance.now() of the answer's first byte: a stream's first chunk, a JSON reply's headers. */
+  readonly firstByteAt: number
+  /** Nodes tried, the winner included. */
+  readonly tried: number
+  /** A hedge was sent. */
+  readonly hedged: boolean
 }
 
-type Settled<T> = { ok: true; a: Attempt; value: T } | { ok: false; a: Attempt; error: unknown }
+type Settled<T> =
+  | { ok: true; a: Attempt; value: T; headersAt: number }
+  | { ok: false; a: Attempt; error: unknown }
 
 interface Running<T> {
   readonly controller: AbortController
@@ -101,6 +111,8 @@ export async function dispatch<T>(
   const exclude = new Set<Candidate>()
   const running = new Map<Attempt, Running<T>>()
   let tried = 0
+  let hedged = false
+  let sentAt = 0
   let lastError: Error | undefined
   deps.retries.earn()
   deps.hedges?.earn()
@@ -108,13 +120,17 @@ export async function dispatch<T>(
   const run = async (a: Attempt, controller: AbortController): Promise<Settled<T>> => {
     const { route, node } = a.candidate
     try {
+      const body = d.body(route)
+      // Building the body is the router's own time; the wait on upstreams starts here.
+      if (sentAt === 0) sentAt = performance.now()
       if (!node.answering) await probeConnect(route.baseUrl, node.name, deps.timeouts.connectTimeoutMs)
       const reply = await deps.adapter.send(
-        { route, path: d.path, body: d.body(route), stream: d.stream },
+        { route, path: d.path, body, stream: d.stream },
         controller,
         a.startedAtMs + (route.firstByteTimeoutMs ?? deps.timeouts.firstByteTimeoutMs),
       )
-      return { ok: true, a, value: await d.accept(reply, a.candidate) }
+      const headersAt = performance.now()
+      return { ok: true, a, value: await d.accept(reply, a.candidate), headersAt }
     } catch (error) {
       return { ok: false, a, error }
     }
@@ -175,6 +191,7 @@ export async function dispatch<T>(
     if (settled === 'hedge') {
       hedgeAtMs = undefined
       if (deps.hedges?.take() && launch()) {
+        hedged = true
         deps.log('debug', 'hedged the first token', { model: d.model.id, node: first.candidate.node.name })
       }
       continue
@@ -185,7 +202,15 @@ export async function dispatch<T>(
       hedgeAtMs = undefined
       if (d.stream) deps.policy.firstChunk(a, Date.now())
       cancelRest()
-      return { value: settled.value, candidate: a.candidate, attempt: a }
+      return {
+        value: settled.value,
+        candidate: a.candidate,
+        attempt: a,
+        sentAt,
+        firstByteAt: d.stream ? performance.now() : settled.headersAt,
+        tried,
+        hedged,
+      }
     }
     const err = settled.error
     if (signal.aborted) {

@@ -43,6 +43,8 @@ export async function createEmbeddings(
       )
   }
   const promptTokens = counter.n
+  const rec = deps.telemetry.of(requestId)
+  rec?.call(model.id, payer.org.id, payer.key.id)
   const reservation = await deps.meter.reserve(
     payer.key,
     payer.org,
@@ -52,7 +54,7 @@ export async function createEmbeddings(
     // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
     const limited = deps.limiter.admit(payer.key, promptTokens)
     if (limited) await limited
-    const { value, candidate, attempt } = await dispatch(
+    const answer = await dispatch(
       deps,
       {
         model,
@@ -85,6 +87,8 @@ export async function createEmbeddings(
       },
       signal,
     )
+    const { value, candidate, attempt } = answer
+    rec?.answered(answer, candidate.node.name, false, performance.now())
     // The whole answer has arrived: an embedding's first byte is of no use without the rest.
     const ttftMs = Date.now() - startedAtMs
     finishAttempt(deps, attempt, 'ok')
@@ -103,6 +107,7 @@ export async function createEmbeddings(
       estimated: value.tokens === undefined,
       ttftMs,
     })
+    rec?.settled(tokens, 0, 0, charged)
     const costRub = nanoToRubNumber(charged)
     // The client sees the usage billed: the upstream's with its cost, or Tropa's count, marked.
     const shown =
@@ -114,14 +119,14 @@ export async function createEmbeddings(
             cost_rub: costRub,
           })
         : withCost(value.text, costRub)
-    return new Response(shown, {
-      headers: {
-        'content-type': 'application/json',
-        'x-request-id': requestId,
-        'x-tropa-node': candidate.node.name,
-        'x-tropa-cost-rub': formatRub(charged),
-      },
-    })
+    const headers: Record<string, string> = {
+      'content-type': 'application/json',
+      'x-request-id': requestId,
+      'x-tropa-node': candidate.node.name,
+      'x-tropa-cost-rub': formatRub(charged),
+    }
+    if (rec) deps.telemetry.stamp(rec, headers)
+    return new Response(shown, { headers })
   } catch (err) {
     deps.meter.release(reservation)
     throw err

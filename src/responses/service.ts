@@ -1,6 +1,7 @@
 import type { ResponsesRequest } from '../api/responses.ts'
 import { InvalidValue, quoted, responseNotFound } from '../errors.ts'
 import { sortableId } from '../ids.ts'
+import { EXPLAIN_HEADER, OVERHEAD_HEADER } from '../metrics/telemetry.ts'
 import { type ChatDeps, chatCompletion, type Payer } from '../pipeline/chat.ts'
 import type { Store } from '../storage/store.ts'
 import type { Usage } from '../upstream/sse.ts'
@@ -118,7 +119,7 @@ export class ResponsesService {
     const answer = await chatCompletion(this.deps, payer, chat, signal, requestId, sessionHint, cut)
     if (payer.quoteOnly) return answer // a quote, nothing stored
     const headers: Record<string, string> = {}
-    for (const name of ['x-tropa-node', 'x-tropa-cost-rub']) {
+    for (const name of ['x-tropa-node', 'x-tropa-cost-rub', OVERHEAD_HEADER, EXPLAIN_HEADER]) {
       const v = answer.headers.get(name)
       if (v !== null) headers[name] = v
     }

@@ -41,6 +41,18 @@ const RULES: readonly (readonly [RegExp, string])[] = [
   [/(?<![\w.:/~-])\/(?:srv|home|root|etc|var|opt|usr|tmp|mnt|data|app|proc|Users|private)\b/g, PATH],
 ]
 
+/** The rules that remove credentials (the first seven of RULES), for text that keeps its paths. */
+const CREDENTIAL_RULES = RULES.slice(0, RULES.length - 4)
+
+/**
+ * Text with every credential shape of RULES replaced by `[redacted]` (a captured request or
+ * response body for the access log); nothing else changed.
+ */
+export function redactCredentials(text: string): string {
+  for (const [re, to] of CREDENTIAL_RULES) text = text.replace(re, to)
+  return text
+}
+
 /** An upstream's error message fit for the client: no credentials, no paths, one bounded line. */
 export function cleanUpstreamMessage(message: string): string {
   // Bounded input first: the rules are linear, but there is no reason to run them on 64 KB.

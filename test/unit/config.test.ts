@@ -169,4 +169,17 @@ describe('config', () => {
   test('a file that does not parse', () => {
     expect(problems('[server\nport=')[0]).toMatch(/cannot parse/)
   })
+
+  test('metrics and access log: defaults, TROPA_ACCESS_LOG, and capture needs a sink', () => {
+    const c = loadConfig({ configPath: write(GOOD) }, { ACME_KEY: 'k' })
+    expect(c.metrics).toEqual({ perOrg: false, perOrgMax: 100 })
+    expect(c.accessLog).toMatchObject({ sink: 'off', keep: 5, captureOrgs: [], captureKeys: [] })
+    expect(c.accessLog.path.endsWith('access.log')).toBe(true)
+    const env = loadConfig({ configPath: write(GOOD) }, { ACME_KEY: 'k', TROPA_ACCESS_LOG: 'stderr' })
+    expect(env.accessLog.sink).toBe('stderr')
+    const capture = problems(`${GOOD}\n[access_log]\ncapture_orgs = ["org_1"]\n`, { ACME_KEY: 'k' })
+    expect(capture.some((p) => p.includes('access_log.capture_orgs'))).toBe(true)
+    expect(problems(`${GOOD}\n[metrics]\nper_org_max = 0\n`, { ACME_KEY: 'k' }).length).toBeGreaterThan(0)
+    expect(problems(`${GOOD}\n[access_log]\nsink = "syslog"\n`, { ACME_KEY: 'k' }).length).toBeGreaterThan(0)
+  })
 })

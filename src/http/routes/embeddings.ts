@@ -6,24 +6,22 @@ import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
 
 export const embeddingRoutes = (svc: Services) =>
-  new Elysia()
-    .derive(authenticate(svc))
-    .post(
-      '/v1/embeddings',
-      ({ principal, body, request, set }) =>
-        createEmbeddings(
-          svc.deps,
-          payerOf(principal),
-          body as EmbeddingRequest,
-          request.signal,
-          set.headers['x-request-id'] as string,
-        ),
-      {
-        parse: jsonBody(svc.config.server.maxBodyBytes, EmbeddingRequest, authenticateFirst(svc)),
-        detail: {
-          tags: ['embeddings'],
-          summary: 'Embeddings of up to 2048 inputs',
-          requestBody: jsonRequestBody(EmbeddingRequest),
-        },
+  new Elysia().derive(authenticate(svc)).post(
+    '/v1/embeddings',
+    ({ principal, body, request, set }) => {
+      const id = set.headers['x-request-id'] as string
+      return svc.telemetry.answered(
+        id,
+        createEmbeddings(svc.deps, payerOf(principal), body as EmbeddingRequest, request.signal, id),
+        body,
+      )
+    },
+    {
+      parse: jsonBody(svc.config.server.maxBodyBytes, EmbeddingRequest, authenticateFirst(svc)),
+      detail: {
+        tags: ['embeddings'],
+        summary: 'Embeddings of up to 2048 inputs',
+        requestBody: jsonRequestBody(EmbeddingRequest),
       },
-    )
+    },
+  )

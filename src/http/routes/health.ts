@@ -30,9 +30,9 @@ export const healthRoutes = (svc: Services) =>
     )
     .get(
       '/metrics',
-      ({ set }) => {
+      async ({ set }) => {
         set.headers['content-type'] = 'text/plain; version=0.0.4'
-        return metricsText(svc)
+        return `${metricsText(svc)}${await operationsText(svc)}`
       },
       { detail: { tags: ['ops'], summary: 'Prometheus metrics' } },
     )
@@ -101,6 +101,49 @@ function metricsText(svc: Services): string {
       (f) => f.hitRatio,
     )
     gauge('tropa_node_prefix_index_blocks', 'Prefix blocks indexed per node.', (f) => f.indexBlocks)
+  }
+  svc.telemetry.metrics.write(lines)
+  return `${lines.join('\n')}\n`
+}
+
+/** Batches not finished yet, by status (terminal ones are history: the API lists them). */
+const OPEN_BATCH_STATUSES = ['validating', 'in_progress', 'finalizing', 'cancelling'] as const
+
+/** The ledger's queue, the access log's drops, and the batches (read from the store at each scrape). */
+async function operationsText(svc: Services): Promise<string> {
+  const lines = [
+    '# HELP tropa_ledger_queue_depth Ledger rows settled and not yet written to the store.',
+    '# TYPE tropa_ledger_queue_depth gauge',
+    `tropa_ledger_queue_depth ${svc.ledger.backlog}`,
+  ]
+  const access = svc.telemetry.accessLog
+  if (access)
+    lines.push(
+      '# HELP tropa_access_log_dropped_total Access log lines dropped because the sink fell behind.',
+      '# TYPE tropa_access_log_dropped_total counter',
+      `tropa_access_log_dropped_total ${access.dropped}`,
+    )
+  try {
+    const open = await svc.store.batchesInStatus(OPEN_BATCH_STATUSES)
+    const byStatus = new Map<string, number>(OPEN_BATCH_STATUSES.map((s) => [s, 0]))
+    let pending = 0
+    for (const b of open) {
+      byStatus.set(b.status, (byStatus.get(b.status) ?? 0) + 1)
+      if (b.status === 'in_progress') pending += Math.max(0, b.total - b.completed - b.failed)
+    }
+    lines.push(
+      '# HELP tropa_batches Batches not finished, by status (all nodes: read from the store).',
+      '# TYPE tropa_batches gauge',
+    )
+    for (const [status, n] of byStatus) lines.push(`tropa_batches{status="${status}"} ${n}`)
+    lines.push(
+      '# HELP tropa_batch_lines_pending Lines of running batches not finished yet (all nodes).',
+      '# TYPE tropa_batch_lines_pending gauge',
+      `tropa_batch_lines_pending ${pending}`,
+    )
+  } catch (err) {
+    // The store is down: the in-process metrics are still worth scraping.
+    svc.log('warn', 'reading batches for /metrics failed', { error: String(err) })
   }
   return `${lines.join('\n')}\n`
 }

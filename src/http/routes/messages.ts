@@ -15,16 +15,22 @@ export const messageRoutes = (svc: Services) =>
     .derive(authenticate(svc))
     .post(
       '/v1/messages',
-      ({ principal, body, request, set, server }) =>
-        createMessage(
-          svc.deps,
-          payerOf(principal, request.headers),
-          body as MessagesRequest,
-          request.signal,
-          set.headers['x-request-id'] as string,
-          request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
-          () => server?.timeout(request, 1),
-        ),
+      ({ principal, body, request, set, server }) => {
+        const id = set.headers['x-request-id'] as string
+        return svc.telemetry.answered(
+          id,
+          createMessage(
+            svc.deps,
+            payerOf(principal, request.headers),
+            body as MessagesRequest,
+            request.signal,
+            id,
+            request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
+            () => server?.timeout(request, 1),
+          ),
+          body,
+        )
+      },
       {
         parse: jsonBody(svc.config.server.maxBodyBytes, MessagesRequest, authenticateFirst(svc)),
         detail: {

@@ -21,15 +21,20 @@ export const responseRoutes = (svc: Services) => {
         const payer = payerOf(principal, request.headers)
         const malformed = knownTypeError(body as ResponsesRequest)
         if (malformed) throw fromValueError(malformed)
-        return responses.create(
-          payer,
-          body as ResponsesRequest,
-          request.signal,
-          set.headers['x-request-id'] as string,
-          request.headers.get(svc.config.routing.sessionHeader) ??
-            (body as ResponsesRequest).prompt_cache_key ??
-            undefined,
-          () => server?.timeout(request, 1),
+        const id = set.headers['x-request-id'] as string
+        return svc.telemetry.answered(
+          id,
+          responses.create(
+            payer,
+            body as ResponsesRequest,
+            request.signal,
+            id,
+            request.headers.get(svc.config.routing.sessionHeader) ??
+              (body as ResponsesRequest).prompt_cache_key ??
+              undefined,
+            () => server?.timeout(request, 1),
+          ),
+          body,
         )
       },
       {

@@ -1,0 +1,123 @@
+import { existsSync, renameSync, rmSync, statSync } from 'node:fs'
+import { type FileHandle, open } from 'node:fs/promises'
+
+export interface AccessLogOptions {
+  /** Where lines go: stderr, or a file rotated by size. */
+  readonly sink: 'stderr' | 'file'
+  /** The file (sink "file"); rotated to `<path>.1` … `<path>.<keep>`. */
+  readonly path: string
+  /** A file is rotated before it grows past this many bytes. */
+  readonly maxBytes: number
+  /** Rotated files kept. */
+  readonly keep: number
+  /** Lines held while a write is under way; past this, lines are dropped and counted. */
+  readonly bufferLines: number
+  /** Characters held (lines with captured bodies are big); past this, lines are dropped and counted. */
+  readonly bufferBytes: number
+}
+
+/**
+ * One JSON line per request, written off the request path: a request only appends its line to a
+ * bounded buffer; the buffer is written in one piece at the next turn of the event loop, one
+ * write at a time. When the sink is slower than the traffic, the buffer fills and further lines
+ * are dropped (and counted), never waited for.
+ */
+export class AccessLog {
+  /** Lines dropped because the buffer was full. */
+  dropped = 0
+  /** Lines written. */
+  written = 0
+  private lines: string[] = []
+  private queuedChars = 0
+  private scheduled = false
+  private writing: Promise<void> | undefined
+  private file: FileHandle | undefined
+  private size = 0
+  private stopped = false
+
+  constructor(
+    private readonly opts: AccessLogOptions,
+    private readonly onError: (err: unknown) => void,
+  ) {}
+
+  /** Queues one line (a JSON object's text, without the newline). */
+  push(line: string): void {
+    if (
+      this.stopped ||
+      this.lines.length >= this.opts.bufferLines ||
+      this.queuedChars + line.length > this.opts.bufferBytes
+    ) {
+      this.dropped++
+      return
+    }
+    this.lines.push(line)
+    this.queuedChars += line.length
+    if (!this.scheduled && this.writing === undefined) {
+      this.scheduled = true
+      setImmediate(this.flush)
+    }
+  }
+
+  private readonly flush = (): void => {
+    this.scheduled = false
+    if (this.lines.length === 0 || this.writing !== undefined) return
+    const batch = this.lines
+    this.lines = []
+    this.queuedChars = 0
+    const text = `${batch.join('\n')}\n`
+    this.writing = this.write(text, batch.length)
+      .catch((err) => {
+        this.dropped += batch.length
+        this.onError(err)
+      })
+      .finally(() => {
+        this.writing = undefined
+        if (this.lines.length > 0) this.flush()
+      })
+  }
+
+  private async write(text: string, count: number): Promise<void> {
+    if (this.opts.sink === 'stderr') {
+      await new Promise<void>((resolve) => {
+        if (process.stderr.write(text)) resolve()
+        else process.stderr.once('drain', resolve)
+      })
+    } else {
+      const bytes = Buffer.byteLength(text)
+      if (this.file === undefined) await this.openFile()
+      else if (this.size > 0 && this.size + bytes > this.opts.maxBytes) await this.rotate()
+      await this.file!.write(text)
+      this.size += bytes
+    }
+    this.written += count
+  }
+
+  private async openFile(): Promise<void> {
+    this.file = await open(this.opts.path, 'a', 0o600)
+    this.size = existsSync(this.opts.path) ? statSync(this.opts.path).size : 0
+  }
+
+  /** access.log -> access.log.1 -> … -> access.log.<keep> (the oldest is removed). */
+  private async rotate(): Promise<void> {
+    await this.file?.close()
+    this.file = undefined
+    const { path, keep } = this.opts
+    if (keep === 0) rmSync(path, { force: true })
+    else {
+      rmSync(`${path}.${keep}`, { force: true })
+      for (let i = keep - 1; i >= 1; i--)
+        if (existsSync(`${path}.${i}`)) renameSync(`${path}.${i}`, `${path}.${i + 1}`)
+      renameSync(path, `${path}.1`)
+    }
+    await this.openFile()
+  }
+
+  /** Writes what is buffered and closes the file; later lines are dropped. */
+  async stop(): Promise<void> {
+    this.flush()
+    while (this.writing !== undefined) await this.writing
+    this.stopped = true
+    await this.file?.close()
+    this.file = undefined
+  }
+}
