@@ -49,6 +49,8 @@ export async function measureEventLoopMoneyPath(
     revokedAt: null,
     rpmLimit: null,
     tpmLimit: null,
+    expiresAt: null,
+    models: null,
   })
   await store.insertKey({ ...key, revokedAt: null })
   const entry = resolve(import.meta.dir, '../src/billing/ledger-thread.ts')

@@ -88,6 +88,7 @@ export const missingApiKey = () =>
 export const invalidApiKey = () => new AuthenticationFailed('the API key is not valid', 'invalid_api_key')
 export const keyRevoked = () => new AuthenticationFailed('the API key has been revoked', 'key_revoked')
 export const keyDisabled = () => new AuthenticationFailed('the API key is disabled', 'key_disabled')
+export const keyExpired = () => new AuthenticationFailed('the API key has expired', 'key_expired')
 
 export class QuotaExceeded extends TropaError {
   readonly status = 402
@@ -101,8 +102,8 @@ export const insufficientBalance = () =>
 export class PermissionDenied extends TropaError {
   readonly status = 403
   readonly type = 'permission_error'
-  constructor(message: string) {
-    super(message, 'permission_denied')
+  constructor(message: string, code = 'permission_denied') {
+    super(message, code)
   }
 }
 
@@ -265,3 +266,7 @@ export class UpstreamRejected extends InvalidRequest {
   }
   upstreamStatus: number
 }
+
+/** The key's `models` do not include the model asked for. */
+export const modelNotAllowed = (model: string) =>
+  new PermissionDenied(`this API key may not use the model ${model}`, 'model_not_allowed')

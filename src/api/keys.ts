@@ -2,6 +2,13 @@ import { type Static, Type as T } from '@sinclair/typebox'
 
 const Rub = T.Number({ minimum: 0, description: 'roubles, at most six fractional digits' })
 const PerMinute = T.Union([T.Integer({ minimum: 1 }), T.Null()])
+/** Unix seconds after which the key is refused (401 key_expired); null: never. */
+const ExpiresAt = T.Union([T.Integer({ minimum: 0, maximum: 32_503_680_000 }), T.Null()])
+/** Catalogue model ids or patterns (`*` matches any characters, as in `anthropic/*`); null: every model. */
+const KeyModels = T.Union([
+  T.Array(T.String({ minLength: 1, maxLength: 256, pattern: '^[A-Za-z0-9._:/*-]+$' }), { maxItems: 256 }),
+  T.Null(),
+])
 
 export const CreateKeyBody = T.Object(
   {
@@ -9,6 +16,8 @@ export const CreateKeyBody = T.Object(
     limit_rub: T.Optional(T.Union([Rub, T.Null()])),
     rpm_limit: T.Optional(PerMinute),
     tpm_limit: T.Optional(PerMinute),
+    expires_at: T.Optional(ExpiresAt),
+    models: T.Optional(KeyModels),
     /** Only with the admin token: the organization to create the key in. */
     org_id: T.Optional(T.String()),
   },
@@ -23,6 +32,8 @@ export const PatchKeyBody = T.Object(
     disabled: T.Optional(T.Boolean()),
     rpm_limit: T.Optional(PerMinute),
     tpm_limit: T.Optional(PerMinute),
+    expires_at: T.Optional(ExpiresAt),
+    models: T.Optional(KeyModels),
   },
   { additionalProperties: false },
 )

@@ -26,7 +26,12 @@ export interface ValidationError {
 }
 
 export type ToWorker =
-  | { readonly t: 'validate'; readonly batchId: string }
+  | {
+      readonly t: 'validate'
+      readonly batchId: string
+      /** The batch key's `models` (ids or patterns); null: every model. */
+      readonly keyModels: readonly string[] | null
+    }
   | { readonly t: 'finalize'; readonly batchId: string; readonly status: BatchStatus }
   | { readonly t: 'admitted'; readonly reqId: number; readonly reply: AdmitReply }
   /** Interactive traffic needs the line's node: cancel its upstream call and give it back. */

@@ -191,7 +191,7 @@ export class BatchScheduler {
       }
       if (b.status === 'validating') {
         this.busy.add(b.id)
-        this.send({ t: 'validate', batchId: b.id })
+        this.send({ t: 'validate', batchId: b.id, keyModels: this.identity.keyById(b.keyId)?.models ?? null })
         continue
       }
       if (b.status === 'in_progress' && this.identity.keyById(b.keyId)?.status === 'revoked') {

@@ -152,6 +152,7 @@ function checkLine(
   lineNo: number,
   seen: Set<string>,
   models: ReadonlyMap<string, ModelConfig>,
+  allows: ((model: string) => boolean) | undefined,
 ): Checked {
   const fail = (code: string, message: string, param: string | null = null): Checked => ({
     ok: false,
@@ -181,6 +182,12 @@ function checkLine(
     return fail('invalid_url', `url must be ${JSON.stringify(endpoint)}, the batch's endpoint`, 'url')
   try {
     const cost = priceLine(endpoint, obj.body, models)
+    if (allows && !allows(cost.model.id))
+      return fail(
+        'model_not_allowed',
+        `the batch's API key may not use the model ${cost.model.id}`,
+        'body.model',
+      )
     const line = {
       batchId,
       line: lineNo,
@@ -202,6 +209,8 @@ export function validateFile(
   endpoint: string,
   text: string,
   models: ReadonlyMap<string, ModelConfig>,
+  /** The batch key's model scope (identity/live.ts); undefined: every model. */
+  allows?: (model: string) => boolean,
 ): { lines: BatchLine[]; estimateNano: bigint; errors: ValidationError[] } {
   const lines: BatchLine[] = []
   const errors: ValidationError[] = []
@@ -209,7 +218,7 @@ export function validateFile(
   let estimateNano = 0n
   for (const [i, content] of text.split('\n').entries()) {
     if (content.trim().length === 0) continue
-    const r = checkLine(batchId, endpoint, content, i + 1, seen, models)
+    const r = checkLine(batchId, endpoint, content, i + 1, seen, models, allows)
     if (r.ok) {
       lines.push(r.line)
       estimateNano += r.worstNano

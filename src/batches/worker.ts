@@ -10,6 +10,7 @@ import type { ModelConfig } from '../config/load.ts'
 import { UpstreamFailed, UpstreamRejected } from '../errors.ts'
 import { LocalFileStore } from '../files/file-store.ts'
 import { FilesService } from '../files/service.ts'
+import { modelPattern } from '../identity/live.ts'
 import { requestId, sortableId } from '../ids.ts'
 import { type ChatCompletionJson, textCompletionOf } from '../pipeline/completions.ts'
 import { countTokens, loadTokenizer } from '../pipeline/tokens.ts'
@@ -62,7 +63,7 @@ self.onmessage = (ev: MessageEvent<ToWorker | { t: 'init'; init: WorkerInit }>) 
       void start(m.init)
       break
     case 'validate':
-      job(m.batchId, () => validate(m.batchId))
+      job(m.batchId, () => validate(m.batchId, m.keyModels))
       break
     case 'finalize':
       job(m.batchId, () => finalize(m.batchId, m.status))
@@ -421,7 +422,7 @@ async function transient(
   return settle
 }
 
-async function validate(batchId: string) {
+async function validate(batchId: string, keyModels: readonly string[] | null) {
   const batch = await store.getBatch(batchId)
   if (!batch) return
   let text: string
@@ -446,7 +447,14 @@ async function validate(batchId: string) {
     })
     return
   }
-  const { lines, estimateNano, errors } = validateFile(batchId, batch.endpoint, text, models)
+  const pattern = modelPattern(keyModels)
+  const { lines, estimateNano, errors } = validateFile(
+    batchId,
+    batch.endpoint,
+    text,
+    models,
+    pattern ? (id) => pattern.test(id) : undefined,
+  )
   if (errors.length === 0) await store.enqueueLines(lines)
   post({ t: 'validated', batchId, total: lines.length, estimateNano, errors })
 }

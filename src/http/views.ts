@@ -11,12 +11,15 @@ export function keyView(k: LiveKey) {
     key_hint: k.hint,
     limit_rub: k.limitNano === null ? null : nanoToRubNumber(k.limitNano),
     spent_rub: nanoToRubNumber(k.spentNano),
-    status: k.status,
+    // An active key past its expires_at is refused (401 key_expired) and listed as expired.
+    status: k.status === 'active' && k.expired(Date.now() / 1000) ? ('expired' as const) : k.status,
     created_at: k.createdAt,
     last_used_at: k.lastUsedAt,
     revoked_at: k.revokedAt,
     rpm_limit: k.rpmLimit,
     tpm_limit: k.tpmLimit,
+    expires_at: k.expiresAt,
+    models: k.models,
   }
 }
 

@@ -23,6 +23,12 @@ export class LiveKey {
   revokedAt: number | null
   rpmLimit: number | null
   tpmLimit: number | null
+  /** Unix seconds after which the key is refused; null: never. */
+  expiresAt: number | null
+  /** The model ids or patterns the key may use; null: every model. */
+  models: readonly string[] | null
+  /** `models` as one expression (a trailing or inner `*` matches any characters). */
+  private allowed: RegExp | null
 
   constructor(r: KeyRecord) {
     this.id = r.id
@@ -39,7 +45,38 @@ export class LiveKey {
     this.revokedAt = r.revokedAt
     this.rpmLimit = r.rpmLimit
     this.tpmLimit = r.tpmLimit
+    this.expiresAt = r.expiresAt
+    this.models = r.models
+    this.allowed = modelPattern(r.models)
   }
+
+  /** Sets the models the key may use (its matcher with them). */
+  setModels(models: readonly string[] | null): void {
+    this.models = models
+    this.allowed = modelPattern(models)
+  }
+
+  /** Whether the key may use this catalogue model. */
+  allows(modelId: string): boolean {
+    return this.allowed === null || this.allowed.test(modelId)
+  }
+
+  /** Whether the key has expired at `nowSec` (the API lists it as `expired`). */
+  expired(nowSec: number): boolean {
+    return this.expiresAt !== null && nowSec >= this.expiresAt
+  }
+}
+
+/** One anchored expression for a key's model ids and patterns; null: no restriction. */
+export function modelPattern(models: readonly string[] | null): RegExp | null {
+  if (models === null) return null
+  if (models.length === 0) return /$^/
+  const alt = models.map((m) => m.split('*').map(escapeRegExp).join('.*')).join('|')
+  return new RegExp(`^(?:${alt})$`)
+}
+
+function escapeRegExp(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
 }
 
 /** An organization's balance on this node: committed balance and in-flight reservations. */

@@ -6,6 +6,7 @@ import {
   InvalidValue,
   invalidApiKey,
   keyDisabled,
+  keyExpired,
   keyNotFound,
   keyRevoked,
   missingApiKey,
@@ -23,6 +24,8 @@ export interface NewKey {
   readonly limitNano: NanoRub | null
   readonly rpmLimit?: number | null
   readonly tpmLimit?: number | null
+  readonly expiresAt?: number | null
+  readonly models?: readonly string[] | null
 }
 
 export interface KeyChanges {
@@ -31,6 +34,8 @@ export interface KeyChanges {
   readonly disabled?: boolean
   readonly rpmLimit?: number | null
   readonly tpmLimit?: number | null
+  readonly expiresAt?: number | null
+  readonly models?: readonly string[] | null
 }
 
 /**
@@ -170,6 +175,7 @@ export class IdentityService {
   private principalOf(key: LiveKey): Principal {
     if (key.status === 'revoked') throw keyRevoked()
     if (key.status === 'disabled') throw keyDisabled()
+    if (key.expiresAt !== null && key.expired(Date.now() / 1000)) throw keyExpired()
     const org = this.orgs.get(key.orgId)
     if (!org) throw invalidApiKey()
     return { kind: key.kind, key, org }
@@ -195,6 +201,8 @@ export class IdentityService {
     key.revokedAt = rec.revokedAt
     key.rpmLimit = rec.rpmLimit
     key.tpmLimit = rec.tpmLimit
+    key.expiresAt = rec.expiresAt
+    key.setModels(rec.models)
   }
 
   /** Another node changed a key: take the store's version. */
@@ -294,6 +302,8 @@ export class IdentityService {
       revokedAt: null,
       rpmLimit: k.rpmLimit ?? null,
       tpmLimit: k.tpmLimit ?? null,
+      expiresAt: k.expiresAt ?? null,
+      models: k.models ?? null,
     }
     await this.store.insertKey(rec)
     const key = new LiveKey(rec)
@@ -361,10 +371,14 @@ export class IdentityService {
       ...(c.disabled !== undefined && { status: c.disabled ? 'disabled' : 'active' }),
       ...(c.rpmLimit !== undefined && { rpmLimit: c.rpmLimit }),
       ...(c.tpmLimit !== undefined && { tpmLimit: c.tpmLimit }),
+      ...(c.expiresAt !== undefined && { expiresAt: c.expiresAt }),
+      ...(c.models !== undefined && { models: c.models }),
     }
     const limitBefore = key.limitNano
     await this.store.updateKey(key.id, patch)
-    Object.assign(key, patch)
+    const { models, ...rest } = patch
+    Object.assign(key, rest)
+    if (models !== undefined) key.setModels(models)
     if (patch.limitNano !== undefined && patch.limitNano !== limitBefore)
       this.meter?.limitChanged?.(key, limitBefore, patch.limitNano)
     if (patch.status && this.bus)

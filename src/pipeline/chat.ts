@@ -4,7 +4,13 @@ import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import type { RateLimiter } from '../billing/rate-limiter.ts'
 import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
-import { ContextLengthExceeded, InvalidValue, UpstreamFailed, UpstreamTimeout } from '../errors.ts'
+import {
+  ContextLengthExceeded,
+  InvalidValue,
+  modelNotAllowed,
+  UpstreamFailed,
+  UpstreamTimeout,
+} from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { RequestRecord } from '../metrics/record.ts'
 import type { Telemetry } from '../metrics/telemetry.ts'
@@ -83,6 +89,9 @@ export function chatCompletion(
   let chain: readonly string[]
   try {
     chain = fallbackChain(deps.catalogue, request.model, request.models)
+    // A fallback the key may not use is passed over (the model asked for is refused with 403).
+    if (chain.length > 1 && payer.key.models !== null)
+      chain = chain.filter((id, i) => i === 0 || payer.key.allows(id))
   } catch (err) {
     return Promise.reject(err)
   }
@@ -254,6 +263,7 @@ export async function runModelCall(
   // Undefined for what the HTTP layer does not measure; set before the reservation, so a 402 has its model.
   const rec = deps.telemetry.of(requestId)
   rec?.call(model.id, payer.org.id, payer.key.id)
+  if (!payer.key.allows(model.id)) throw modelNotAllowed(model.id)
   const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
   if (payer.quoteOnly) return quoteCall(deps, payer, call, worst, requestId)
   // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.

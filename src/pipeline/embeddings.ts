@@ -1,6 +1,12 @@
 import { type EmbeddingRequest, MAX_EMBEDDING_INPUTS } from '../api/embeddings.ts'
 import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
-import { ContextLengthExceeded, InvalidValue, TooManyInputs, UpstreamFailed } from '../errors.ts'
+import {
+  ContextLengthExceeded,
+  InvalidValue,
+  modelNotAllowed,
+  TooManyInputs,
+  UpstreamFailed,
+} from '../errors.ts'
 import type { ChatDeps, Payer } from './chat.ts'
 import { dispatch, finishAttempt, readBody } from './dispatch.ts'
 import { loadTokenizer, PromptCounter, reservedPromptTokens } from './tokens.ts'
@@ -21,6 +27,7 @@ export async function createEmbeddings(
 ): Promise<Response> {
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'embedding')
+  if (!payer.key.allows(model.id)) throw modelNotAllowed(model.id)
   const inputs = checkInputs(body.input)
   if (body.dimensions !== undefined && model.dimensions !== undefined && body.dimensions > model.dimensions)
     throw new InvalidValue(`dimensions must be at most ${model.dimensions} for ${model.id}`, 'dimensions')

@@ -30,10 +30,17 @@ export interface KeyRecord {
   readonly revokedAt: number | null
   readonly rpmLimit: number | null
   readonly tpmLimit: number | null
+  /** Unix seconds after which the key is refused; null: never. */
+  readonly expiresAt: number | null
+  /** Model ids or patterns (`anthropic/*`) the key may use; null: every model. */
+  readonly models: readonly string[] | null
 }
 
 export type KeyPatch = Partial<
-  Pick<KeyRecord, 'name' | 'limitNano' | 'status' | 'revokedAt' | 'rpmLimit' | 'tpmLimit'>
+  Pick<
+    KeyRecord,
+    'name' | 'limitNano' | 'status' | 'revokedAt' | 'rpmLimit' | 'tpmLimit' | 'expiresAt' | 'models'
+  >
 >
 
 export type { LedgerEntry }

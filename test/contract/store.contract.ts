@@ -29,6 +29,8 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       createdAt: 1_700_000_000,
       lastUsedAt: null,
       revokedAt: null,
+      expiresAt: null,
+      models: null,
       rpmLimit: null,
       tpmLimit: null,
       ...extra,
@@ -72,7 +74,23 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect(k.limitNano).toBe(big + 1n)
       expect(k.rpmLimit).toBe(60)
       expect(k.lastUsedAt).toBeNull()
+      expect(k.expiresAt).toBeNull()
+      expect(k.models).toBeNull()
       expect(await store.loadOrgs()).toHaveLength(1)
+    })
+
+    test("a key's expiry and models round-trip, and a patch changes and clears them", async () => {
+      await store.insertOrg(org('o1'))
+      await store.insertKey(key('k1', 'o1', { expiresAt: 1_900_000_000, models: ['anthropic/*', 'sim/chat-small'] }))
+      expect(await store.getKey('k1')).toMatchObject({
+        expiresAt: 1_900_000_000,
+        models: ['anthropic/*', 'sim/chat-small'],
+      })
+      await store.updateKey('k1', { models: [], expiresAt: null })
+      expect(await store.getKey('k1')).toMatchObject({ expiresAt: null, models: [] })
+      await store.updateKey('k1', { models: null })
+      expect((await store.getKey('k1'))!.models).toBeNull()
+      expect((await store.loadKeys()).find((x) => x.id === 'k1')!.models).toBeNull()
     })
 
     test('listKeys pages by id within one org and kind, and filters by status', async () => {

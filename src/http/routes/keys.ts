@@ -45,6 +45,8 @@ export const keyRoutes = (svc: Services) => {
           limitNano: limitOf(body.limit_rub) ?? null,
           rpmLimit: body.rpm_limit ?? null,
           tpmLimit: body.tpm_limit ?? null,
+          expiresAt: body.expires_at ?? null,
+          models: body.models ?? null,
         })
         set.status = 201
         return { ...keyView(key), key: secret }
@@ -109,6 +111,8 @@ export const keyRoutes = (svc: Services) => {
             ...(body.disabled !== undefined && { disabled: body.disabled }),
             ...(body.rpm_limit !== undefined && { rpmLimit: body.rpm_limit }),
             ...(body.tpm_limit !== undefined && { tpmLimit: body.tpm_limit }),
+            ...(body.expires_at !== undefined && { expiresAt: body.expires_at }),
+            ...(body.models !== undefined && { models: body.models }),
           }),
         )
       },

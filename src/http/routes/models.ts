@@ -1,4 +1,5 @@
 import { Elysia, t } from 'elysia'
+import { modelNotAllowed } from '../../errors.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, requireReader } from '../auth.ts'
 
@@ -9,7 +10,10 @@ export const modelRoutes = (svc: Services) =>
       '/v1/models',
       ({ principal }) => {
         requireReader(principal)
-        return { object: 'list', data: svc.deps.catalogue.list() }
+        const all = svc.deps.catalogue.list()
+        // An API key with `models` sees only the models it may use.
+        const key = principal.kind === 'api' ? principal.key : undefined
+        return { object: 'list', data: key?.models ? all.filter((m) => key.allows(m.id)) : all }
       },
       {
         detail: {
@@ -29,7 +33,9 @@ export const modelRoutes = (svc: Services) =>
         } catch {
           // not valid percent-encoding: no model has such an id
         }
-        return svc.deps.catalogue.view(id)
+        const view = svc.deps.catalogue.view(id)
+        if (principal.kind === 'api' && !principal.key.allows(view.id)) throw modelNotAllowed(view.id)
+        return view
       },
       { params: t.Object({ '*': t.String() }), detail: { tags: ['models'], summary: 'One model' } },
     )

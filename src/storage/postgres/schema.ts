@@ -1,10 +1,25 @@
 import { sql } from 'drizzle-orm'
-import { bigint, index, integer, pgTable, primaryKey, text, uniqueIndex } from 'drizzle-orm/pg-core'
+import {
+  bigint,
+  customType,
+  index,
+  integer,
+  pgTable,
+  primaryKey,
+  text,
+  uniqueIndex,
+} from 'drizzle-orm/pg-core'
 
 // The same tables as storage/sqlite/schema.ts, column for column: money is bigint nano-roubles,
 // times are Unix seconds or milliseconds as the column names say.
 const money = (name: string) => bigint(name, { mode: 'bigint' })
 const ms = (name: string) => bigint(name, { mode: 'number' })
+/** A list kept as JSON text (as SQLite's text json mode does), so both stores read it alike. */
+const jsonText = customType<{ data: readonly string[]; driverData: string }>({
+  dataType: () => 'text',
+  toDriver: (v) => JSON.stringify(v),
+  fromDriver: (v) => JSON.parse(v) as readonly string[],
+})
 
 export const meta = pgTable('meta', {
   key: text('key').primaryKey(),
@@ -37,6 +52,8 @@ export const keys = pgTable(
     revokedAt: integer('revoked_at'),
     rpmLimit: integer('rpm_limit'),
     tpmLimit: integer('tpm_limit'),
+    expiresAt: integer('expires_at'),
+    models: jsonText('models'),
   },
   (t) => [uniqueIndex('keys_secret_hash').on(t.secretHash), index('keys_org').on(t.orgId, t.kind, t.id)],
 )

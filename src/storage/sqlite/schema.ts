@@ -33,6 +33,10 @@ export const keys = sqliteTable(
     revokedAt: epoch('revoked_at'),
     rpmLimit: count('rpm_limit'),
     tpmLimit: count('tpm_limit'),
+    /** Unix seconds after which the key is refused (401 key_expired); null: never. */
+    expiresAt: epoch('expires_at'),
+    /** The model ids or patterns (`anthropic/*`) the key may use, as JSON; null: every model. */
+    models: text('models', { mode: 'json' }).$type<readonly string[]>(),
   },
   (t) => [uniqueIndex('keys_secret_hash').on(t.secretHash), index('keys_org').on(t.orgId, t.kind, t.id)],
 )
