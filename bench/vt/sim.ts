@@ -226,7 +226,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     contextLength: 1_000_000,
     dimensions: undefined,
     created: 0,
-    price: { promptNano: 0n, completionNano: 0n },
+    price: { promptNano: 0n, completionNano: 0n, cachedPromptNano: 0n },
     fallbacks: [],
     routes: o.fleet.map((n) => ({
       ...OPENAI_ROUTE,

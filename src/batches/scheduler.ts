@@ -520,7 +520,9 @@ export class BatchScheduler {
       node: a.candidate.node.name,
       promptTokens: m.usage.promptTokens,
       completionTokens: m.usage.completionTokens,
-      costNano: batchCostNano(costNano(m.usage.promptTokens, m.usage.completionTokens, model.price)),
+      costNano: batchCostNano(
+        costNano(m.usage.promptTokens, m.usage.completionTokens, model.price, m.usage.cachedTokens ?? 0),
+      ),
       batchId: a.batchId,
       startedAtMs: a.startedAtMs,
       endedAtMs: Date.now(),

@@ -314,7 +314,9 @@ async function callUpstream(
     // The ledger row goes in with the result, in one transaction, so a node killed right after
     // cannot leave the line done but unbilled; the main thread's settlement of the same row
     // (same request id) then only moves its in-memory spend and the reservation.
-    const full = batchCostNano(costNano(usage.promptTokens, usage.completionTokens, cost.model.price))
+    const full = batchCostNano(
+      costNano(usage.promptTokens, usage.completionTokens, cost.model.price, usage.cachedTokens ?? 0),
+    )
     // biome-ignore lint/complexity/useMathMinMax: bigint, which Math.min does not take
     const charged = full > cost.worstNano ? cost.worstNano : full
     const outcome = reported ? 'ok' : 'ok:estimated'

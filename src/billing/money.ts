@@ -97,9 +97,20 @@ const MAX_SAFE_MICRO = BigInt(Number.MAX_SAFE_INTEGER)
 export function costNano(
   promptTokens: number,
   completionTokens: number,
-  price: { promptNano: NanoRub; completionNano: NanoRub },
+  price: { promptNano: NanoRub; completionNano: NanoRub; cachedPromptNano?: NanoRub },
+  /** Of the prompt tokens, those the upstream reported as cached (billed at cachedPromptNano). */
+  cachedTokens = 0,
 ): NanoRub {
-  return BigInt(promptTokens) * price.promptNano + BigInt(completionTokens) * price.completionNano
+  const full = BigInt(promptTokens) * price.promptNano + BigInt(completionTokens) * price.completionNano
+  // An upstream's figure: whatever it says, at most the prompt and never a fraction or NaN.
+  if (
+    !(cachedTokens > 0) ||
+    price.cachedPromptNano === undefined ||
+    price.cachedPromptNano === price.promptNano
+  )
+    return full
+  const cached = BigInt(Math.floor(Math.min(cachedTokens, promptTokens)))
+  return full - cached * (price.promptNano - price.cachedPromptNano)
 }
 
 /** Batch lines cost half. Prices are whole micro-roubles, so half is exact in nano-roubles. */

@@ -9,7 +9,7 @@ export interface ModelView {
   created: number
   owned_by: string
   context_length: number
-  pricing: { prompt: string; completion: string }
+  pricing: { prompt: string; completion: string; cached_prompt: string }
 }
 
 /** The models Tropa serves, from the config. */
@@ -60,6 +60,10 @@ function toView(m: ModelConfig): ModelView {
     created: m.created,
     owned_by: m.ownedBy,
     context_length: m.contextLength,
-    pricing: { prompt: formatRub(m.price.promptNano), completion: formatRub(m.price.completionNano) },
+    pricing: {
+      prompt: formatRub(m.price.promptNano),
+      completion: formatRub(m.price.completionNano),
+      cached_prompt: formatRub(m.price.cachedPromptNano),
+    },
   }
 }

@@ -46,6 +46,8 @@ export const OPENAI_ROUTE = {
 export interface Price {
   readonly promptNano: NanoRub
   readonly completionNano: NanoRub
+  /** Prompt tokens the upstream reports as cached; at most promptNano (the reservation's worst case). */
+  readonly cachedPromptNano: NanoRub
 }
 export interface ModelConfig {
   readonly id: string
@@ -403,6 +405,7 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
     problems.push(`${where}: an embedding model needs dimensions (its native vector size)`)
   let promptNano = 0n
   let completionNano = 0n
+  let cachedNano: NanoRub | undefined
   if (m.pricing && m.pricing_per_million)
     problems.push(`${where}: set either pricing or pricing_per_million, not both`)
   else if (m.pricing) {
@@ -418,6 +421,14 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
       )
     promptNano = p ?? 0n
     completionNano = c ?? 0n
+    if (m.pricing.cached_prompt !== undefined) {
+      const cp = parseRub(m.pricing.cached_prompt, 6)
+      if (cp === undefined)
+        problems.push(
+          `${where}: pricing.cached_prompt ${m.pricing.cached_prompt} is not exact at six fractional digits per token. Fix: round it, e.g. "0.000015"`,
+        )
+      cachedNano = cp
+    }
   } else if (m.pricing_per_million) {
     const p = perMillionToPerTokenNano(m.pricing_per_million.prompt)
     const c = perMillionToPerTokenNano(m.pricing_per_million.completion)
@@ -431,7 +442,19 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
       )
     promptNano = p ?? 0n
     completionNano = c ?? 0n
+    if (m.pricing_per_million.cached_prompt !== undefined) {
+      const cp = perMillionToPerTokenNano(m.pricing_per_million.cached_prompt)
+      if (cp === undefined)
+        problems.push(
+          `${where}: pricing_per_million.cached_prompt ${m.pricing_per_million.cached_prompt} is not a whole number of roubles per million, so the per-token price is not exact at six digits. Fix: use a whole number`,
+        )
+      cachedNano = cp
+    }
   } else problems.push(`${where}: no pricing. Fix: add [models.pricing] with prompt and completion per token`)
+  if (cachedNano !== undefined && cachedNano > promptNano)
+    problems.push(
+      `${where}: the cached prompt price is over the prompt price. Fix: at most the prompt price (a request is reserved for at the prompt price)`,
+    )
 
   const routes = routeList.map((r, j) => {
     let url: URL | undefined
@@ -521,7 +544,7 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
     maxOutputTokens: m.max_output_tokens,
     dimensions: m.dimensions,
     created: m.created ?? 1_767_225_600,
-    price: { promptNano, completionNano },
+    price: { promptNano, completionNano, cachedPromptNano: cachedNano ?? promptNano },
     routes,
     fallbacks: m.fallbacks ?? [],
   }

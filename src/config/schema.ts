@@ -7,6 +7,8 @@ export const PricingSchema = T.Object(
   {
     prompt: Decimal,
     completion: Decimal,
+    /** Prompt tokens the upstream reports as cached (prompt_tokens_details.cached_tokens); default: the prompt price. */
+    cached_prompt: T.Optional(Decimal),
   },
   { additionalProperties: false },
 )

@@ -306,6 +306,7 @@ export async function runModelCall(
     const u = billed(usage, completionTokens)
     const p = u.prompt_tokens
     const cTokens = u.completion_tokens
+    const cached = cachedOf(u)
     deps.limiter.used(payer.key, cTokens)
     const charged = deps.meter.settle(reservation, {
       requestId,
@@ -313,16 +314,17 @@ export async function runModelCall(
       node: c.node.name,
       promptTokens: p,
       completionTokens: cTokens,
-      costNano: costNano(p, cTokens, model.price),
+      // Cached prompt tokens at the model's cached price (the reservation took the full one).
+      costNano: costNano(p, cTokens, model.price, cached),
       batchId: null,
       startedAtMs,
       endedAtMs: Date.now(),
       outcome,
       estimated: u.estimated === true,
-      cachedTokens: cachedOf(u) ?? null,
+      cachedTokens: cached ?? null,
       ttftMs,
     })
-    rec?.settled(p, cTokens, cachedOf(u) ?? 0, charged)
+    rec?.settled(p, cTokens, cached ?? 0, charged)
     return charged
   }
 

@@ -10,7 +10,7 @@ export function routeFleet(n: number, maxConcurrency = 64): { pool: NodePool; ca
     contextLength: 100_000,
     dimensions: undefined,
     created: 0,
-    price: { promptNano: 0n, completionNano: 0n },
+    price: { promptNano: 0n, completionNano: 0n, cachedPromptNano: 0n },
     fallbacks: [],
     routes: Array.from({ length: n }, (_, i) => ({
       ...OPENAI_ROUTE,

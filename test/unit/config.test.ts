@@ -43,7 +43,7 @@ describe('config', () => {
     expect(c.server.port).toBe(9000)
     const m = c.models[0]!
     expect(m.ownedBy).toBe('acme')
-    expect(m.price).toEqual({ promptNano: 30_000n, completionNano: 60_000n })
+    expect(m.price).toEqual({ promptNano: 30_000n, completionNano: 60_000n, cachedPromptNano: 30_000n })
     expect(m.routes[0]).toMatchObject({ apiKey: 'secret', upstreamModel: 'chat', node: '127.0.0.1:9101' })
     expect(Object.isFrozen(c.models[0])).toBe(true)
     expect(c.server.streamWriteTimeoutMs).toBe(30_000)
@@ -181,5 +181,53 @@ describe('config', () => {
     expect(capture.some((p) => p.includes('access_log.capture_orgs'))).toBe(true)
     expect(problems(`${GOOD}\n[metrics]\nper_org_max = 0\n`, { ACME_KEY: 'k' }).length).toBeGreaterThan(0)
     expect(problems(`${GOOD}\n[access_log]\nsink = "syslog"\n`, { ACME_KEY: 'k' }).length).toBeGreaterThan(0)
+  })
+})
+
+describe('cached prompt prices', () => {
+  const model = (pricing: string) => `
+[[models]]
+id = "acme/chat-1"
+context_length = 8192
+${pricing}
+[[models.routes]]
+base_url = "http://127.0.0.1:9101/v1"
+`
+  test('pricing.cached_prompt and pricing_per_million.cached_prompt load exactly; absent, the prompt price', () => {
+    const a = loadConfig(
+      {
+        configPath: write(
+          model('[models.pricing]\nprompt = "0.000030"\ncompletion = "0.000060"\ncached_prompt = "0.000003"'),
+        ),
+      },
+      {},
+    )
+    expect(a.models[0]!.price.cachedPromptNano).toBe(3_000n)
+    const b = loadConfig(
+      {
+        configPath: write(
+          model('[models.pricing_per_million]\nprompt = "30"\ncompletion = "60"\ncached_prompt = "15"'),
+        ),
+      },
+      {},
+    )
+    expect(b.models[0]!.price.cachedPromptNano).toBe(15_000n)
+    const c = loadConfig(
+      { configPath: write(model('[models.pricing]\nprompt = "0.000030"\ncompletion = "0.000060"')) },
+      {},
+    )
+    expect(c.models[0]!.price.cachedPromptNano).toBe(30_000n)
+  })
+  test('a cached price over the prompt price, or not exact at six digits, is refused', () => {
+    expect(
+      problems(
+        model('[models.pricing]\nprompt = "0.000030"\ncompletion = "0.000060"\ncached_prompt = "0.000031"'),
+      ).join(),
+    ).toContain('over the prompt price')
+    expect(
+      problems(
+        model('[models.pricing]\nprompt = "0.000030"\ncompletion = "0.000060"\ncached_prompt = "0.0000031"'),
+      ).join(),
+    ).toContain('cached_prompt')
   })
 })

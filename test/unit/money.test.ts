@@ -96,6 +96,21 @@ describe('money', () => {
     expect(costNano(prompt, completion, p)).toBe(expected)
   })
 
+  test('cached prompt tokens cost the cached price; an upstream figure out of range is clamped', () => {
+    const price = { promptNano: 30_000n, completionNano: 60_000n, cachedPromptNano: 15_000n }
+    // 1,000 prompt tokens of which 600 cached, 10 completion tokens.
+    expect(costNano(1000, 10, price, 600)).toBe(400n * 30_000n + 600n * 15_000n + 10n * 60_000n)
+    expect(costNano(1000, 10, price, 0)).toBe(1000n * 30_000n + 10n * 60_000n)
+    expect(costNano(1000, 10, price, 5000)).toBe(1000n * 15_000n + 10n * 60_000n) // at most the prompt
+    for (const bogus of [-3, Number.NaN])
+      expect(costNano(1000, 10, price, bogus)).toBe(costNano(1000, 10, price))
+    expect(costNano(1000, 10, price, 600.7)).toBe(costNano(1000, 10, price, 600))
+    // A price without a cached rate bills cached tokens at the prompt price.
+    expect(costNano(1000, 10, { promptNano: 30_000n, completionNano: 60_000n }, 600)).toBe(
+      costNano(1000, 10, price),
+    )
+  })
+
   test('batch cost is exactly half, even for one token at the smallest price', () => {
     const one = costNano(1, 0, { promptNano: 1_000n, completionNano: 0n })
     expect(batchCostNano(one)).toBe(500n)
