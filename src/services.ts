@@ -134,6 +134,7 @@ export async function buildServices(
     watchdog,
     timeouts: config.upstream,
     streamWriteTimeoutMs: config.server.streamWriteTimeoutMs,
+    sseKeepAliveMs: config.server.sseKeepAliveMs,
     hedges: config.routing.hedgeShare > 0 ? new ShareBudget(config.routing.hedgeShare, 10) : undefined,
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,

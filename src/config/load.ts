@@ -71,6 +71,8 @@ export interface Config {
     readonly maxHeaderBytes: number
     /** A stream whose client takes no bytes for this long is cut. */
     readonly streamWriteTimeoutMs: number
+    /** A stream still without its first token this long after it began is sent its headers and SSE comments; 0: off. */
+    readonly sseKeepAliveMs: number
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
     readonly billing: boolean
     readonly secret: string | undefined
@@ -278,6 +280,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       maxBodyBytes: cfg.server?.max_body_bytes ?? 32 * 1024 * 1024,
       maxHeaderBytes: cfg.server?.max_header_bytes ?? 16 * 1024,
       streamWriteTimeoutMs: cfg.server?.stream_write_timeout_ms ?? 30_000,
+      sseKeepAliveMs: cfg.server?.sse_keep_alive_ms ?? 15_000,
       logLevel: cfg.server?.log_level ?? 'info',
       billing: cfg.server?.billing ?? true,
       secret: cfg.server?.secret,

@@ -86,6 +86,8 @@ export const ServerSchema = T.Object(
     public_url: T.Optional(T.String({ minLength: 1 })),
     /** A stream whose client takes no bytes for this long is cut (upstream aborted, billed so far). */
     stream_write_timeout_ms: T.Optional(T.Integer({ minimum: 100, maximum: 240_000 })),
+    /** A stream with no first token this long after it began gets its headers and `: keep-alive` comments, then again every this long; 0: off. */
+    sse_keep_alive_ms: T.Optional(T.Integer({ minimum: 0, maximum: 600_000 })),
     /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
     billing: T.Optional(T.Boolean()),
     log_level: T.Optional(

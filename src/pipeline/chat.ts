@@ -4,7 +4,14 @@ import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import type { RateLimiter } from '../billing/rate-limiter.ts'
 import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
-import { ContextLengthExceeded, InvalidValue, UpstreamFailed, UpstreamTimeout } from '../errors.ts'
+import {
+  ContextLengthExceeded,
+  InternalError,
+  InvalidValue,
+  TropaError,
+  UpstreamFailed,
+  UpstreamTimeout,
+} from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
@@ -19,7 +26,7 @@ import {
   type Usage,
 } from '../upstream/sse.ts'
 import type { Deadline } from '../upstream/watchdog.ts'
-import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
+import { type Dispatched, dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
 import { chatPrefix, NO_PREFIX, type PromptPrefix } from './prefix.ts'
 import {
   COUNT_SLICE_CHARS,
@@ -37,6 +44,8 @@ export interface ChatDeps extends UpstreamDeps {
   readonly limiter: RateLimiter
   /** A stream whose client takes no bytes for this long is cut (server.stream_write_timeout_ms). */
   readonly streamWriteTimeoutMs: number
+  /** A stream with no first token this long after it began is kept alive with SSE comments; 0: off. */
+  readonly sseKeepAliveMs: number
 }
 
 /** Who pays for a request. */
@@ -323,11 +332,7 @@ export async function runModelCall(
       })
     }
 
-    const {
-      value: first,
-      candidate,
-      attempt,
-    } = await dispatch(
+    const dispatched = dispatch(
       deps,
       {
         model,
@@ -343,44 +348,54 @@ export async function runModelCall(
       },
       signal,
     )
-    ttftMs = Date.now() - startedAtMs
-    // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
-    const relay: ChatStreamRelay = new ChatStreamRelay(
-      completionId,
-      model.id,
-      call.includeUsage,
-      (usage) => {
-        const u = billed(usage, () => countTokens(relay.generated))
-        u.cost_rub = nanoToRubNumber(settle(candidate, u, () => 0, 'ok'))
-        return u
-      },
-      call.shape,
-    )
-    const body$ = relayStream(
-      deps,
-      first,
-      relay,
-      attempt,
-      reservation,
-      (usage, outcome) => {
-        const text = relay.generated
-        if (usage || text.length <= COUNT_SLICE_CHARS)
-          return void settle(candidate, usage, () => countTokens(text), outcome)
-        // A long answer cut short (say many streams cut at once) is counted a slice at a time.
-        countTokensYielding(text).then(
-          (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
-          (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
-        )
-      },
-      cut,
-    )
-    return new Response(body$, {
-      headers: {
-        ...headers(candidate),
-        'content-type': 'text/event-stream; charset=utf-8',
-        'cache-control': 'no-cache',
-        connection: 'keep-alive',
-      },
+    /** The client's SSE body from the winning node's first chunk on. */
+    const relayFrom = ({ value: first, candidate, attempt }: Dispatched<FirstChunk>) => {
+      ttftMs = Date.now() - startedAtMs
+      // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
+      const relay: ChatStreamRelay = new ChatStreamRelay(
+        completionId,
+        model.id,
+        call.includeUsage,
+        (usage) => {
+          const u = billed(usage, () => countTokens(relay.generated))
+          u.cost_rub = nanoToRubNumber(settle(candidate, u, () => 0, 'ok'))
+          return u
+        },
+        call.shape,
+      )
+      return relaySource(
+        deps,
+        first,
+        relay,
+        attempt,
+        reservation,
+        (usage, outcome) => {
+          const text = relay.generated
+          if (usage || text.length <= COUNT_SLICE_CHARS)
+            return void settle(candidate, usage, () => countTokens(text), outcome)
+          // A long answer cut short (say many streams cut at once) is counted a slice at a time.
+          countTokensYielding(text).then(
+            (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
+            (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
+          )
+        },
+        cut,
+      )
+    }
+    // No first token by server.sse_keep_alive_ms: the headers go out now, with SSE comments
+    // until it comes, so a proxy's idle timeout does not cut the wait (dispatch goes on below,
+    // failing over and hedging as before; a failure now reaches the client as an error event).
+    const won =
+      deps.sseKeepAliveMs > 0
+        ? await beforeKeepAlive(deps, dispatched, startedAtMs + deps.sseKeepAliveMs)
+        : await dispatched
+    if (won === KEEP_ALIVE)
+      return new Response(
+        keptAlive(deps, dispatched, relayFrom, requestId, () => deps.meter.release(reservation)),
+        { headers: { 'x-request-id': requestId, ...SSE_HEADERS } },
+      )
+    return new Response(directStream(relayFrom(won)), {
+      headers: { ...headers(won.candidate), ...SSE_HEADERS },
     })
   } catch (err) {
     deps.meter.release(reservation)
@@ -559,7 +574,7 @@ async function pastOpening(
  * does not read stops the upstream too (Bun's fetch stops reading a body nobody reads): at most
  * one relayed chunk is held per stream, whatever the client does. The fast path costs a type check.
  */
-function relayStream(
+function relaySource(
   deps: ChatDeps,
   first: FirstChunk,
   relay: ChatStreamRelay,
@@ -567,7 +582,7 @@ function relayStream(
   reservation: Reservation,
   settle: (usage: Usage | undefined, outcome: string) => void,
   cut: (() => void) | undefined,
-): ReadableStream<Uint8Array> {
+): Bun.DirectUnderlyingSource<Uint8Array> {
   const { reader, reply } = first
   const c = attempt.candidate
   let finished = false
@@ -686,8 +701,118 @@ function relayStream(
       reader.cancel().catch(() => {})
     },
   }
+  return source
+}
+
+/** A direct stream (Bun) on `source`. */
+function directStream(source: Bun.DirectUnderlyingSource<Uint8Array>): ReadableStream<Uint8Array> {
   // The web worker typings (batch worker) hide Bun's direct-stream overload of the constructor.
   return new ReadableStream<Uint8Array>(source as unknown as UnderlyingDefaultSource<Uint8Array>)
+}
+
+const SSE_HEADERS = {
+  'content-type': 'text/event-stream; charset=utf-8',
+  'cache-control': 'no-cache',
+  connection: 'keep-alive',
+} as const
+
+/** beforeKeepAlive's answer when the keep-alive time came first. */
+const KEEP_ALIVE = Symbol('keep-alive')
+const KEEP_ALIVE_COMMENT = new TextEncoder().encode(': keep-alive\n\n')
+
+/** The dispatch's winner, or KEEP_ALIVE when none has come by `atMs` (the watchdog's tick late). */
+function beforeKeepAlive<T>(
+  deps: UpstreamDeps,
+  dispatched: Promise<T>,
+  atMs: number,
+): Promise<T | typeof KEEP_ALIVE> {
+  return new Promise((resolve, reject) => {
+    const deadline = deps.watchdog.watch(atMs, () => resolve(KEEP_ALIVE))
+    dispatched.then(
+      (won) => {
+        deps.watchdog.clear(deadline)
+        resolve(won)
+      },
+      (err) => {
+        deps.watchdog.clear(deadline)
+        reject(err)
+      },
+    )
+  })
+}
+
+/**
+ * The body of a stream whose headers went out before its first token: a `: keep-alive` comment
+ * now and every sse_keep_alive_ms while the dispatch goes on (failover and hedging unchanged),
+ * then the winner's relay on the same socket. The status is 200 by now, so a dispatch that fails
+ * ends the body with one error event (`release` gives the reservation back); a client that left
+ * meanwhile aborted the dispatch through the request's signal. Comments are not written while the
+ * socket holds earlier bytes: a client that reads nothing gets no more than one.
+ */
+function keptAlive(
+  deps: ChatDeps,
+  dispatched: Promise<Dispatched<FirstChunk>>,
+  relayFrom: (won: Dispatched<FirstChunk>) => Bun.DirectUnderlyingSource<Uint8Array>,
+  requestId: string,
+  release: () => void,
+): ReadableStream<Uint8Array> {
+  let gone = false
+  let relay: Bun.DirectUnderlyingSource<Uint8Array> | undefined
+  const source: Bun.DirectUnderlyingSource<Uint8Array> = {
+    type: 'direct',
+    async pull(controller) {
+      let waiting = true
+      let held: unknown
+      let beat: Deadline | undefined
+      const comment = () => {
+        if (!waiting || gone) return
+        if (!(held instanceof Promise)) {
+          held = controller.write(KEEP_ALIVE_COMMENT)
+          controller.flush()
+          if (held instanceof Promise) held.then(() => (held = undefined), noStall)
+        }
+        beat = deps.watchdog.watch(Date.now() + deps.sseKeepAliveMs, comment)
+      }
+      comment()
+      let won: Dispatched<FirstChunk>
+      try {
+        won = await dispatched
+      } catch (err) {
+        waiting = false
+        if (beat) deps.watchdog.clear(beat)
+        release()
+        if (gone) return
+        let e: TropaError
+        if (err instanceof TropaError) e = err
+        else {
+          deps.log('error', 'a kept-alive stream failed', {
+            requestId,
+            error: String((err as Error)?.stack ?? err),
+          })
+          e = new InternalError()
+        }
+        try {
+          controller.write(
+            sseEvent({ error: { message: e.message, type: e.type, param: e.param, code: e.code } }),
+          )
+          controller.close()
+        } catch {
+          // the client is gone too
+        }
+        return
+      }
+      waiting = false
+      if (beat) deps.watchdog.clear(beat)
+      relay = relayFrom(won)
+      if (gone) return void relay.cancel?.(new Error('client disconnected'))
+      return relay.pull(controller)
+    },
+    cancel(reason) {
+      gone = true
+      relay?.cancel?.(reason)
+    },
+  }
+  return directStream(source)
 }
 
 const noStall = () => false
