@@ -68,6 +68,9 @@ export function createApp(svc: Services) {
   })
     .onRequest(({ request, set }) => {
       set.headers['x-request-id'] = requestId()
+      // Stopping: a request that came on a kept-alive connection is answered, and the connection
+      // closed after it, so the client opens its next one elsewhere.
+      if (svc.draining) set.headers.connection = 'close'
       // Tropa's own header limit, below the runtime's (RUNTIME_HEADER_BYTES, whose refusal has no
       // body), so that a 431 carries OpenAI's error body like every other refusal.
       if (headersOver(request.headers, maxHeaderBytes)) throw new HeadersTooLarge(maxHeaderBytes)

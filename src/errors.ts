@@ -176,6 +176,21 @@ export class InternalError extends TropaError {
   }
 }
 
+/**
+ * The router is stopping (SIGTERM) and its drain deadline passed: a stream still open ends with
+ * this as its error event. Another node (or this one restarted) can serve the retry.
+ */
+export class ServerShuttingDown extends TropaError {
+  readonly status = 503
+  readonly type = 'server_error'
+  constructor() {
+    super('the server is shutting down; retry the request', 'server_shutting_down')
+  }
+  override get retryable() {
+    return true
+  }
+}
+
 /** The data directory's disk (or quota) is full: nothing was stored; retry once space is freed. */
 export class InsufficientStorage extends TropaError {
   readonly status = 507

@@ -36,7 +36,10 @@ Flags of serve:
   --data-dir <dir>          data directory, default ./tropa-data (also TROPA_DATA_DIR)
 
 Environment: TROPA_ADMIN_TOKEN sets the admin token; without it the embedded default generates
-one at first start into <data-dir>/admin-token (mode 0600) and prints it once.`
+one at first start into <data-dir>/admin-token (mode 0600) and prints it once.
+
+Signals: SIGTERM or SIGINT stops gracefully (in-flight requests finish within
+server.shutdown_grace_ms; a second signal exits at once).`
 
 async function main(argv: string[]): Promise<void> {
   const [first, ...rest] = argv
@@ -118,18 +121,54 @@ async function serve(base: Config): Promise<void> {
   // tokens builds it at once if it is not there yet.
   setTimeout(() => void loadTokenizer(), 100).unref()
 
+  // A graceful stop: refuse new connections, let requests and streams finish until
+  // server.shutdown_grace_ms, then end the streams still open with an error event (each billed
+  // for what it was sent); flush the ledger, give back batch leases. A second signal exits now.
+  const server = app.server!
   let stopping = false
-  const stop = async () => {
-    if (stopping) return
+  const stop = async (signal: string) => {
+    if (stopping) {
+      log('warn', `second ${signal}: exiting at once`)
+      process.exit(1)
+    }
     stopping = true
-    await app.stop()
+    const graceMs = config.server.shutdownGraceMs
+    log('info', 'stopping: in-flight requests may finish', {
+      signal,
+      grace_ms: graceMs,
+      streams: svc.deps.streams.size,
+    })
+    const drained = server.stop(false)
+    const batches = svc.drain(Date.now() + graceMs)
+    let timer: ReturnType<typeof setTimeout> | undefined
+    const late = await Promise.race([
+      drained.then(() => false),
+      new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(true), graceMs)
+      }),
+    ])
+    clearTimeout(timer)
+    if (late) {
+      const ended = svc.deps.streams.endAll()
+      log('warn', 'stop deadline passed: open streams ended', { streams: ended })
+      // A moment for the ended streams' last event to go out; what is still open then is cut.
+      await Promise.race([drained, Bun.sleep(1000)])
+      await server.stop(true)
+    }
+    await batches
     await svc.stop()
     await store.close()
     await fleet?.stop()
+    log('info', 'stopped')
     process.exit(0)
   }
-  process.on('SIGINT', stop)
-  process.on('SIGTERM', stop)
+  const onSignal = (signal: string) =>
+    stop(signal).catch((err) => {
+      log('error', 'stopping failed', { error: String((err as Error)?.stack ?? err) })
+      process.exit(1)
+    })
+  process.on('SIGINT', () => void onSignal('SIGINT'))
+  process.on('SIGTERM', () => void onSignal('SIGTERM'))
 
   if (generated)
     console.log(

@@ -16,6 +16,7 @@ import { IdentityService } from './identity/service.ts'
 import { randomBase62 } from './ids.ts'
 import type { Log } from './log.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
+import { OpenStreams } from './pipeline/drain.ts'
 import { ShareBudget } from './routing/budget.ts'
 import { NodePool } from './routing/nodes.ts'
 import { LeastInFlight, type RoutingPolicy } from './routing/policy.ts'
@@ -37,7 +38,14 @@ export interface Services {
   readonly files: FilesService
   readonly batches: BatchService
   readonly log: Log
-  /** Flushes the ledger and stops timers; the store is closed by whoever opened it. */
+  /** A graceful stop began: /ready answers 503 and responses close their connections. */
+  draining: boolean
+  /**
+   * A graceful stop's first half (the HTTP server drains meanwhile): batches take no new work and
+   * their running lines finish, until `untilMs`.
+   */
+  drain(untilMs: number): Promise<void>
+  /** Flushes the ledger, gives back batch lines still leased, stops timers; the store is closed by whoever opened it. */
   stop(): Promise<void>
 }
 
@@ -135,6 +143,7 @@ export async function buildServices(
     timeouts: config.upstream,
     streamWriteTimeoutMs: config.server.streamWriteTimeoutMs,
     sseKeepAliveMs: config.server.sseKeepAliveMs,
+    streams: new OpenStreams(),
     hedges: config.routing.hedgeShare > 0 ? new ShareBudget(config.routing.hedgeShare, 10) : undefined,
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,
@@ -196,7 +205,7 @@ export async function buildServices(
     config.batches.windowSec,
     config.batches.linkTtlSec,
   )
-  return {
+  const svc: Services = {
     config,
     store,
     identity,
@@ -205,6 +214,11 @@ export async function buildServices(
     files,
     batches,
     log,
+    draining: false,
+    async drain(untilMs) {
+      svc.draining = true
+      await scheduler?.drain(untilMs)
+    },
     async stop() {
       clearTimeout(sweep)
       disk.stop()
@@ -217,4 +231,5 @@ export async function buildServices(
       sharedLimiter?.close()
     },
   }
+  return svc
 }

@@ -110,13 +110,42 @@ export class BatchScheduler {
       w.terminate()
     }
     this.workers.length = 0
+    const returned: Promise<void>[] = []
     for (const lines of this.admitted.values()) {
       for (const a of lines.values()) {
         this.meter.release(a.reservation)
         this.pool.endBatch(a.candidate.node, true)
+        // Its lease goes back now, so another node (or this one restarted) takes it at once.
+        returned.push(
+          this.store
+            .retryLine(a.batchId, a.line, 0, true)
+            .catch((err) => this.log('error', 'returning a batch line failed', { error: String(err) })),
+        )
       }
     }
     this.admitted.clear()
+    await Promise.all(returned)
+  }
+
+  private draining = false
+  private lastAdmitAtMs = 0
+
+  /**
+   * A graceful stop's first half: no new validation, finalization or line; lines leased but not
+   * started go back to the queue; lines running finish, until `untilMs`. stop() then gives back
+   * the leases of those still running.
+   */
+  async drain(untilMs: number): Promise<void> {
+    this.draining = true
+    if (this.timer) clearInterval(this.timer)
+    this.timer = undefined
+    for (const w of this.workers) w.postMessage({ t: 'stop' } satisfies ToWorker)
+    for (const q of this.queued.splice(0))
+      q.w.postMessage({ t: 'admitted', reqId: q.m.reqId, reply: { kind: 'wait', ms: 0 } } satisfies ToWorker)
+    // Until the running lines settle and no leased line asked for a slot for a moment (each such
+    // ask is answered 'wait', and the worker gives its lease back).
+    const running = () => [...this.admitted.values()].some((lines) => lines.size > 0)
+    while (Date.now() < untilMs && (running() || Date.now() - this.lastAdmitAtMs < 200)) await Bun.sleep(20)
   }
 
   private ticking = false
@@ -276,6 +305,11 @@ export class BatchScheduler {
         )
         return
       case 'admit': {
+        this.lastAdmitAtMs = Date.now()
+        if (this.draining) {
+          w.postMessage({ t: 'admitted', reqId: m.reqId, reply: { kind: 'wait', ms: 0 } } satisfies ToWorker)
+          return
+        }
         // No node has room now: the line waits here, first in first out, for the next free slot
         // (a settle frees one), instead of going back to the queue with a delay.
         const pending = this.admit(w, m)

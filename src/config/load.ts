@@ -73,6 +73,8 @@ export interface Config {
     readonly streamWriteTimeoutMs: number
     /** A stream still without its first token this long after it began is sent its headers and SSE comments; 0: off. */
     readonly sseKeepAliveMs: number
+    /** On SIGTERM, how long in-flight requests and streams may take to finish. */
+    readonly shutdownGraceMs: number
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
     readonly billing: boolean
     readonly secret: string | undefined
@@ -281,6 +283,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       maxHeaderBytes: cfg.server?.max_header_bytes ?? 16 * 1024,
       streamWriteTimeoutMs: cfg.server?.stream_write_timeout_ms ?? 30_000,
       sseKeepAliveMs: cfg.server?.sse_keep_alive_ms ?? 15_000,
+      shutdownGraceMs: cfg.server?.shutdown_grace_ms ?? 30_000,
       logLevel: cfg.server?.log_level ?? 'info',
       billing: cfg.server?.billing ?? true,
       secret: cfg.server?.secret,

@@ -88,6 +88,8 @@ export const ServerSchema = T.Object(
     stream_write_timeout_ms: T.Optional(T.Integer({ minimum: 100, maximum: 240_000 })),
     /** A stream with no first token this long after it began gets its headers and `: keep-alive` comments, then again every this long; 0: off. */
     sse_keep_alive_ms: T.Optional(T.Integer({ minimum: 0, maximum: 600_000 })),
+    /** On SIGTERM, in-flight requests and streams may finish for this long; then open streams are ended. */
+    shutdown_grace_ms: T.Optional(T.Integer({ minimum: 0, maximum: 3_600_000 })),
     /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
     billing: T.Optional(T.Boolean()),
     log_level: T.Optional(

@@ -8,6 +8,7 @@ import {
   ContextLengthExceeded,
   InternalError,
   InvalidValue,
+  ServerShuttingDown,
   TropaError,
   UpstreamFailed,
   UpstreamTimeout,
@@ -27,6 +28,7 @@ import {
 } from '../upstream/sse.ts'
 import type { Deadline } from '../upstream/watchdog.ts'
 import { type Dispatched, dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
+import type { OpenStreams } from './drain.ts'
 import { chatPrefix, NO_PREFIX, type PromptPrefix } from './prefix.ts'
 import {
   COUNT_SLICE_CHARS,
@@ -46,6 +48,8 @@ export interface ChatDeps extends UpstreamDeps {
   readonly streamWriteTimeoutMs: number
   /** A stream with no first token this long after it began is kept alive with SSE comments; 0: off. */
   readonly sseKeepAliveMs: number
+  /** The streams open now (a graceful stop ends those left at its deadline). */
+  readonly streams: OpenStreams
 }
 
 /** Who pays for a request. */
@@ -591,16 +595,21 @@ function relaySource(
   const deadline = deps.watchdog.watch(Date.now() + idle, () =>
     reply.abort(new UpstreamTimeout(`${c.node.name} stalled mid-stream`)),
   )
+  // A graceful stop's deadline ends the stream through its upstream: the loop below sees the
+  // reason, bills what was sent and writes one error event.
+  const end = () => reply.abort(new ServerShuttingDown())
+  deps.streams.add(end)
   const finish = (outcome: string, nodeOk: boolean) => {
     if (finished) return
     finished = true
     deps.watchdog.clear(deadline)
+    deps.streams.delete(end)
     const usage = relay.usage
     finishAttempt(deps, attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
     if (!reservation.done) settle(relay.usage, outcome)
   }
-  const errorEvent = (message: string, code: string) =>
-    sseEvent({ error: { message, type: 'upstream_error', param: null, code } })
+  const errorEvent = (message: string, code: string, type = 'upstream_error') =>
+    sseEvent({ error: { message, type, param: null, code } })
   /**
    * Waits until the socket has taken the bytes it kept; true when the client took nothing for
    * streamWriteTimeoutMs. The upstream's idle deadline stands still meanwhile (the upstream is not
@@ -679,13 +688,16 @@ function relaySource(
       } catch (err) {
         if (finished) return close()
         const timeout = err instanceof UpstreamTimeout
-        finish(timeout ? 'upstream_timeout' : 'upstream_broken', false)
+        const shutdown = err instanceof ServerShuttingDown
+        finish(timeout ? 'upstream_timeout' : shutdown ? 'server_shutdown' : 'upstream_broken', shutdown)
         try {
           send(
-            errorEvent(
-              timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
-              timeout ? 'upstream_timeout' : 'upstream_error',
-            ),
+            shutdown
+              ? errorEvent(err.message, err.code, err.type)
+              : errorEvent(
+                  timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
+                  timeout ? 'upstream_timeout' : 'upstream_error',
+                ),
           )
           close()
         } catch {
@@ -762,6 +774,7 @@ function keptAlive(
     type: 'direct',
     async pull(controller) {
       let waiting = true
+      let ended = false
       let held: unknown
       let beat: Deadline | undefined
       const comment = () => {
@@ -773,24 +786,13 @@ function keptAlive(
         }
         beat = deps.watchdog.watch(Date.now() + deps.sseKeepAliveMs, comment)
       }
-      comment()
-      let won: Dispatched<FirstChunk>
-      try {
-        won = await dispatched
-      } catch (err) {
+      const stopWaiting = () => {
         waiting = false
         if (beat) deps.watchdog.clear(beat)
-        release()
+        deps.streams.delete(end)
+      }
+      const fail = (e: TropaError) => {
         if (gone) return
-        let e: TropaError
-        if (err instanceof TropaError) e = err
-        else {
-          deps.log('error', 'a kept-alive stream failed', {
-            requestId,
-            error: String((err as Error)?.stack ?? err),
-          })
-          e = new InternalError()
-        }
         try {
           controller.write(
             sseEvent({ error: { message: e.message, type: e.type, param: e.param, code: e.code } }),
@@ -799,10 +801,37 @@ function keptAlive(
         } catch {
           // the client is gone too
         }
-        return
       }
-      waiting = false
-      if (beat) deps.watchdog.clear(beat)
+      // A graceful stop's deadline while no node has answered yet: the client gets its error
+      // event now; what the dispatch brings later is let go unbilled.
+      const end = () => {
+        ended = true
+        stopWaiting()
+        fail(new ServerShuttingDown())
+      }
+      deps.streams.add(end)
+      comment()
+      let won: Dispatched<FirstChunk>
+      try {
+        won = await dispatched
+      } catch (err) {
+        stopWaiting()
+        release()
+        if (ended) return
+        if (err instanceof TropaError) return fail(err)
+        deps.log('error', 'a kept-alive stream failed', {
+          requestId,
+          error: String((err as Error)?.stack ?? err),
+        })
+        return fail(new InternalError())
+      }
+      stopWaiting()
+      if (ended) {
+        won.value.reply.abort(new ServerShuttingDown())
+        won.value.reader.cancel().catch(() => {})
+        finishAttempt(deps, won.attempt, 'cancelled')
+        return release()
+      }
       relay = relayFrom(won)
       if (gone) return void relay.cancel?.(new Error('client disconnected'))
       return relay.pull(controller)
