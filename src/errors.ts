@@ -34,6 +34,15 @@ export class InvalidJson extends InvalidRequest {
     super(message, 'invalid_json')
   }
 }
+/** A config reload found the file invalid: the running config stays; every problem is listed. */
+export class InvalidConfig extends InvalidRequest {
+  constructor(readonly problems: readonly string[]) {
+    super(
+      `the config file is invalid; the running config stays:\n  - ${problems.join('\n  - ')}`,
+      'invalid_config',
+    )
+  }
+}
 export class InvalidValue extends InvalidRequest {
   constructor(message: string, param: string | null) {
     super(message, 'invalid_value', param)

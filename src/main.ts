@@ -39,7 +39,8 @@ Environment: TROPA_ADMIN_TOKEN sets the admin token; without it the embedded def
 one at first start into <data-dir>/admin-token (mode 0600) and prints it once.
 
 Signals: SIGTERM or SIGINT stops gracefully (in-flight requests finish within
-server.shutdown_grace_ms; a second signal exits at once).`
+server.shutdown_grace_ms; a second signal exits at once); SIGHUP reloads the config file's
+models, routes and prices (also POST /v1/admin/reload).`
 
 async function main(argv: string[]): Promise<void> {
   const [first, ...rest] = argv
@@ -78,7 +79,16 @@ async function main(argv: string[]): Promise<void> {
     }
     throw err
   }
-  await serve(config)
+  // A reload reads the file again with the same flags and environment.
+  const reload = () =>
+    loadConfig({
+      configPath: values.config,
+      port,
+      host: values.host,
+      dataDir: values['data-dir'],
+      demo: values.demo,
+    })
+  await serve(config, reload)
 }
 
 function parseFlags(args: string[]) {
@@ -97,7 +107,7 @@ function parseFlags(args: string[]) {
   }).values
 }
 
-async function serve(base: Config): Promise<void> {
+async function serve(base: Config, reload: () => Config): Promise<void> {
   const log = consoleLog(base.server.logLevel)
   mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
   // The store first: a damaged one stops the start before anything is generated or started.
@@ -108,6 +118,12 @@ async function serve(base: Config): Promise<void> {
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
   const svc = await buildServices(config, store, log, threadEntries())
+  svc.loadConfig = () => {
+    // The demo's models are generated for its in-process fleet; only a config file's reload.
+    if (fleet)
+      throw new ConfigError(['the demo fleet was started without a config file: there is nothing to reload'])
+    return reload()
+  }
   const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`
   log('info', 'tropa listening', {
@@ -167,6 +183,14 @@ async function serve(base: Config): Promise<void> {
       log('error', 'stopping failed', { error: String((err as Error)?.stack ?? err) })
       process.exit(1)
     })
+  // SIGHUP reloads models, routes and prices; an invalid file is logged and changes nothing.
+  process.on('SIGHUP', () => {
+    try {
+      svc.reload()
+    } catch {
+      // logged by reload(), with every problem
+    }
+  })
   process.on('SIGINT', () => void onSignal('SIGINT'))
   process.on('SIGTERM', () => void onSignal('SIGTERM'))
 

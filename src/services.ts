@@ -1,3 +1,4 @@
+import { isAbsolute } from 'node:path'
 import { BatchScheduler } from './batches/scheduler.ts'
 import { BatchService, LinkSigner } from './batches/service.ts'
 import { LedgerWriter, storeSink } from './billing/ledger.ts'
@@ -8,7 +9,8 @@ import { SharedMeter } from './billing/shared-meter.ts'
 import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
 import { RedisBus } from './cluster/bus.ts'
-import { type Config, ConfigError } from './config/load.ts'
+import { type Config, ConfigError, loadConfig, type ModelConfig } from './config/load.ts'
+import { InvalidConfig } from './errors.ts'
 import { DiskWatch } from './files/disk.ts'
 import { LocalFileStore } from './files/file-store.ts'
 import { FilesService } from './files/service.ts'
@@ -18,7 +20,7 @@ import type { Log } from './log.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
 import { OpenStreams } from './pipeline/drain.ts'
 import { ShareBudget } from './routing/budget.ts'
-import { NodePool } from './routing/nodes.ts'
+import { NodePool, type NodeState } from './routing/nodes.ts'
 import { LeastInFlight, type RoutingPolicy } from './routing/policy.ts'
 import { PredictedTtft } from './routing/predicted.ts'
 import { NodeProbes } from './routing/probes.ts'
@@ -38,6 +40,14 @@ export interface Services {
   readonly files: FilesService
   readonly batches: BatchService
   readonly log: Log
+  /** Reads the config again for a reload (main.ts sets it with its flags); throws ConfigError. */
+  loadConfig: () => Config
+  /**
+   * Reloads models, routes and prices (SIGHUP, POST /v1/admin/reload) with no request dropped:
+   * requests admitted before keep their model's price; nodes that stay keep what was learned of
+   * them, removed ones drain. An invalid file throws InvalidConfig and changes nothing.
+   */
+  reload(): ReloadReport
   /** A graceful stop began: /ready answers 503 and responses close their connections. */
   draining: boolean
   /**
@@ -65,13 +75,15 @@ export async function buildServices(
 ): Promise<Services> {
   const watchdog = new Watchdog()
   const providers = new ProviderRegistry(watchdog)
-  const missing = config.models.flatMap((m) =>
-    m.routes
-      .filter((r) => !providers.supports(r.provider))
-      .map(
-        (r) => `${m.id}: route ${r.node} names provider ${r.provider}, which this build has no adapter for`,
-      ),
-  )
+  const unsupported = (models: readonly ModelConfig[]) =>
+    models.flatMap((m) =>
+      m.routes
+        .filter((r) => !providers.supports(r.provider))
+        .map(
+          (r) => `${m.id}: route ${r.node} names provider ${r.provider}, which this build has no adapter for`,
+        ),
+    )
+  const missing = unsupported(config.models)
   if (missing.length > 0) throw new ConfigError(missing)
   const workerUrl = threads.batchWorker
   const bus = config.redis.url
@@ -214,6 +226,32 @@ export async function buildServices(
     files,
     batches,
     log,
+    loadConfig: () => {
+      if (!isAbsolute(config.source))
+        throw new ConfigError(['Tropa was started without a config file: there is nothing to reload'])
+      return loadConfig({ configPath: config.source })
+    },
+    reload() {
+      let next: Config
+      try {
+        next = svc.loadConfig()
+        const missing = unsupported(next.models)
+        if (missing.length > 0) throw new ConfigError(missing)
+      } catch (err) {
+        const problems = err instanceof ConfigError ? err.problems : [String(err)]
+        log('error', 'config reload refused; the running config stays', { problems })
+        throw new InvalidConfig(problems)
+      }
+      const report = reloadReport(config, deps.catalogue.all(), next)
+      const { added, removed } = pool.replace(next.models)
+      deps.catalogue.replace(next.models)
+      probes.retarget(pool, next.models)
+      scheduler?.useModels(next.models)
+      for (const node of removed) forgetWhenIdle(node)
+      const done = { ...report, nodes_added: added, nodes_removed: removed.map((n) => n.name) }
+      log('info', 'config reloaded', done)
+      return done
+    },
     draining: false,
     async drain(untilMs) {
       svc.draining = true
@@ -231,5 +269,64 @@ export async function buildServices(
       sharedLimiter?.close()
     },
   }
+  /** What a policy learned of a removed node is dropped once its last request ended. */
+  const forgetWhenIdle = (node: NodeState) => {
+    if (node.inFlight <= 0) return policy.forget?.(node)
+    setTimeout(() => forgetWhenIdle(node), 1000).unref?.()
+  }
   return svc
+}
+
+/** What a reload changed, as the log and POST /v1/admin/reload show it. */
+export interface ReloadReport {
+  readonly models: readonly string[]
+  readonly models_added: readonly string[]
+  readonly models_removed: readonly string[]
+  /** Models whose price, routes or limits changed. */
+  readonly models_changed: readonly string[]
+  readonly nodes_added: readonly string[]
+  readonly nodes_removed: readonly string[]
+  /** Changed sections a reload does not apply (they need a restart). */
+  readonly restart_needed: readonly string[]
+}
+
+/** Sections of the config a reload leaves as they are. */
+const RESTART_SECTIONS = [
+  'server',
+  'upstream',
+  'routing',
+  'storage',
+  'redis',
+  'batches',
+  'files',
+  'responses',
+] as const
+
+function reloadReport(
+  running: Config,
+  before: readonly ModelConfig[],
+  next: Config,
+): Omit<ReloadReport, 'nodes_added' | 'nodes_removed'> {
+  const old = new Map(before.map((m) => [m.id, m]))
+  const ids = new Set(next.models.map((m) => m.id))
+  // bigint prices: JSON.stringify cannot write them, so they are compared as text.
+  const text = (m: ModelConfig) => JSON.stringify(m, (_, v) => (typeof v === 'bigint' ? v.toString() : v))
+  return {
+    models: next.models.map((m) => m.id),
+    models_added: next.models.filter((m) => !old.has(m.id)).map((m) => m.id),
+    models_removed: before.filter((m) => !ids.has(m.id)).map((m) => m.id),
+    models_changed: next.models
+      .filter((m) => old.has(m.id) && text(old.get(m.id)!) !== text(m))
+      .map((m) => m.id),
+    restart_needed: RESTART_SECTIONS.filter(
+      (k) => JSON.stringify(comparable(running[k])) !== JSON.stringify(comparable(next[k])),
+    ),
+  }
+}
+
+/** A section as compared for restart_needed (values main.ts fills in at start left out). */
+function comparable(section: unknown): unknown {
+  if (!section || typeof section !== 'object') return section
+  const { adminToken: _a, port: _p, ...rest } = section as Record<string, unknown>
+  return JSON.parse(JSON.stringify(rest, (_, v) => (typeof v === 'bigint' ? v.toString() : v)))
 }

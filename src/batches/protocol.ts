@@ -30,6 +30,8 @@ export type ToWorker =
   | { readonly t: 'finalize'; readonly batchId: string; readonly status: BatchStatus }
   | { readonly t: 'admitted'; readonly reqId: number; readonly reply: AdmitReply }
   | { readonly t: 'stop' }
+  /** A reloaded config's models: lines priced and validated from now on use them. */
+  | { readonly t: 'models'; readonly models: readonly ModelConfig[] }
 
 export type AdmitReply =
   | {

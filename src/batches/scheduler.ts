@@ -1,7 +1,7 @@
 import type { LedgerWriter } from '../billing/ledger.ts'
 import type { MoneyMeter, Reservation } from '../billing/meter.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
-import type { Config } from '../config/load.ts'
+import type { Config, ModelConfig, Price } from '../config/load.ts'
 import { SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey } from '../identity/live.ts'
 import type { IdentityService } from '../identity/service.ts'
@@ -38,6 +38,8 @@ interface Admitted {
   readonly batchId: string
   readonly line: number
   readonly model: string
+  /** The model's price when the line was admitted (a reload changes it for later lines only). */
+  readonly price: Price
   readonly startedAtMs: number
 }
 
@@ -67,7 +69,9 @@ export class BatchScheduler {
     private readonly config: Config,
     private readonly settings: BatchSettings,
     private readonly log: Log,
-  ) {}
+  ) {
+    this.models = new Map(config.models.map((m) => [m.id, m]))
+  }
 
   private init: WorkerInit | undefined
 
@@ -129,6 +133,14 @@ export class BatchScheduler {
 
   private draining = false
   private lastAdmitAtMs = 0
+  private models: Map<string, ModelConfig>
+
+  /** A reloaded config's models, for lines admitted from now on (here and in the workers). */
+  useModels(models: readonly ModelConfig[]): void {
+    this.models = new Map(models.map((m) => [m.id, m]))
+    if (this.init) this.init = { ...this.init, models }
+    for (const w of this.workers) w.postMessage({ t: 'models', models } satisfies ToWorker)
+  }
 
   /**
    * A graceful stop's first half: no new validation, finalization or line; lines leased but not
@@ -465,6 +477,7 @@ export class BatchScheduler {
       batchId: m.batchId,
       line: m.line,
       model: m.model,
+      price: this.models.get(m.model)?.price ?? { promptNano: 0n, completionNano: 0n },
       startedAtMs: now,
     })
     return {
@@ -487,14 +500,13 @@ export class BatchScheduler {
       this.meter.release(a.reservation)
       return
     }
-    const model = this.config.models.find((x) => x.id === a.model)!
     this.meter.settle(a.reservation, {
       requestId: `${a.batchId}-${a.line}`,
       model: a.model,
       node: a.candidate.node.name,
       promptTokens: m.usage.promptTokens,
       completionTokens: m.usage.completionTokens,
-      costNano: batchCostNano(costNano(m.usage.promptTokens, m.usage.completionTokens, model.price)),
+      costNano: batchCostNano(costNano(m.usage.promptTokens, m.usage.completionTokens, a.price)),
       batchId: a.batchId,
       startedAtMs: a.startedAtMs,
       endedAtMs: Date.now(),
