@@ -68,6 +68,7 @@ export function createApp(svc: Services) {
   })
     .onRequest(({ request, set }) => {
       set.headers['x-request-id'] = requestId()
+      svc.tracing?.arrived(request)
       // Stopping: a request that came on a kept-alive connection is answered, and the connection
       // closed after it, so the client opens its next one elsewhere.
       if (svc.draining) set.headers.connection = 'close'

@@ -13,8 +13,7 @@ import { buildServices, consoleLog, type ThreadEntries } from './services.ts'
 import { runSimCommand } from './simulator/cli.ts'
 import { openStore } from './storage/open.ts'
 import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
-
-const VERSION = '0.1.0'
+import { VERSION } from './version.ts'
 
 const HELP = `tropa ${VERSION}: an OpenAI-compatible model router with hard spending limits in roubles
 
@@ -37,6 +36,8 @@ Flags of serve:
 
 Environment: TROPA_ADMIN_TOKEN sets the admin token; without it the embedded default generates
 one at first start into <data-dir>/admin-token (mode 0600) and prints it once.
+OTEL_EXPORTER_OTLP_ENDPOINT (and OpenTelemetry's other standard variables) turns on request
+traces over OTLP/HTTP (docs/observability.md).
 
 Signals: SIGTERM or SIGINT stops gracefully (in-flight requests finish within
 server.shutdown_grace_ms; a second signal exits at once); SIGHUP reloads the config file's

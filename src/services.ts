@@ -25,8 +25,10 @@ import { LeastInFlight, type RoutingPolicy } from './routing/policy.ts'
 import { PredictedTtft } from './routing/predicted.ts'
 import { NodeProbes } from './routing/probes.ts'
 import type { Store } from './storage/store.ts'
+import type { Tracing } from './tracing/tracing.ts'
 import { ProviderRegistry } from './upstream/providers/index.ts'
 import { Watchdog } from './upstream/watchdog.ts'
+import { VERSION } from './version.ts'
 
 export { consoleLog, type Log, type LogLevel } from './log.ts'
 
@@ -48,6 +50,8 @@ export interface Services {
    * them, removed ones drain. An invalid file throws InvalidConfig and changes nothing.
    */
   reload(): ReloadReport
+  /** Request traces over OTLP/HTTP; undefined when not configured (then nothing is traced). */
+  readonly tracing: Tracing | undefined
   /** A graceful stop began: /ready answers 503 and responses close their connections. */
   draining: boolean
   /**
@@ -73,6 +77,10 @@ export async function buildServices(
   /** A routing policy instead of the configured one (the HTTP routing benchmark runs peers' policies). */
   policyOverride?: RoutingPolicy,
 ): Promise<Services> {
+  // The OpenTelemetry SDK is loaded only when tracing is configured.
+  const tracing = config.tracing
+    ? new (await import('./tracing/tracing.ts')).Tracing(config.tracing, VERSION)
+    : undefined
   const watchdog = new Watchdog()
   const providers = new ProviderRegistry(watchdog)
   const unsupported = (models: readonly ModelConfig[]) =>
@@ -226,6 +234,7 @@ export async function buildServices(
     files,
     batches,
     log,
+    tracing,
     loadConfig: () => {
       if (!isAbsolute(config.source))
         throw new ConfigError(['Tropa was started without a config file: there is nothing to reload'])
@@ -267,6 +276,9 @@ export async function buildServices(
       await bus?.close()
       shared?.close()
       sharedLimiter?.close()
+      await tracing
+        ?.shutdown()
+        .catch((err) => log('warn', 'sending the last traces failed', { error: String(err) }))
     },
   }
   /** What a policy learned of a removed node is dropped once its last request ended. */

@@ -136,6 +136,16 @@ export interface Config {
     readonly maxAttempts: number
     readonly leaseMs: number | undefined
   }
+  /** Request traces over OTLP/HTTP; undefined: off (no span is ever made). */
+  readonly tracing:
+    | {
+        /** The OTLP/HTTP traces URL. */
+        readonly endpoint: string
+        readonly serviceName: string
+        readonly sampler: string
+        readonly samplerArg: number
+      }
+    | undefined
   readonly models: readonly ModelConfig[]
 }
 
@@ -268,6 +278,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
   const balance = parseRub(cfg.demo?.balance_rub ?? '1000', 6)
   if (balance === undefined)
     problems.push(`${source}: demo.balance_rub must have at most six fractional digits`)
+  const tracing = tracingOf(cfg, env, problems)
   if (problems.length > 0) throw new ConfigError(problems)
 
   const dataDir = resolve(cfg.server?.data_dir ?? './tropa-data')
@@ -343,8 +354,53 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       maxAttempts: cfg.batches?.max_attempts ?? 5,
       leaseMs: cfg.batches?.lease_ms,
     },
+    tracing,
     models,
   } satisfies Config)
+}
+
+const SAMPLERS = new Set([
+  'always_on',
+  'always_off',
+  'traceidratio',
+  'parentbased_always_on',
+  'parentbased_always_off',
+  'parentbased_traceidratio',
+])
+
+/**
+ * Tracing from the file's [tracing] and OpenTelemetry's standard variables (which win):
+ * OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the traces URL), OTEL_EXPORTER_OTLP_ENDPOINT (a base, to
+ * which /v1/traces is added), OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG;
+ * OTEL_SDK_DISABLED=true turns it off. No endpoint: off.
+ */
+function tracingOf(cfg: ConfigFile, env: Env, problems: string[]): Config['tracing'] {
+  if (env.OTEL_SDK_DISABLED?.trim().toLowerCase() === 'true') return undefined
+  const base = env.OTEL_EXPORTER_OTLP_ENDPOINT?.trim()
+  const endpoint =
+    env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT?.trim() ||
+    (base ? `${base.replace(/\/+$/, '')}/v1/traces` : undefined) ||
+    cfg.tracing?.endpoint
+  if (!endpoint) return undefined
+  if (!/^https?:\/\/./.test(endpoint))
+    problems.push(
+      `environment: the OTLP traces endpoint ${JSON.stringify(endpoint)} is not an http(s) URL. Fix: e.g. http://collector:4318`,
+    )
+  const sampler = env.OTEL_TRACES_SAMPLER?.trim() || cfg.tracing?.sampler || 'parentbased_always_on'
+  if (!SAMPLERS.has(sampler))
+    problems.push(
+      `environment: OTEL_TRACES_SAMPLER=${sampler} is not one Tropa knows. Fix: one of ${[...SAMPLERS].join(', ')}`,
+    )
+  const rawArg = env.OTEL_TRACES_SAMPLER_ARG?.trim()
+  const samplerArg = rawArg ? Number(rawArg) : (cfg.tracing?.sampler_arg ?? 1)
+  if (!(samplerArg >= 0 && samplerArg <= 1))
+    problems.push(`environment: OTEL_TRACES_SAMPLER_ARG=${rawArg} is not a ratio from 0 to 1`)
+  return {
+    endpoint,
+    serviceName: env.OTEL_SERVICE_NAME?.trim() || cfg.tracing?.service_name || 'tropa',
+    sampler,
+    samplerArg,
+  }
 }
 
 /** Checks one model entry; also used for the demo's generated models. */

@@ -216,6 +216,29 @@ export const RedisSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const TracingSchema = T.Object(
+  {
+    /** The OTLP/HTTP traces URL (e.g. http://collector:4318/v1/traces); the OTEL_* variables override it. Unset: tracing off. */
+    endpoint: T.Optional(T.String({ pattern: '^https?://' })),
+    service_name: T.Optional(T.String({ minLength: 1 })),
+    sampler: T.Optional(
+      T.Union(
+        [
+          'always_on',
+          'always_off',
+          'traceidratio',
+          'parentbased_always_on',
+          'parentbased_always_off',
+          'parentbased_traceidratio',
+        ].map((s) => T.Literal(s)),
+      ),
+    ),
+    /** The ratio of the traceidratio samplers. */
+    sampler_arg: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
+  },
+  { additionalProperties: false },
+)
+
 /** The config file as written by an operator (TOML or JSON). */
 export const ConfigFileSchema = T.Object(
   {
@@ -228,6 +251,7 @@ export const ConfigFileSchema = T.Object(
     batches: T.Optional(BatchesSchema),
     redis: T.Optional(RedisSchema),
     responses: T.Optional(ResponsesSchema),
+    tracing: T.Optional(TracingSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

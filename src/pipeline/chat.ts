@@ -16,6 +16,7 @@ import {
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
+import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
 import {
   CHAT_STREAM,
@@ -82,6 +83,8 @@ export function chatCompletion(
   sessionHint?: string,
   /** Closes the client's connection soon (a stream whose client stopped reading is dropped). */
   cut?: () => void,
+  /** The request's trace (tracing on). */
+  trace?: RequestTrace,
 ): Promise<Response> {
   let chain: readonly string[]
   try {
@@ -92,7 +95,7 @@ export function chatCompletion(
   // `models` is Tropa's own field, never sent upstream. The pass-through path (no fallbacks) goes
   // straight to chatWithModel, with no copy of the body and no promise in between.
   const body: Omit<ChatRequest, 'models'> = request.models === undefined ? request : withoutModels(request)
-  if (chain.length === 1) return chatWithModel(deps, payer, body, signal, requestId, sessionHint, cut)
+  if (chain.length === 1) return chatWithModel(deps, payer, body, signal, requestId, sessionHint, cut, trace)
   return withFallbacks(deps, chain, signal, requestId, (model) =>
     chatWithModel(
       deps,
@@ -102,6 +105,7 @@ export function chatCompletion(
       requestId,
       sessionHint,
       cut,
+      trace,
     ),
   )
 }
@@ -168,6 +172,7 @@ export async function chatWithModel(
   requestId: string,
   sessionHint?: string,
   cut?: () => void,
+  trace?: RequestTrace,
 ): Promise<Response> {
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'chat')
@@ -208,6 +213,7 @@ export async function chatWithModel(
         ),
       textOf: completionTextOf,
       shape: CHAT_STREAM,
+      trace,
     },
     signal,
     requestId,
@@ -238,6 +244,8 @@ export interface ModelCall {
   /** A JSON answer's generated text, counted when the upstream's usage is missing or not sane. */
   readonly textOf: (value: ChatCompletion) => string
   readonly shape: StreamShape
+  /** The request's trace (tracing on): reserve, attempts, first token and settle become spans. */
+  readonly trace?: RequestTrace | undefined
 }
 
 /**
@@ -256,8 +264,18 @@ export async function runModelCall(
   const { model, promptTokens, stream, startedAtMs } = call
   const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
   // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
-  const reserved = deps.meter.reserve(payer.key, payer.org, worst)
-  const reservation = reserved instanceof Promise ? await reserved : reserved
+  const trace = call.trace
+  const reserving = trace?.child('reserve')
+  let reservation: Reservation
+  try {
+    const reserved = deps.meter.reserve(payer.key, payer.org, worst)
+    reservation = reserved instanceof Promise ? await reserved : reserved
+  } catch (err) {
+    if (reserving) fail(reserving, err)
+    throw err
+  } finally {
+    reserving?.end()
+  }
   // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
   try {
     const limited = deps.limiter.admit(payer.key, promptTokens)
@@ -292,7 +310,7 @@ export async function runModelCall(
     const p = u.prompt_tokens
     const cTokens = u.completion_tokens
     deps.limiter.used(payer.key, cTokens)
-    return deps.meter.settle(reservation, {
+    const charged = deps.meter.settle(reservation, {
       requestId,
       model: model.id,
       node: c.node.name,
@@ -307,6 +325,8 @@ export async function runModelCall(
       cachedTokens: cachedOf(u) ?? null,
       ttftMs,
     })
+    if (trace) traceSettled(trace, c, model.id, u, charged)
+    return charged
   }
 
   try {
@@ -320,10 +340,12 @@ export async function runModelCall(
           ...route,
           body: (r) => call.body(r.upstreamModel),
           accept: async (reply, c) => parseCompletion(await readBody(reply, deps, c.node.name), c.node.name),
+          trace,
         },
         signal,
       )
       ttftMs = Date.now() - startedAtMs
+      trace?.child('first token', undefined, startedAtMs).end()
       value.id = completionId
       value.model = model.id
       const usage = billed(sanitizeUsage(value.usage), () => countTokens(call.textOf(value)))
@@ -349,12 +371,14 @@ export async function runModelCall(
           lost.reply.abort(new Error('another node answered first'))
           lost.reader.cancel().catch(() => {})
         },
+        trace,
       },
       signal,
     )
     /** The client's SSE body from the winning node's first chunk on. */
     const relayFrom = ({ value: first, candidate, attempt }: Dispatched<FirstChunk>) => {
       ttftMs = Date.now() - startedAtMs
+      trace?.child('first token', undefined, startedAtMs).end()
       // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
       const relay: ChatStreamRelay = new ChatStreamRelay(
         completionId,
@@ -395,7 +419,10 @@ export async function runModelCall(
         : await dispatched
     if (won === KEEP_ALIVE)
       return new Response(
-        keptAlive(deps, dispatched, relayFrom, requestId, () => deps.meter.release(reservation)),
+        keptAlive(deps, dispatched, relayFrom, requestId, (err) => {
+          deps.meter.release(reservation)
+          trace?.end(undefined, err)
+        }),
         { headers: { 'x-request-id': requestId, ...SSE_HEADERS } },
       )
     return new Response(directStream(relayFrom(won)), {
@@ -405,6 +432,26 @@ export async function runModelCall(
     deps.meter.release(reservation)
     throw err
   }
+}
+
+/** The settle span, and the root's GenAI attributes (OpenTelemetry's semantic conventions). */
+function traceSettled(
+  trace: RequestTrace,
+  c: Candidate,
+  modelId: string,
+  u: Usage,
+  costNanoRub: bigint,
+): void {
+  trace.child('settle').end()
+  trace.end({
+    'gen_ai.response.model': modelId,
+    'gen_ai.provider.name': c.route.provider,
+    'gen_ai.usage.input_tokens': u.prompt_tokens,
+    'gen_ai.usage.output_tokens': u.completion_tokens,
+    'tropa.node': c.node.name,
+    'tropa.cost_rub': formatRub(costNanoRub),
+    'tropa.estimated_usage': u.estimated === true,
+  })
 }
 
 /** The output bound a request asks for: the smaller of max_tokens and max_completion_tokens. */
@@ -766,7 +813,7 @@ function keptAlive(
   dispatched: Promise<Dispatched<FirstChunk>>,
   relayFrom: (won: Dispatched<FirstChunk>) => Bun.DirectUnderlyingSource<Uint8Array>,
   requestId: string,
-  release: () => void,
+  release: (err: unknown) => void,
 ): ReadableStream<Uint8Array> {
   let gone = false
   let relay: Bun.DirectUnderlyingSource<Uint8Array> | undefined
@@ -816,7 +863,7 @@ function keptAlive(
         won = await dispatched
       } catch (err) {
         stopWaiting()
-        release()
+        release(err)
         if (ended) return
         if (err instanceof TropaError) return fail(err)
         deps.log('error', 'a kept-alive stream failed', {
@@ -830,7 +877,7 @@ function keptAlive(
         won.value.reply.abort(new ServerShuttingDown())
         won.value.reader.cancel().catch(() => {})
         finishAttempt(deps, won.attempt, 'cancelled')
-        return release()
+        return release(new ServerShuttingDown())
       }
       relay = relayFrom(won)
       if (gone) return void relay.cancel?.(new Error('client disconnected'))
