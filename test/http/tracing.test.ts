@@ -192,13 +192,11 @@ test('without tracing configured: no tracer, and nothing is sent upstream', asyn
   t = await startTropa({ models })
   expect(t.svc.tracing).toBeUndefined()
   const before = node.seen.length
-  await t
-    .client()
-    .chat.completions.create({
-      model: 'test/chat',
-      messages: [{ role: 'user', content: 'hi' }],
-      max_tokens: 4,
-    })
+  await t.client().chat.completions.create({
+    model: 'test/chat',
+    messages: [{ role: 'user', content: 'hi' }],
+    max_tokens: 4,
+  })
   expect(node.seen.length).toBe(before + 1)
   expect(node.seen.at(-1)).toBeNull()
 })
