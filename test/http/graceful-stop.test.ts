@@ -3,6 +3,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import OpenAI, { toFile } from 'openai'
 import { freePort, jsonCall, startRouterProcess } from '../helpers/process.ts'
 import { startSimProcess } from '../helpers/sim-process.ts'
 import { ADMIN_TOKEN, defaultModels } from '../helpers/start.ts'
@@ -68,7 +69,19 @@ async function startRouter(graceMs: number) {
       db.close()
     }
   }
-  return { ...router, apiKey: key.key as string, ledger }
+  /** The batch lines' states, read from the store's file (after the process ended). */
+  const lineStates = () => {
+    const db = new Database(join(dir, 'tropa.db'), { readonly: true, safeIntegers: true })
+    try {
+      return db.query('SELECT status, lease_until_ms FROM batch_lines').all() as {
+        status: string
+        lease_until_ms: bigint | null
+      }[]
+    } finally {
+      db.close()
+    }
+  }
+  return { ...router, apiKey: key.key as string, ledger, lineStates }
 }
 
 interface Seen {
@@ -184,6 +197,40 @@ describe('SIGTERM with 100 streams open', () => {
       expect(s.tokens).toBeLessThan(1000)
     }
   }, 60_000)
+
+  test('batch lines running past the grace time go back to the queue, not left leased', async () => {
+    const running = async () => (await sim.stats()).running
+    // What the tests before left on the simulated nodes has ended.
+    for (let i = 0; i < 250 && (await running()) > 0; i++) await Bun.sleep(20)
+    const r = await startRouter(500)
+    const client = new OpenAI({ baseURL: `${r.url}/v1`, apiKey: r.apiKey, maxRetries: 0 })
+    // Lines of about 10 s each (200 tokens, 50 ms apart).
+    const rows = Array.from({ length: 8 }, (_, i) =>
+      JSON.stringify({
+        custom_id: `id-${i}`,
+        method: 'POST',
+        url: '/v1/chat/completions',
+        body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: 200 },
+      }),
+    )
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(`${rows.join('\n')}\n`), 'lines.jsonl'),
+      purpose: 'batch',
+    })
+    await client.batches.create({
+      input_file_id: file.id,
+      endpoint: '/v1/chat/completions',
+      completion_window: '24h',
+    })
+    for (let i = 0; i < 250 && (await running()) < 8; i++) await Bun.sleep(20)
+    expect(await running()).toBe(8)
+    r.proc.kill('SIGTERM')
+    expect(await r.proc.exited).toBe(0)
+    const states = r.lineStates()
+    expect(states).toHaveLength(8)
+    // Every line is back in the queue for the next start (or another node), none held by a lease.
+    for (const l of states) expect(l).toEqual({ status: 'pending', lease_until_ms: null })
+  }, 30_000)
 
   test('a second SIGTERM exits at once', async () => {
     const r = await startRouter(60_000)
