@@ -296,6 +296,43 @@ describe('after the keep-alive began', () => {
     expect([...t.svc.deps.pool.nodes.values()].map((n) => n.inFlight)).toEqual([0, 0])
   }, 20_000)
 
+  test('the Messages and Responses APIs keep alive too: pings, then the answer', async () => {
+    t = await twoHungNodes()
+    const tropa = t
+    const heal = (sofar: string) => {
+      if (sofar.length > 0) for (const n of tropa.nodes) n.setFaults({ hang: false })
+    }
+    const messages = await tropa.fetch('/v1/messages', {
+      method: 'POST',
+      headers: { 'anthropic-version': '2023-06-01' },
+      body: JSON.stringify({
+        model: 'test/chat',
+        max_tokens: 8,
+        messages: [{ role: 'user', content: 'hi' }],
+        stream: true,
+      }),
+    })
+    expect(messages.status).toBe(200)
+    const text = await readAll(messages, heal)
+    // The opening ping, then one for each keep-alive comment over the 2 s the first node took.
+    expect(text.split('event: ping\n').length - 1).toBeGreaterThanOrEqual(3)
+    expect(text).toContain('event: content_block_delta')
+    expect(text.trimEnd().endsWith('data: {"type":"message_stop"}')).toBe(true)
+
+    for (const n of tropa.nodes) n.setFaults({ hang: true })
+    const responses = await tropa.fetch('/v1/responses', {
+      method: 'POST',
+      body: JSON.stringify({ model: 'test/chat', input: 'hi', max_output_tokens: 8, stream: true }),
+    })
+    expect(responses.status).toBe(200)
+    const events = (await readAll(responses, heal)).split('\n\n').filter(Boolean)
+    // response.created first, then the comments while no node has answered.
+    expect(events.filter((e) => e === ': keep-alive').length).toBeGreaterThanOrEqual(2)
+    // The answer in full (it runs to max_output_tokens).
+    expect(events.some((e) => e.startsWith('event: response.incomplete'))).toBe(true)
+    expect(events.filter((e) => e.startsWith('event: response.output_text.delta')).length).toBe(8)
+  }, 20_000)
+
   test('a first token before the keep-alive time: the stream is as before, its node named', async () => {
     t = await startTropa({ server: { sse_keep_alive_ms: 5000 } })
     const res = await request(t)
