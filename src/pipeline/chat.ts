@@ -864,7 +864,8 @@ function keptAlive(
       } catch (err) {
         stopWaiting()
         release(err)
-        if (ended) return
+        // (the client's abort reason, when it left: nobody to tell)
+        if (ended || (err as Error)?.name === 'AbortError') return
         if (err instanceof TropaError) return fail(err)
         deps.log('error', 'a kept-alive stream failed', {
           requestId,
