@@ -2,10 +2,11 @@ import { afterEach, describe, expect, test } from 'bun:test'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { costNano, parseRub } from '../../src/billing/money.ts'
+import { batchCostNano, costNano, parseRub } from '../../src/billing/money.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
 import type { Log } from '../../src/services.ts'
 import { type SimNode, startSimFleet } from '../../src/simulator/index.ts'
+import { startChatBatch } from '../helpers/batches.ts'
 import { usageRows } from '../helpers/ledger.ts'
 import { freePort, jsonCall, startRouterProcess } from '../helpers/process.ts'
 import { ADMIN_TOKEN, CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
@@ -237,6 +238,39 @@ describe('POST /v1/admin/reload', () => {
     expect(broken.status).toBe(400)
     expect(((await broken.json()) as { error: { message: string } }).error.message).toContain('cannot parse')
   })
+
+  test('batch lines admitted after a reload are billed at the new price (workers already running too)', async () => {
+    t = await startTropa({ models: (nodes) => [chatModel(nodes)] })
+    const tropa = t
+    const client = tropa.client()
+    const balance = tropa.svc.identity.org(tropa.orgId).balanceNano
+    const runBatch = async () => {
+      const batch = await startChatBatch(client, 3)
+      let done = batch
+      for (let i = 0; i < 250 && done.status !== 'completed'; i++) {
+        await Bun.sleep(20)
+        done = await client.batches.retrieve(batch.id)
+      }
+      expect(done.status).toBe('completed')
+      const rows = (await usageRows(tropa)).filter((r) => r.batchId === batch.id)
+      expect(rows).toHaveLength(3)
+      return rows
+    }
+    const at =
+      (p: { prompt: string; completion: string }) =>
+      (r: { promptTokens: number; completionTokens: number }) =>
+        batchCostNano(costNano(r.promptTokens, r.completionTokens, priceOf(p)))
+    // The first batch starts the worker threads at the old price.
+    const before = await runBatch()
+    for (const r of before) expect(r.costNano).toBe(at(CHAT_PRICE)(r))
+    rewriteModels(tropa, [chatModel(tropa.nodes, NEW_PRICE)])
+    expect((await reload(tropa)).status).toBe(200)
+    const after = await runBatch()
+    for (const r of after) expect(r.costNano).toBe(at(NEW_PRICE)(r))
+    // The live balance moved by the rows' sum (a worker writes a line's row, the main thread its spend).
+    const sum = [...before, ...after].reduce((a, r) => a + r.costNano, 0n)
+    expect(tropa.svc.identity.org(tropa.orgId).balanceNano).toBe(balance - sum)
+  }, 30_000)
 
   test('only the admin token may reload', async () => {
     t = await startTropa()
