@@ -70,6 +70,10 @@ export function createApp(svc: Services) {
       const id = requestId()
       set.headers['x-request-id'] = id
       svc.telemetry.begin(id, request)
+      svc.tracing?.arrived(request)
+      // Stopping: a request that came on a kept-alive connection is answered, and the connection
+      // closed after it, so the client opens its next one elsewhere.
+      if (svc.draining) set.headers.connection = 'close'
       // Tropa's own header limit, below the runtime's (RUNTIME_HEADER_BYTES, whose refusal has no
       // body), so that a 431 carries OpenAI's error body like every other refusal.
       if (headersOver(request.headers, maxHeaderBytes)) throw new HeadersTooLarge(maxHeaderBytes)

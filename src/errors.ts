@@ -34,6 +34,15 @@ export class InvalidJson extends InvalidRequest {
     super(message, 'invalid_json')
   }
 }
+/** A config reload found the file invalid: the running config stays; every problem is listed. */
+export class InvalidConfig extends InvalidRequest {
+  constructor(readonly problems: readonly string[]) {
+    super(
+      `the config file is invalid; the running config stays:\n  - ${problems.join('\n  - ')}`,
+      'invalid_config',
+    )
+  }
+}
 export class InvalidValue extends InvalidRequest {
   constructor(message: string, param: string | null) {
     super(message, 'invalid_value', param)
@@ -171,6 +180,21 @@ export class InternalError extends TropaError {
   readonly type = 'server_error'
   constructor() {
     super('internal error', 'internal_error')
+  }
+  override get retryable() {
+    return true
+  }
+}
+
+/**
+ * The router is stopping (SIGTERM) and its drain deadline passed: a stream still open ends with
+ * this as its error event. Another node (or this one restarted) can serve the retry.
+ */
+export class ServerShuttingDown extends TropaError {
+  readonly status = 503
+  readonly type = 'server_error'
+  constructor() {
+    super('the server is shutting down; retry the request', 'server_shutting_down')
   }
   override get retryable() {
     return true

@@ -13,8 +13,7 @@ import { buildServices, consoleLog, type ThreadEntries } from './services.ts'
 import { runSimCommand } from './simulator/cli.ts'
 import { openStore } from './storage/open.ts'
 import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
-
-const VERSION = '0.1.0'
+import { VERSION } from './version.ts'
 
 const HELP = `tropa ${VERSION}: an OpenAI-compatible model router with hard spending limits in roubles
 
@@ -36,7 +35,13 @@ Flags of serve:
   --data-dir <dir>          data directory, default ./tropa-data (also TROPA_DATA_DIR)
 
 Environment: TROPA_ADMIN_TOKEN sets the admin token; without it the embedded default generates
-one at first start into <data-dir>/admin-token (mode 0600) and prints it once.`
+one at first start into <data-dir>/admin-token (mode 0600) and prints it once.
+OTEL_EXPORTER_OTLP_ENDPOINT (and OpenTelemetry's other standard variables) turns on request
+traces over OTLP/HTTP (docs/observability.md).
+
+Signals: SIGTERM or SIGINT stops gracefully (in-flight requests finish within
+server.shutdown_grace_ms; a second signal exits at once); SIGHUP reloads the config file's
+models, routes and prices (also POST /v1/admin/reload).`
 
 async function main(argv: string[]): Promise<void> {
   const [first, ...rest] = argv
@@ -75,7 +80,16 @@ async function main(argv: string[]): Promise<void> {
     }
     throw err
   }
-  await serve(config)
+  // A reload reads the file again with the same flags and environment.
+  const reload = () =>
+    loadConfig({
+      configPath: values.config,
+      port,
+      host: values.host,
+      dataDir: values['data-dir'],
+      demo: values.demo,
+    })
+  await serve(config, reload)
 }
 
 function parseFlags(args: string[]) {
@@ -94,7 +108,7 @@ function parseFlags(args: string[]) {
   }).values
 }
 
-async function serve(base: Config): Promise<void> {
+async function serve(base: Config, reload: () => Config): Promise<void> {
   const log = consoleLog(base.server.logLevel)
   mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
   // The store first: a damaged one stops the start before anything is generated or started.
@@ -105,6 +119,12 @@ async function serve(base: Config): Promise<void> {
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
   const svc = await buildServices(config, store, log, threadEntries())
+  svc.loadConfig = () => {
+    // The demo's models are generated for its in-process fleet; only a config file's reload.
+    if (fleet)
+      throw new ConfigError(['the demo fleet was started without a config file: there is nothing to reload'])
+    return reload()
+  }
   const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`
   log('info', 'tropa listening', {
@@ -118,18 +138,62 @@ async function serve(base: Config): Promise<void> {
   // tokens builds it at once if it is not there yet.
   setTimeout(() => void loadTokenizer(), 100).unref()
 
+  // A graceful stop: refuse new connections, let requests and streams finish until
+  // server.shutdown_grace_ms, then end the streams still open with an error event (each billed
+  // for what it was sent); flush the ledger, give back batch leases. A second signal exits now.
+  const server = app.server!
   let stopping = false
-  const stop = async () => {
-    if (stopping) return
+  const stop = async (signal: string) => {
+    if (stopping) {
+      log('warn', `second ${signal}: exiting at once`)
+      process.exit(1)
+    }
     stopping = true
-    await app.stop()
+    const graceMs = config.server.shutdownGraceMs
+    log('info', 'stopping: in-flight requests may finish', {
+      signal,
+      grace_ms: graceMs,
+      streams: svc.deps.streams.size,
+    })
+    const drained = server.stop(false)
+    const batches = svc.drain(Date.now() + graceMs)
+    let timer: ReturnType<typeof setTimeout> | undefined
+    const late = await Promise.race([
+      drained.then(() => false),
+      new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(true), graceMs)
+      }),
+    ])
+    clearTimeout(timer)
+    if (late) {
+      const ended = svc.deps.streams.endAll()
+      log('warn', 'stop deadline passed: open streams ended', { streams: ended })
+      // A moment for the ended streams' last event to go out; what is still open then is cut.
+      await Promise.race([drained, Bun.sleep(1000)])
+      await server.stop(true)
+    }
+    await batches
     await svc.stop()
     await store.close()
     await fleet?.stop()
+    log('info', 'stopped')
     process.exit(0)
   }
-  process.on('SIGINT', stop)
-  process.on('SIGTERM', stop)
+  const onSignal = (signal: string) =>
+    stop(signal).catch((err) => {
+      log('error', 'stopping failed', { error: String((err as Error)?.stack ?? err) })
+      process.exit(1)
+    })
+  // SIGHUP reloads models, routes and prices; an invalid file is logged and changes nothing.
+  process.on('SIGHUP', () => {
+    try {
+      svc.reload()
+    } catch {
+      // logged by reload(), with every problem
+    }
+  })
+  process.on('SIGINT', () => void onSignal('SIGINT'))
+  process.on('SIGTERM', () => void onSignal('SIGTERM'))
 
   if (generated)
     console.log(

@@ -1,3 +1,4 @@
+import { isAbsolute } from 'node:path'
 import { BatchScheduler } from './batches/scheduler.ts'
 import { BatchService, LinkSigner } from './batches/service.ts'
 import { LedgerWriter, storeSink } from './billing/ledger.ts'
@@ -8,7 +9,8 @@ import { SharedMeter } from './billing/shared-meter.ts'
 import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
 import { RedisBus } from './cluster/bus.ts'
-import { type Config, ConfigError } from './config/load.ts'
+import { type Config, ConfigError, loadConfig, type ModelConfig } from './config/load.ts'
+import { InvalidConfig } from './errors.ts'
 import { DiskWatch } from './files/disk.ts'
 import { LocalFileStore } from './files/file-store.ts'
 import { FilesService } from './files/service.ts'
@@ -18,14 +20,17 @@ import type { Log } from './log.ts'
 import { AccessLog } from './metrics/access-log.ts'
 import { Telemetry } from './metrics/telemetry.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
+import { OpenStreams } from './pipeline/drain.ts'
 import { ShareBudget } from './routing/budget.ts'
-import { NodePool } from './routing/nodes.ts'
+import { NodePool, type NodeState } from './routing/nodes.ts'
 import { LeastInFlight, type RoutingPolicy } from './routing/policy.ts'
 import { PredictedTtft } from './routing/predicted.ts'
 import { NodeProbes } from './routing/probes.ts'
 import type { Store } from './storage/store.ts'
+import type { Tracing } from './tracing/tracing.ts'
 import { ProviderRegistry } from './upstream/providers/index.ts'
 import { Watchdog } from './upstream/watchdog.ts'
+import { VERSION } from './version.ts'
 
 export { consoleLog, type Log, type LogLevel } from './log.ts'
 
@@ -41,7 +46,24 @@ export interface Services {
   /** Request metrics and the access log. */
   readonly telemetry: Telemetry
   readonly log: Log
-  /** Flushes the ledger and stops timers; the store is closed by whoever opened it. */
+  /** Reads the config again for a reload (main.ts sets it with its flags); throws ConfigError. */
+  loadConfig: () => Config
+  /**
+   * Reloads models, routes and prices (SIGHUP, POST /v1/admin/reload) with no request dropped:
+   * requests admitted before keep their model's price; nodes that stay keep what was learned of
+   * them, removed ones drain. An invalid file throws InvalidConfig and changes nothing.
+   */
+  reload(): ReloadReport
+  /** Request traces over OTLP/HTTP; undefined when not configured (then nothing is traced). */
+  readonly tracing: Tracing | undefined
+  /** A graceful stop began: /ready answers 503 and responses close their connections. */
+  draining: boolean
+  /**
+   * A graceful stop's first half (the HTTP server drains meanwhile): batches take no new work and
+   * their running lines finish, until `untilMs`.
+   */
+  drain(untilMs: number): Promise<void>
+  /** Flushes the ledger, gives back batch lines still leased, stops timers; the store is closed by whoever opened it. */
   stop(): Promise<void>
 }
 
@@ -59,15 +81,21 @@ export async function buildServices(
   /** A routing policy instead of the configured one (the HTTP routing benchmark runs peers' policies). */
   policyOverride?: RoutingPolicy,
 ): Promise<Services> {
+  // The OpenTelemetry SDK is loaded only when tracing is configured.
+  const tracing = config.tracing
+    ? new (await import('./tracing/tracing.ts')).Tracing(config.tracing, VERSION)
+    : undefined
   const watchdog = new Watchdog()
   const providers = new ProviderRegistry(watchdog)
-  const missing = config.models.flatMap((m) =>
-    m.routes
-      .filter((r) => !providers.supports(r.provider))
-      .map(
-        (r) => `${m.id}: route ${r.node} names provider ${r.provider}, which this build has no adapter for`,
-      ),
-  )
+  const unsupported = (models: readonly ModelConfig[]) =>
+    models.flatMap((m) =>
+      m.routes
+        .filter((r) => !providers.supports(r.provider))
+        .map(
+          (r) => `${m.id}: route ${r.node} names provider ${r.provider}, which this build has no adapter for`,
+        ),
+    )
+  const missing = unsupported(config.models)
   if (missing.length > 0) throw new ConfigError(missing)
   const workerUrl = threads.batchWorker
   const bus = config.redis.url
@@ -151,6 +179,8 @@ export async function buildServices(
     watchdog,
     timeouts: config.upstream,
     streamWriteTimeoutMs: config.server.streamWriteTimeoutMs,
+    sseKeepAliveMs: config.server.sseKeepAliveMs,
+    streams: new OpenStreams(),
     hedges: config.routing.hedgeShare > 0 ? new ShareBudget(config.routing.hedgeShare, 10) : undefined,
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,
@@ -213,7 +243,7 @@ export async function buildServices(
     config.batches.windowSec,
     config.batches.linkTtlSec,
   )
-  return {
+  const svc: Services = {
     config,
     store,
     identity,
@@ -223,6 +253,38 @@ export async function buildServices(
     batches,
     telemetry,
     log,
+    tracing,
+    loadConfig: () => {
+      if (!isAbsolute(config.source))
+        throw new ConfigError(['Tropa was started without a config file: there is nothing to reload'])
+      return loadConfig({ configPath: config.source })
+    },
+    reload() {
+      let next: Config
+      try {
+        next = svc.loadConfig()
+        const missing = unsupported(next.models)
+        if (missing.length > 0) throw new ConfigError(missing)
+      } catch (err) {
+        const problems = err instanceof ConfigError ? err.problems : [String(err)]
+        log('error', 'config reload refused; the running config stays', { problems })
+        throw new InvalidConfig(problems)
+      }
+      const report = reloadReport(config, deps.catalogue.all(), next)
+      const { added, removed } = pool.replace(next.models)
+      deps.catalogue.replace(next.models)
+      probes.retarget(pool, next.models)
+      scheduler?.useModels(next.models)
+      for (const node of removed) forgetWhenIdle(node)
+      const done = { ...report, nodes_added: added, nodes_removed: removed.map((n) => n.name) }
+      log('info', 'config reloaded', done)
+      return done
+    },
+    draining: false,
+    async drain(untilMs) {
+      svc.draining = true
+      await scheduler?.drain(untilMs)
+    },
     async stop() {
       clearTimeout(sweep)
       disk.stop()
@@ -234,6 +296,69 @@ export async function buildServices(
       shared?.close()
       sharedLimiter?.close()
       await accessLog?.stop()
+      await tracing
+        ?.shutdown()
+        .catch((err) => log('warn', 'sending the last traces failed', { error: String(err) }))
     },
   }
+  /** What a policy learned of a removed node is dropped once its last request ended. */
+  const forgetWhenIdle = (node: NodeState) => {
+    if (node.inFlight <= 0) return policy.forget?.(node)
+    setTimeout(() => forgetWhenIdle(node), 1000).unref?.()
+  }
+  return svc
+}
+
+/** What a reload changed, as the log and POST /v1/admin/reload show it. */
+export interface ReloadReport {
+  readonly models: readonly string[]
+  readonly models_added: readonly string[]
+  readonly models_removed: readonly string[]
+  /** Models whose price, routes or limits changed. */
+  readonly models_changed: readonly string[]
+  readonly nodes_added: readonly string[]
+  readonly nodes_removed: readonly string[]
+  /** Changed sections a reload does not apply (they need a restart). */
+  readonly restart_needed: readonly string[]
+}
+
+/** Sections of the config a reload leaves as they are. */
+const RESTART_SECTIONS = [
+  'server',
+  'upstream',
+  'routing',
+  'storage',
+  'redis',
+  'batches',
+  'files',
+  'responses',
+] as const
+
+function reloadReport(
+  running: Config,
+  before: readonly ModelConfig[],
+  next: Config,
+): Omit<ReloadReport, 'nodes_added' | 'nodes_removed'> {
+  const old = new Map(before.map((m) => [m.id, m]))
+  const ids = new Set(next.models.map((m) => m.id))
+  // bigint prices: JSON.stringify cannot write them, so they are compared as text.
+  const text = (m: ModelConfig) => JSON.stringify(m, (_, v) => (typeof v === 'bigint' ? v.toString() : v))
+  return {
+    models: next.models.map((m) => m.id),
+    models_added: next.models.filter((m) => !old.has(m.id)).map((m) => m.id),
+    models_removed: before.filter((m) => !ids.has(m.id)).map((m) => m.id),
+    models_changed: next.models
+      .filter((m) => old.has(m.id) && text(old.get(m.id)!) !== text(m))
+      .map((m) => m.id),
+    restart_needed: RESTART_SECTIONS.filter(
+      (k) => JSON.stringify(comparable(running[k])) !== JSON.stringify(comparable(next[k])),
+    ),
+  }
+}
+
+/** A section as compared for restart_needed (values main.ts fills in at start left out). */
+function comparable(section: unknown): unknown {
+  if (!section || typeof section !== 'object') return section
+  const { adminToken: _a, port: _p, ...rest } = section as Record<string, unknown>
+  return JSON.parse(JSON.stringify(rest, (_, v) => (typeof v === 'bigint' ? v.toString() : v)))
 }

@@ -37,6 +37,8 @@ export type ToWorker =
   /** Interactive traffic needs the line's node: cancel its upstream call and give it back. */
   | { readonly t: 'preempt'; readonly reqId: number }
   | { readonly t: 'stop' }
+  /** A reloaded config's models: lines priced and validated from now on use them. */
+  | { readonly t: 'models'; readonly models: readonly ModelConfig[] }
 
 export type AdmitReply =
   | {

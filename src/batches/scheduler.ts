@@ -1,7 +1,7 @@
 import type { LedgerWriter } from '../billing/ledger.ts'
 import type { MoneyMeter, Reservation } from '../billing/meter.ts'
 import { batchCostNano, costNano } from '../billing/money.ts'
-import type { Config } from '../config/load.ts'
+import type { Config, ModelConfig, Price } from '../config/load.ts'
 import { SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey } from '../identity/live.ts'
 import type { IdentityService } from '../identity/service.ts'
@@ -43,6 +43,8 @@ interface Admitted {
   readonly batchId: string
   readonly line: number
   readonly model: string
+  /** The model's price when the line was admitted (a reload changes it for later lines only). */
+  readonly price: Price
   readonly startedAtMs: number
   /** Pre-empted for interactive traffic: its node slot is already given back. */
   preempted: boolean
@@ -74,7 +76,9 @@ export class BatchScheduler {
     private readonly config: Config,
     private readonly settings: BatchSettings,
     private readonly log: Log,
-  ) {}
+  ) {
+    this.models = new Map(config.models.map((m) => [m.id, m]))
+  }
 
   private init: WorkerInit | undefined
 
@@ -118,13 +122,50 @@ export class BatchScheduler {
       w.terminate()
     }
     this.workers.length = 0
+    const returned: Promise<void>[] = []
     for (const lines of this.admitted.values()) {
       for (const a of lines.values()) {
         this.meter.release(a.reservation)
         if (!a.preempted) this.pool.preemptBatch(a.candidate.node)
+        // Its lease goes back now, so another node (or this one restarted) takes it at once.
+        returned.push(
+          this.store
+            .retryLine(a.batchId, a.line, 0, true)
+            .catch((err) => this.log('error', 'returning a batch line failed', { error: String(err) })),
+        )
       }
     }
     this.admitted.clear()
+    await Promise.all(returned)
+  }
+
+  private draining = false
+  private lastAdmitAtMs = 0
+  private models: Map<string, ModelConfig>
+
+  /** A reloaded config's models, for lines admitted from now on (here and in the workers). */
+  useModels(models: readonly ModelConfig[]): void {
+    this.models = new Map(models.map((m) => [m.id, m]))
+    if (this.init) this.init = { ...this.init, models }
+    for (const w of this.workers) w.postMessage({ t: 'models', models } satisfies ToWorker)
+  }
+
+  /**
+   * A graceful stop's first half: no new validation, finalization or line; lines leased but not
+   * started go back to the queue; lines running finish, until `untilMs`. stop() then gives back
+   * the leases of those still running.
+   */
+  async drain(untilMs: number): Promise<void> {
+    this.draining = true
+    if (this.timer) clearInterval(this.timer)
+    this.timer = undefined
+    for (const w of this.workers) w.postMessage({ t: 'stop' } satisfies ToWorker)
+    for (const q of this.queued.splice(0))
+      q.w.postMessage({ t: 'admitted', reqId: q.m.reqId, reply: { kind: 'wait', ms: 0 } } satisfies ToWorker)
+    // Until the running lines settle and no leased line asked for a slot for a moment (each such
+    // ask is answered 'wait', and the worker gives its lease back).
+    const running = () => [...this.admitted.values()].some((lines) => lines.size > 0)
+    while (Date.now() < untilMs && (running() || Date.now() - this.lastAdmitAtMs < 200)) await Bun.sleep(20)
   }
 
   private ticking = false
@@ -288,6 +329,11 @@ export class BatchScheduler {
         )
         return
       case 'admit': {
+        this.lastAdmitAtMs = Date.now()
+        if (this.draining) {
+          w.postMessage({ t: 'admitted', reqId: m.reqId, reply: { kind: 'wait', ms: 0 } } satisfies ToWorker)
+          return
+        }
         // No node has room now: the line waits here, first in first out, for the next free slot
         // (a settle frees one), instead of going back to the queue with a delay.
         const pending = this.admit(w, m)
@@ -490,6 +536,7 @@ export class BatchScheduler {
       batchId: m.batchId,
       line: m.line,
       model: m.model,
+      price: this.models.get(m.model)?.price ?? { promptNano: 0n, completionNano: 0n, cachedPromptNano: 0n },
       startedAtMs: now,
       preempted: false,
     })
@@ -513,7 +560,6 @@ export class BatchScheduler {
       this.meter.release(a.reservation)
       return
     }
-    const model = this.config.models.find((x) => x.id === a.model)!
     this.meter.settle(a.reservation, {
       requestId: `${a.batchId}-${a.line}`,
       model: a.model,
@@ -521,7 +567,7 @@ export class BatchScheduler {
       promptTokens: m.usage.promptTokens,
       completionTokens: m.usage.completionTokens,
       costNano: batchCostNano(
-        costNano(m.usage.promptTokens, m.usage.completionTokens, model.price, m.usage.cachedTokens ?? 0),
+        costNano(m.usage.promptTokens, m.usage.completionTokens, a.price, m.usage.cachedTokens ?? 0),
       ),
       batchId: a.batchId,
       startedAtMs: a.startedAtMs,

@@ -78,6 +78,9 @@ self.onmessage = (ev: MessageEvent<ToWorker | { t: 'init'; init: WorkerInit }>) 
     case 'stop':
       stopping = true
       break
+    case 'models':
+      models = new Map(m.models.map((x) => [x.id, x]))
+      break
   }
 }
 

@@ -14,10 +14,18 @@ export interface ModelView {
 
 /** The models Tropa serves, from the config. */
 export class Catalogue {
-  private readonly byId: Map<string, ModelConfig>
-  private readonly views: ModelView[]
+  private byId!: Map<string, ModelConfig>
+  private views!: ModelView[]
 
   constructor(models: readonly ModelConfig[]) {
+    this.replace(models)
+  }
+
+  /**
+   * The models of a reloaded config, for requests looked up from now on; a request already
+   * admitted keeps the ModelConfig (its routes and price) it was looked up with.
+   */
+  replace(models: readonly ModelConfig[]): void {
     this.byId = new Map(models.map((m) => [m.id, m]))
     this.views = models.map(toView)
   }

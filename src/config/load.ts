@@ -75,6 +75,10 @@ export interface Config {
     readonly maxHeaderBytes: number
     /** A stream whose client takes no bytes for this long is cut. */
     readonly streamWriteTimeoutMs: number
+    /** A stream still without its first token this long after it began is sent its headers and SSE comments; 0: off. */
+    readonly sseKeepAliveMs: number
+    /** On SIGTERM, how long in-flight requests and streams may take to finish. */
+    readonly shutdownGraceMs: number
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
     readonly billing: boolean
     readonly secret: string | undefined
@@ -153,6 +157,16 @@ export interface Config {
     readonly captureKeys: readonly string[]
     readonly captureMaxChars: number
   }
+  /** Request traces over OTLP/HTTP; undefined: off (no span is ever made). */
+  readonly tracing:
+    | {
+        /** The OTLP/HTTP traces URL. */
+        readonly endpoint: string
+        readonly serviceName: string
+        readonly sampler: string
+        readonly samplerArg: number
+      }
+    | undefined
   readonly models: readonly ModelConfig[]
 }
 
@@ -296,6 +310,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
     problems.push(
       `${source}: access_log.capture_orgs / capture_keys name whose bodies to write into the access log, which is off. Fix: set access_log.sink to "stderr" or "file", or remove them`,
     )
+  const tracing = tracingOf(cfg, env, problems)
   if (problems.length > 0) throw new ConfigError(problems)
 
   const dataDir = resolve(cfg.server?.data_dir ?? './tropa-data')
@@ -310,6 +325,8 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       maxBodyBytes: cfg.server?.max_body_bytes ?? 32 * 1024 * 1024,
       maxHeaderBytes: cfg.server?.max_header_bytes ?? 16 * 1024,
       streamWriteTimeoutMs: cfg.server?.stream_write_timeout_ms ?? 30_000,
+      sseKeepAliveMs: cfg.server?.sse_keep_alive_ms ?? 15_000,
+      shutdownGraceMs: cfg.server?.shutdown_grace_ms ?? 30_000,
       logLevel: cfg.server?.log_level ?? 'info',
       billing: cfg.server?.billing ?? true,
       secret: cfg.server?.secret,
@@ -385,8 +402,53 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       captureKeys: cfg.access_log?.capture_keys ?? [],
       captureMaxChars: cfg.access_log?.capture_max_chars ?? 32_768,
     },
+    tracing,
     models,
   } satisfies Config)
+}
+
+const SAMPLERS = new Set([
+  'always_on',
+  'always_off',
+  'traceidratio',
+  'parentbased_always_on',
+  'parentbased_always_off',
+  'parentbased_traceidratio',
+])
+
+/**
+ * Tracing from the file's [tracing] and OpenTelemetry's standard variables (which win):
+ * OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the traces URL), OTEL_EXPORTER_OTLP_ENDPOINT (a base, to
+ * which /v1/traces is added), OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG;
+ * OTEL_SDK_DISABLED=true turns it off. No endpoint: off.
+ */
+function tracingOf(cfg: ConfigFile, env: Env, problems: string[]): Config['tracing'] {
+  if (env.OTEL_SDK_DISABLED?.trim().toLowerCase() === 'true') return undefined
+  const base = env.OTEL_EXPORTER_OTLP_ENDPOINT?.trim()
+  const endpoint =
+    env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT?.trim() ||
+    (base ? `${base.replace(/\/+$/, '')}/v1/traces` : undefined) ||
+    cfg.tracing?.endpoint
+  if (!endpoint) return undefined
+  if (!/^https?:\/\/./.test(endpoint))
+    problems.push(
+      `environment: the OTLP traces endpoint ${JSON.stringify(endpoint)} is not an http(s) URL. Fix: e.g. http://collector:4318`,
+    )
+  const sampler = env.OTEL_TRACES_SAMPLER?.trim() || cfg.tracing?.sampler || 'parentbased_always_on'
+  if (!SAMPLERS.has(sampler))
+    problems.push(
+      `environment: OTEL_TRACES_SAMPLER=${sampler} is not one Tropa knows. Fix: one of ${[...SAMPLERS].join(', ')}`,
+    )
+  const rawArg = env.OTEL_TRACES_SAMPLER_ARG?.trim()
+  const samplerArg = rawArg ? Number(rawArg) : (cfg.tracing?.sampler_arg ?? 1)
+  if (!(samplerArg >= 0 && samplerArg <= 1))
+    problems.push(`environment: OTEL_TRACES_SAMPLER_ARG=${rawArg} is not a ratio from 0 to 1`)
+  return {
+    endpoint,
+    serviceName: env.OTEL_SERVICE_NAME?.trim() || cfg.tracing?.service_name || 'tropa',
+    sampler,
+    samplerArg,
+  }
 }
 
 /** Checks one model entry; also used for the demo's generated models. */

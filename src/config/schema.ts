@@ -90,6 +90,10 @@ export const ServerSchema = T.Object(
     public_url: T.Optional(T.String({ minLength: 1 })),
     /** A stream whose client takes no bytes for this long is cut (upstream aborted, billed so far). */
     stream_write_timeout_ms: T.Optional(T.Integer({ minimum: 100, maximum: 240_000 })),
+    /** A stream with no first token this long after it began gets its headers and `: keep-alive` comments, then again every this long; 0: off. */
+    sse_keep_alive_ms: T.Optional(T.Integer({ minimum: 0, maximum: 600_000 })),
+    /** On SIGTERM, in-flight requests and streams may finish for this long; then open streams are ended. */
+    shutdown_grace_ms: T.Optional(T.Integer({ minimum: 0, maximum: 3_600_000 })),
     /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
     billing: T.Optional(T.Boolean()),
     log_level: T.Optional(
@@ -252,6 +256,29 @@ export const AccessLogSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const TracingSchema = T.Object(
+  {
+    /** The OTLP/HTTP traces URL (e.g. http://collector:4318/v1/traces); the OTEL_* variables override it. Unset: tracing off. */
+    endpoint: T.Optional(T.String({ pattern: '^https?://' })),
+    service_name: T.Optional(T.String({ minLength: 1 })),
+    sampler: T.Optional(
+      T.Union(
+        [
+          'always_on',
+          'always_off',
+          'traceidratio',
+          'parentbased_always_on',
+          'parentbased_always_off',
+          'parentbased_traceidratio',
+        ].map((s) => T.Literal(s)),
+      ),
+    ),
+    /** The ratio of the traceidratio samplers. */
+    sampler_arg: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
+  },
+  { additionalProperties: false },
+)
+
 /** The config file as written by an operator (TOML or JSON). */
 export const ConfigFileSchema = T.Object(
   {
@@ -266,6 +293,7 @@ export const ConfigFileSchema = T.Object(
     responses: T.Optional(ResponsesSchema),
     metrics: T.Optional(MetricsSchema),
     access_log: T.Optional(AccessLogSchema),
+    tracing: T.Optional(TracingSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

@@ -6,8 +6,11 @@ import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
 import {
   ContextLengthExceeded,
+  InternalError,
   InvalidValue,
   modelNotAllowed,
+  ServerShuttingDown,
+  TropaError,
   UpstreamFailed,
   UpstreamTimeout,
 } from '../errors.ts'
@@ -16,6 +19,7 @@ import type { RequestRecord } from '../metrics/record.ts'
 import type { Telemetry } from '../metrics/telemetry.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
+import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamReply } from '../upstream/adapter.ts'
 import {
   CHAT_STREAM,
@@ -27,7 +31,8 @@ import {
   type Usage,
 } from '../upstream/sse.ts'
 import type { Deadline } from '../upstream/watchdog.ts'
-import { dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
+import { type Dispatched, dispatch, finishAttempt, readBody, type UpstreamDeps } from './dispatch.ts'
+import type { OpenStreams } from './drain.ts'
 import { chatPrefix, NO_PREFIX, type PromptPrefix } from './prefix.ts'
 import { quoteCall } from './quote.ts'
 import {
@@ -48,6 +53,10 @@ export interface ChatDeps extends UpstreamDeps {
   readonly streamWriteTimeoutMs: number
   /** Each request's record (metrics, access log), found by its request id. */
   readonly telemetry: Telemetry
+  /** A stream with no first token this long after it began is kept alive with SSE comments; 0: off. */
+  readonly sseKeepAliveMs: number
+  /** The streams open now (a graceful stop ends those left at its deadline). */
+  readonly streams: OpenStreams
 }
 
 /** Who pays for a request. */
@@ -85,6 +94,8 @@ export function chatCompletion(
   sessionHint?: string,
   /** Closes the client's connection soon (a stream whose client stopped reading is dropped). */
   cut?: () => void,
+  /** The request's trace (tracing on). */
+  trace?: RequestTrace,
 ): Promise<Response> {
   let chain: readonly string[]
   try {
@@ -98,7 +109,7 @@ export function chatCompletion(
   // `models` is Tropa's own field, never sent upstream. The pass-through path (no fallbacks) goes
   // straight to chatWithModel, with no copy of the body and no promise in between.
   const body: Omit<ChatRequest, 'models'> = request.models === undefined ? request : withoutModels(request)
-  if (chain.length === 1) return chatWithModel(deps, payer, body, signal, requestId, sessionHint, cut)
+  if (chain.length === 1) return chatWithModel(deps, payer, body, signal, requestId, sessionHint, cut, trace)
   return withFallbacks(deps, chain, signal, requestId, (model) =>
     chatWithModel(
       deps,
@@ -108,6 +119,7 @@ export function chatCompletion(
       requestId,
       sessionHint,
       cut,
+      trace,
     ),
   )
 }
@@ -174,6 +186,7 @@ export async function chatWithModel(
   requestId: string,
   sessionHint?: string,
   cut?: () => void,
+  trace?: RequestTrace,
 ): Promise<Response> {
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'chat')
@@ -214,6 +227,7 @@ export async function chatWithModel(
         ),
       textOf: completionTextOf,
       shape: CHAT_STREAM,
+      trace,
     },
     signal,
     requestId,
@@ -244,6 +258,8 @@ export interface ModelCall {
   /** A JSON answer's generated text, counted when the upstream's usage is missing or not sane. */
   readonly textOf: (value: ChatCompletion) => string
   readonly shape: StreamShape
+  /** The request's trace (tracing on): reserve, attempts, first token and settle become spans. */
+  readonly trace?: RequestTrace | undefined
 }
 
 /**
@@ -267,8 +283,18 @@ export async function runModelCall(
   const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
   if (payer.quoteOnly) return quoteCall(deps, payer, call, worst, requestId)
   // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
-  const reserved = deps.meter.reserve(payer.key, payer.org, worst)
-  const reservation = reserved instanceof Promise ? await reserved : reserved
+  const trace = call.trace
+  const reserving = trace?.child('reserve')
+  let reservation: Reservation
+  try {
+    const reserved = deps.meter.reserve(payer.key, payer.org, worst)
+    reservation = reserved instanceof Promise ? await reserved : reserved
+  } catch (err) {
+    if (reserving) fail(reserving, err)
+    throw err
+  } finally {
+    reserving?.end()
+  }
   // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
   try {
     const limited = deps.limiter.admit(payer.key, promptTokens)
@@ -325,6 +351,7 @@ export async function runModelCall(
       ttftMs,
     })
     rec?.settled(p, cTokens, cached ?? 0, charged)
+    if (trace) traceSettled(trace, c, model.id, u, charged)
     return charged
   }
 
@@ -339,12 +366,14 @@ export async function runModelCall(
           ...route,
           body: (r) => call.body(r.upstreamModel),
           accept: async (reply, c) => parseCompletion(await readBody(reply, deps, c.node.name), c.node.name),
+          trace,
         },
         signal,
       )
       const { value, candidate, attempt } = answer
       rec?.answered(answer, candidate.node.name, false, performance.now())
       ttftMs = Date.now() - startedAtMs
+      trace?.child('first token', undefined, startedAtMs).end()
       value.id = completionId
       value.model = model.id
       const usage = billed(sanitizeUsage(value.usage), () => countTokens(call.textOf(value)))
@@ -357,7 +386,7 @@ export async function runModelCall(
       })
     }
 
-    const answer = await dispatch(
+    const dispatched = dispatch(
       deps,
       {
         model,
@@ -370,55 +399,90 @@ export async function runModelCall(
           lost.reply.abort(new Error('another node answered first'))
           lost.reader.cancel().catch(() => {})
         },
+        trace,
       },
       signal,
     )
-    const { value: first, candidate, attempt } = answer
-    rec?.answered(answer, candidate.node.name, true, performance.now())
-    ttftMs = Date.now() - startedAtMs
-    // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
-    const relay: ChatStreamRelay = new ChatStreamRelay(
-      completionId,
-      model.id,
-      call.includeUsage,
-      (usage) => {
-        const u = billed(usage, () => countTokens(relay.generated))
-        u.cost_rub = nanoToRubNumber(settle(candidate, u, () => 0, 'ok'))
-        return u
-      },
-      call.shape,
-    )
-    const body$ = relayStream(
-      deps,
-      first,
-      relay,
-      attempt,
-      reservation,
-      (usage, outcome) => {
-        const text = relay.generated
-        if (usage || text.length <= COUNT_SLICE_CHARS)
-          return void settle(candidate, usage, () => countTokens(text), outcome)
-        // A long answer cut short (say many streams cut at once) is counted a slice at a time.
-        return countTokensYielding(text).then(
-          (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
-          (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
-        )
-      },
-      cut,
-      rec,
-    )
-    return new Response(body$, {
-      headers: {
-        ...headers(candidate),
-        'content-type': 'text/event-stream; charset=utf-8',
-        'cache-control': 'no-cache',
-        connection: 'keep-alive',
-      },
+    /** The client's SSE body from the winning node's first chunk on. */
+    const relayFrom = (won: Dispatched<FirstChunk>) => {
+      const { value: first, candidate, attempt } = won
+      rec?.answered(won, candidate.node.name, true, performance.now())
+      ttftMs = Date.now() - startedAtMs
+      trace?.child('first token', undefined, startedAtMs).end()
+      // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
+      const relay: ChatStreamRelay = new ChatStreamRelay(
+        completionId,
+        model.id,
+        call.includeUsage,
+        (usage) => {
+          const u = billed(usage, () => countTokens(relay.generated))
+          u.cost_rub = nanoToRubNumber(settle(candidate, u, () => 0, 'ok'))
+          return u
+        },
+        call.shape,
+      )
+      return relaySource(
+        deps,
+        first,
+        relay,
+        attempt,
+        reservation,
+        (usage, outcome) => {
+          const text = relay.generated
+          if (usage || text.length <= COUNT_SLICE_CHARS)
+            return void settle(candidate, usage, () => countTokens(text), outcome)
+          // A long answer cut short (say many streams cut at once) is counted a slice at a time.
+          return countTokensYielding(text).then(
+            (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
+            (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
+          )
+        },
+        cut,
+        rec,
+      )
+    }
+    // No first token by server.sse_keep_alive_ms: the headers go out now, with SSE comments
+    // until it comes, so a proxy's idle timeout does not cut the wait (dispatch goes on below,
+    // failing over and hedging as before; a failure now reaches the client as an error event).
+    const won =
+      deps.sseKeepAliveMs > 0
+        ? await beforeKeepAlive(deps, dispatched, startedAtMs + deps.sseKeepAliveMs)
+        : await dispatched
+    if (won === KEEP_ALIVE)
+      return new Response(
+        keptAlive(deps, dispatched, relayFrom, requestId, (err) => {
+          deps.meter.release(reservation)
+          trace?.end(undefined, err)
+        }),
+        { headers: { 'x-request-id': requestId, ...SSE_HEADERS } },
+      )
+    return new Response(directStream(relayFrom(won)), {
+      headers: { ...headers(won.candidate), ...SSE_HEADERS },
     })
   } catch (err) {
     deps.meter.release(reservation)
     throw err
   }
+}
+
+/** The settle span, and the root's GenAI attributes (OpenTelemetry's semantic conventions). */
+function traceSettled(
+  trace: RequestTrace,
+  c: Candidate,
+  modelId: string,
+  u: Usage,
+  costNanoRub: bigint,
+): void {
+  trace.child('settle').end()
+  trace.end({
+    'gen_ai.response.model': modelId,
+    'gen_ai.provider.name': c.route.provider,
+    'gen_ai.usage.input_tokens': u.prompt_tokens,
+    'gen_ai.usage.output_tokens': u.completion_tokens,
+    'tropa.node': c.node.name,
+    'tropa.cost_rub': formatRub(costNanoRub),
+    'tropa.estimated_usage': u.estimated === true,
+  })
 }
 
 /** The output bound a request asks for: the smaller of max_tokens and max_completion_tokens. */
@@ -592,7 +656,7 @@ async function pastOpening(
  * does not read stops the upstream too (Bun's fetch stops reading a body nobody reads): at most
  * one relayed chunk is held per stream, whatever the client does. The fast path costs a type check.
  */
-function relayStream(
+function relaySource(
   deps: ChatDeps,
   first: FirstChunk,
   relay: ChatStreamRelay,
@@ -602,7 +666,7 @@ function relayStream(
   settle: (usage: Usage | undefined, outcome: string) => Promise<void> | undefined,
   cut: (() => void) | undefined,
   rec: RequestRecord | undefined,
-): ReadableStream<Uint8Array> {
+): Bun.DirectUnderlyingSource<Uint8Array> {
   const { reader, reply } = first
   const c = attempt.candidate
   const firstChunkAtMs = Date.now()
@@ -613,10 +677,15 @@ function relayStream(
   const deadline = deps.watchdog.watch(Date.now() + idle, () =>
     reply.abort(new UpstreamTimeout(`${c.node.name} stalled mid-stream`)),
   )
+  // A graceful stop's deadline ends the stream through its upstream: the loop below sees the
+  // reason, bills what was sent and writes one error event.
+  const end = () => reply.abort(new ServerShuttingDown())
+  deps.streams.add(end)
   const finish = (outcome: string, nodeOk: boolean) => {
     if (finished) return
     finished = true
     deps.watchdog.clear(deadline)
+    deps.streams.delete(end)
     const usage = relay.usage
     finishAttempt(deps, attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
     const later = reservation.done ? undefined : settle(relay.usage, outcome)
@@ -626,8 +695,8 @@ function relayStream(
       else rec.ended(outcome, firstChunkAtMs, lastChunkAtMs)
     }
   }
-  const errorEvent = (message: string, code: string) =>
-    sseEvent({ error: { message, type: 'upstream_error', param: null, code } })
+  const errorEvent = (message: string, code: string, type = 'upstream_error') =>
+    sseEvent({ error: { message, type, param: null, code } })
   /**
    * Waits until the socket has taken the bytes it kept; true when the client took nothing for
    * streamWriteTimeoutMs. The upstream's idle deadline stands still meanwhile (the upstream is not
@@ -707,13 +776,16 @@ function relayStream(
       } catch (err) {
         if (finished) return close()
         const timeout = err instanceof UpstreamTimeout
-        finish(timeout ? 'upstream_timeout' : 'upstream_broken', false)
+        const shutdown = err instanceof ServerShuttingDown
+        finish(timeout ? 'upstream_timeout' : shutdown ? 'server_shutdown' : 'upstream_broken', shutdown)
         try {
           send(
-            errorEvent(
-              timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
-              timeout ? 'upstream_timeout' : 'upstream_error',
-            ),
+            shutdown
+              ? errorEvent(err.message, err.code, err.type)
+              : errorEvent(
+                  timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
+                  timeout ? 'upstream_timeout' : 'upstream_error',
+                ),
           )
           close()
         } catch {
@@ -729,8 +801,136 @@ function relayStream(
       reader.cancel().catch(() => {})
     },
   }
+  return source
+}
+
+/** A direct stream (Bun) on `source`. */
+function directStream(source: Bun.DirectUnderlyingSource<Uint8Array>): ReadableStream<Uint8Array> {
   // The web worker typings (batch worker) hide Bun's direct-stream overload of the constructor.
   return new ReadableStream<Uint8Array>(source as unknown as UnderlyingDefaultSource<Uint8Array>)
+}
+
+const SSE_HEADERS = {
+  'content-type': 'text/event-stream; charset=utf-8',
+  'cache-control': 'no-cache',
+  connection: 'keep-alive',
+} as const
+
+/** beforeKeepAlive's answer when the keep-alive time came first. */
+const KEEP_ALIVE = Symbol('keep-alive')
+const KEEP_ALIVE_COMMENT = new TextEncoder().encode(': keep-alive\n\n')
+
+/** The dispatch's winner, or KEEP_ALIVE when none has come by `atMs` (the watchdog's tick late). */
+function beforeKeepAlive<T>(
+  deps: UpstreamDeps,
+  dispatched: Promise<T>,
+  atMs: number,
+): Promise<T | typeof KEEP_ALIVE> {
+  return new Promise((resolve, reject) => {
+    const deadline = deps.watchdog.watch(atMs, () => resolve(KEEP_ALIVE))
+    dispatched.then(
+      (won) => {
+        deps.watchdog.clear(deadline)
+        resolve(won)
+      },
+      (err) => {
+        deps.watchdog.clear(deadline)
+        reject(err)
+      },
+    )
+  })
+}
+
+/**
+ * The body of a stream whose headers went out before its first token: a `: keep-alive` comment
+ * now and every sse_keep_alive_ms while the dispatch goes on (failover and hedging unchanged),
+ * then the winner's relay on the same socket. The status is 200 by now, so a dispatch that fails
+ * ends the body with one error event (`release` gives the reservation back); a client that left
+ * meanwhile aborted the dispatch through the request's signal. Comments are not written while the
+ * socket holds earlier bytes: a client that reads nothing gets no more than one.
+ */
+function keptAlive(
+  deps: ChatDeps,
+  dispatched: Promise<Dispatched<FirstChunk>>,
+  relayFrom: (won: Dispatched<FirstChunk>) => Bun.DirectUnderlyingSource<Uint8Array>,
+  requestId: string,
+  release: (err: unknown) => void,
+): ReadableStream<Uint8Array> {
+  let gone = false
+  let relay: Bun.DirectUnderlyingSource<Uint8Array> | undefined
+  const source: Bun.DirectUnderlyingSource<Uint8Array> = {
+    type: 'direct',
+    async pull(controller) {
+      let waiting = true
+      let ended = false
+      let held: unknown
+      let beat: Deadline | undefined
+      const comment = () => {
+        if (!waiting || gone) return
+        if (!(held instanceof Promise)) {
+          held = controller.write(KEEP_ALIVE_COMMENT)
+          controller.flush()
+          if (held instanceof Promise) held.then(() => (held = undefined), noStall)
+        }
+        beat = deps.watchdog.watch(Date.now() + deps.sseKeepAliveMs, comment)
+      }
+      const stopWaiting = () => {
+        waiting = false
+        if (beat) deps.watchdog.clear(beat)
+        deps.streams.delete(end)
+      }
+      const fail = (e: TropaError) => {
+        if (gone) return
+        try {
+          controller.write(
+            sseEvent({ error: { message: e.message, type: e.type, param: e.param, code: e.code } }),
+          )
+          controller.close()
+        } catch {
+          // the client is gone too
+        }
+      }
+      // A graceful stop's deadline while no node has answered yet: the client gets its error
+      // event now; what the dispatch brings later is let go unbilled.
+      const end = () => {
+        ended = true
+        stopWaiting()
+        fail(new ServerShuttingDown())
+      }
+      deps.streams.add(end)
+      comment()
+      let won: Dispatched<FirstChunk>
+      try {
+        won = await dispatched
+      } catch (err) {
+        stopWaiting()
+        release(err)
+        // (the client's abort reason, when it left: nobody to tell)
+        if (ended || (err as Error)?.name === 'AbortError') return
+        if (err instanceof TropaError) return fail(err)
+        deps.log('error', 'a kept-alive stream failed', {
+          requestId,
+          error: String((err as Error)?.stack ?? err),
+        })
+        return fail(new InternalError())
+      }
+      stopWaiting()
+      if (ended) {
+        won.value.reply.abort(new ServerShuttingDown())
+        won.value.reader.cancel().catch(() => {})
+        finishAttempt(deps, won.attempt, 'cancelled')
+        return release(new ServerShuttingDown())
+      }
+      relay = relayFrom(won)
+      if (gone) return void relay.cancel?.(new Error('client disconnected'))
+      return relay.pull(controller)
+    },
+    cancel(reason) {
+      gone = true
+      relay?.cancel?.(reason)
+    },
+  }
+  return directStream(source)
 }
 
 const noStall = () => false

@@ -1,3 +1,4 @@
+import type { Span } from '@opentelemetry/api'
 import type { Config, ModelConfig, RouteConfig } from '../config/load.ts'
 import {
   InvalidRequest,
@@ -9,6 +10,7 @@ import {
 import type { ShareBudget } from '../routing/budget.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
 import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '../routing/policy.ts'
+import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
@@ -49,6 +51,8 @@ export interface Dispatch<T> {
   readonly accept: (reply: UpstreamReply, candidate: Candidate) => Promise<T>
   /** Frees a value accepted after another node already won (a lost hedge). */
   readonly discard?: (value: T) => void
+  /** The request's trace: a span per attempt, continued upstream (tracing on). */
+  readonly trace?: RequestTrace | undefined
 }
 
 export interface Dispatched<T> {
@@ -72,6 +76,7 @@ type Settled<T> =
 interface Running<T> {
   readonly controller: AbortController
   readonly done: Promise<Settled<T>>
+  readonly span?: Span | undefined
 }
 
 /** Ends an attempt on its node: the pool's health and in-flight count, and the policy's model. */
@@ -117,7 +122,11 @@ export async function dispatch<T>(
   deps.retries.earn()
   deps.hedges?.earn()
 
-  const run = async (a: Attempt, controller: AbortController): Promise<Settled<T>> => {
+  const run = async (
+    a: Attempt,
+    controller: AbortController,
+    traceparent: string | undefined,
+  ): Promise<Settled<T>> => {
     const { route, node } = a.candidate
     try {
       const body = d.body(route)
@@ -125,7 +134,7 @@ export async function dispatch<T>(
       if (sentAt === 0) sentAt = performance.now()
       if (!node.answering) await probeConnect(route.baseUrl, node.name, deps.timeouts.connectTimeoutMs)
       const reply = await deps.adapter.send(
-        { route, path: d.path, body, stream: d.stream },
+        { route, path: d.path, body, stream: d.stream, traceparent },
         controller,
         a.startedAtMs + (route.firstByteTimeoutMs ?? deps.timeouts.firstByteTimeoutMs),
       )
@@ -162,16 +171,27 @@ export async function dispatch<T>(
     const controller = new AbortController()
     const onAbort = () => controller.abort(signal.reason)
     signal.addEventListener('abort', onAbort, { once: true })
+    const traced = d.trace?.attempt({
+      'tropa.node': c.node.name,
+      'tropa.attempt': tried === 1 ? 'first' : running.size > 0 ? 'hedge' : 'failover',
+      'gen_ai.provider.name': c.route.provider,
+      'gen_ai.request.model': c.route.upstreamModel,
+      'server.address': c.route.baseUrl,
+    })
     // Until the node's reply is accepted the client leaving aborts the attempt; after that the
     // response body (the relay) watches the client.
-    const done = run(a, controller).finally(() => signal.removeEventListener('abort', onAbort))
-    running.set(a, { controller, done })
+    const done = run(a, controller, traced?.traceparent).finally(() =>
+      signal.removeEventListener('abort', onAbort),
+    )
+    running.set(a, { controller, done, span: traced?.span })
     return true
   }
 
   /** Cancels every attempt still running (they lost, or the request is over). */
   const cancelRest = () => {
     for (const [a, r] of running) {
+      r.span?.setAttribute('tropa.outcome', 'cancelled')
+      r.span?.end()
       r.controller.abort(new HedgeLost())
       void r.done.then((s) => {
         if (s.ok) d.discard?.(s.value)
@@ -197,7 +217,12 @@ export async function dispatch<T>(
       continue
     }
     const { a } = settled
+    const span = running.get(a)?.span
     running.delete(a)
+    if (span) {
+      if (!settled.ok) fail(span, settled.error)
+      span.end()
+    }
     if (settled.ok) {
       hedgeAtMs = undefined
       if (d.stream) deps.policy.firstChunk(a, Date.now())

@@ -364,6 +364,11 @@ export class MessageEvents extends TransformStream<Uint8Array, Uint8Array> {
       if (ch.finish_reason) lastChoice = ch
     }
     const onEvent = (event: string) => {
+      // Chat's keep-alive comment (no first token yet): Anthropic's own keep-alive is a ping.
+      if (event.startsWith(':')) {
+        out += sse('ping', {})
+        return
+      }
       for (const line of event.split('\n')) {
         if (!line.startsWith('data:')) continue
         const payload = line.slice(line.charCodeAt(5) === 32 ? 6 : 5).trim()

@@ -77,6 +77,8 @@ export class ResponsesStreamTranslator {
   }
 
   private chatEvent(text: string): string {
+    // Chat's keep-alive comment (no first token yet) goes on to the client as it is.
+    if (text.startsWith(':')) return `${text}\n\n`
     let data = ''
     for (const line of text.split('\n'))
       if (line.startsWith('data:')) data += line.slice(line.charCodeAt(5) === 32 ? 6 : 5)

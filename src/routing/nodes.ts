@@ -85,17 +85,35 @@ export class NodePool {
   private readonly byModel = new Map<string, Candidate[]>()
 
   constructor(models: readonly ModelConfig[]) {
+    this.replace(models)
+  }
+
+  /**
+   * The models' routes of a reloaded config. A node that stays (same base URL and name) keeps
+   * its state: in flight, health, what the policy learned of it. A removed node drains: its
+   * requests in flight hold their candidates and finish there; no new one is sent to it.
+   * Returns the nodes added and removed, by name.
+   */
+  replace(models: readonly ModelConfig[]): { added: string[]; removed: NodeState[] } {
+    const before = new Map(this.nodes)
+    this.nodes.clear()
+    this.byModel.clear()
+    const added: string[] = []
     for (const m of models) {
       const list = m.routes.map((route) => {
         let node = this.nodes.get(route.baseUrl)
         if (!node) {
-          node = new NodeState(route.node, route.baseUrl)
+          const kept = before.get(route.baseUrl)
+          node = kept?.name === route.node ? kept : new NodeState(route.node, route.baseUrl)
+          if (node !== kept) added.push(node.name)
           this.nodes.set(route.baseUrl, node)
         }
         return { route, node }
       })
       this.byModel.set(m.id, list)
     }
+    const removed = [...before.values()].filter((n) => this.nodes.get(n.baseUrl) !== n)
+    return { added, removed }
   }
 
   /**

@@ -106,6 +106,8 @@ export interface RoutingPolicy {
    * node (hedging), as an absolute time in ms; undefined: do not hedge this attempt.
    */
   hedgeAtMs?(a: Attempt): number | undefined
+  /** The node left the config (a reload) and has nothing in flight: drop what was learned of it. */
+  forget?(node: NodeState): void
 }
 
 /**

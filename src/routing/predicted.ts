@@ -180,6 +180,10 @@ export class PredictedTtft implements RoutingPolicy {
     this.name = name
   }
 
+  forget(node: NodeState): void {
+    this.models.delete(node)
+  }
+
   model(node: NodeState): NodeModel {
     let m = this.models.get(node)
     if (!m) {

@@ -42,7 +42,7 @@ const CHECK_EJECT_MS = 5_000
  * handed to the routing policy. Nodes without metrics are asked again once a minute.
  */
 export class NodeProbes {
-  private readonly targets: Target[] = []
+  private targets: Target[] = []
   private healthTimer: ReturnType<typeof setInterval> | undefined
   private metricsTimer: ReturnType<typeof setInterval> | undefined
   private stopped = false
@@ -53,6 +53,13 @@ export class NodeProbes {
     models: readonly ModelConfig[],
     private readonly opts: ProbeOptions,
   ) {
+    this.retarget(pool, models)
+  }
+
+  /** The nodes of a reloaded config; a node that stays keeps its count of failed checks. */
+  retarget(pool: NodePool, models: readonly ModelConfig[]): void {
+    const before = new Map(this.targets.map((t) => [t.node, t]))
+    this.targets = []
     const seen = new Set<NodeState>()
     for (const m of models)
       for (const c of pool.candidates(m.id)) {
@@ -60,13 +67,14 @@ export class NodeProbes {
         // model lists need their own auth and say nothing of one node's health.
         if (seen.has(c.node) || c.route.provider !== 'openai') continue
         seen.add(c.node)
+        const kept = before.get(c.node)
         this.targets.push({
           node: c.node,
           modelsUrl: `${c.route.baseUrl}/models`,
           metricsUrl: c.route.metricsUrl,
           apiKey: c.route.apiKey,
-          failedChecks: 0,
-          metricsMutedUntilMs: 0,
+          failedChecks: kept?.failedChecks ?? 0,
+          metricsMutedUntilMs: kept?.metricsMutedUntilMs ?? 0,
         })
       }
   }

@@ -13,6 +13,8 @@ export interface UpstreamCall {
   /** The JSON body to send, already carrying the upstream's model name. */
   readonly body: string
   readonly stream: boolean
+  /** W3C trace context continuing the request's trace upstream (only when tracing is on). */
+  readonly traceparent?: string | undefined
 }
 
 /** An upstream answer whose status was 2xx; the body is still unread. */

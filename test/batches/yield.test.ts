@@ -52,14 +52,22 @@ async function startBatch(client: OpenAI, n: number) {
       custom_id: `line-${i}`,
       method: 'POST',
       url: '/v1/chat/completions',
-      body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: LINE_TOKENS },
+      body: {
+        model: 'test/chat',
+        messages: [{ role: 'user', content: `line ${i}` }],
+        max_tokens: LINE_TOKENS,
+      },
     }),
   )
   const file = await client.files.create({
     file: await toFile(Buffer.from(`${rows.join('\n')}\n`), 'lines.jsonl'),
     purpose: 'batch',
   })
-  return client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' })
+  return client.batches.create({
+    input_file_id: file.id,
+    endpoint: '/v1/chat/completions',
+    completion_window: '24h',
+  })
 }
 
 const running = (nodes: SimNode[]) => nodes.reduce((s, n) => s + n.stats().running, 0)

@@ -21,12 +21,12 @@ beforeAll(async () => {
 }, 120_000)
 afterAll(() => rmSync(work, { recursive: true, force: true }))
 
-async function startDemo(dataDir: string) {
+async function startDemo(dataDir: string, env: Record<string, string> = {}) {
   const proc = Bun.spawn([exe, '--demo', '--port', '0', '--data-dir', dataDir], {
     cwd: work,
     stdout: 'pipe',
     stderr: 'pipe',
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: work },
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: work, ...env },
   })
   const credsFile = join(dataDir, 'demo-credentials.json')
   const started = Date.now()
@@ -49,6 +49,43 @@ async function startDemo(dataDir: string) {
 }
 
 describe('the compiled executable', () => {
+  test('exports traces over OTLP/HTTP (the SDK is inside it); the stop sends the last ones', async () => {
+    const names: string[] = []
+    const receiver = Bun.serve({
+      port: 0,
+      hostname: '127.0.0.1',
+      async fetch(req) {
+        const body = (await req.json()) as {
+          resourceSpans: { scopeSpans: { spans: { name: string }[] }[] }[]
+        }
+        for (const rs of body.resourceSpans)
+          for (const ss of rs.scopeSpans) for (const sp of ss.spans) names.push(sp.name)
+        return Response.json({})
+      },
+    })
+    const demo = await startDemo(join(work, 'traced'), {
+      OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${receiver.port}`,
+    })
+    try {
+      const client = new OpenAI({
+        baseURL: `${demo.creds.base_url}/v1`,
+        apiKey: demo.creds.api_key,
+        maxRetries: 0,
+      })
+      await client.chat.completions.create({
+        model: 'sim/chat-small',
+        messages: [{ role: 'user', content: 'hi' }],
+        max_tokens: 3,
+      })
+    } finally {
+      demo.proc.kill('SIGTERM')
+      expect(await demo.proc.exited).toBe(0)
+      receiver.stop(true)
+    }
+    expect(names).toContain('chat')
+    expect(names).toContain('upstream attempt')
+  }, 30_000)
+
   test('--help lists the subcommands and flags', () => {
     const r = Bun.spawnSync([exe, '--help'], { cwd: work })
     const text = r.stdout.toString()

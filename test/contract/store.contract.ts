@@ -81,7 +81,9 @@ export function storeContract(name: string, open: () => Promise<Store>) {
 
     test("a key's expiry and models round-trip, and a patch changes and clears them", async () => {
       await store.insertOrg(org('o1'))
-      await store.insertKey(key('k1', 'o1', { expiresAt: 1_900_000_000, models: ['anthropic/*', 'sim/chat-small'] }))
+      await store.insertKey(
+        key('k1', 'o1', { expiresAt: 1_900_000_000, models: ['anthropic/*', 'sim/chat-small'] }),
+      )
       expect(await store.getKey('k1')).toMatchObject({
         expiresAt: 1_900_000_000,
         models: ['anthropic/*', 'sim/chat-small'],

@@ -21,6 +21,8 @@ export interface TropaOptions {
   /** Starting balance of the test organization, roubles. */
   balanceRub?: number
   maxBodyBytes?: number
+  /** Extra keys of the server section. */
+  server?: Record<string, unknown>
   /** Extra config sections (batches, files, ...). */
   extra?: Record<string, unknown>
   /** Run on a fresh PostgreSQL database instead of a SQLite file. */
@@ -98,6 +100,7 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
         admin_token: ADMIN_TOKEN,
         log_level: 'error',
         ...(opts.maxBodyBytes && { max_body_bytes: opts.maxBodyBytes }),
+        ...opts.server,
       },
       upstream: { first_byte_timeout_ms: 5000, idle_timeout_ms: 5000, ...opts.upstream },
       storage: { flush_interval_ms: 10, ...(pg && { kind: 'postgres', postgres_url: pg.url }) },

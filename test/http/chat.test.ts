@@ -170,7 +170,7 @@ describe('catalogue', () => {
       created: expect.any(Number),
       owned_by: 'test',
       context_length: 4096,
-      pricing: { prompt: '0.000030', completion: '0.000060' },
+      pricing: { prompt: '0.000030', completion: '0.000060', cached_prompt: '0.000030' },
     })
   })
 

@@ -47,6 +47,7 @@ describe('config', () => {
     expect(m.routes[0]).toMatchObject({ apiKey: 'secret', upstreamModel: 'chat', node: '127.0.0.1:9101' })
     expect(Object.isFrozen(c.models[0])).toBe(true)
     expect(c.server.streamWriteTimeoutMs).toBe(30_000)
+    expect(c.server.sseKeepAliveMs).toBe(15_000)
   })
 
   test('server.stream_write_timeout_ms: set, or refused out of range', () => {

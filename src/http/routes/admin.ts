@@ -104,4 +104,11 @@ export const adminRoutes = (svc: Services) => {
         detail: { tags, summary: 'Revoke a master key' },
       },
     )
+    .post('/v1/admin/reload', () => ({ object: 'config.reload', ...svc.reload() }), {
+      detail: {
+        tags,
+        summary:
+          "Reload the config file's models, routes and prices (as SIGHUP does); 400 invalid_config lists every problem, and the running config stays",
+      },
+    })
 }

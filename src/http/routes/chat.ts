@@ -9,18 +9,34 @@ export const chatRoutes = (svc: Services) =>
   new Elysia().derive(authenticate(svc)).post(
     '/v1/chat/completions',
     ({ principal, body, request, set, server }) => {
-      const id = set.headers['x-request-id'] as string
+      const payer = payerOf(principal, request.headers)
+      const requestId = set.headers['x-request-id'] as string
+      const trace = svc.tracing?.begin(request, 'chat', {
+        'gen_ai.operation.name': 'chat',
+        'gen_ai.request.model': (body as ChatRequest).model,
+        'tropa.request_id': requestId,
+        'tropa.key_id': payer.key.id,
+        'tropa.org_id': payer.org.id,
+      })
+      const answer = chatCompletion(
+        svc.deps,
+        payer,
+        body as ChatRequest,
+        request.signal,
+        requestId,
+        request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
+        () => server?.timeout(request, 1),
+        trace,
+      )
+      // A success ends the trace when it is billed (a stream's end); a refusal ends it here.
       return svc.telemetry.answered(
-        id,
-        chatCompletion(
-          svc.deps,
-          payerOf(principal, request.headers),
-          body as ChatRequest,
-          request.signal,
-          id,
-          request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
-          () => server?.timeout(request, 1),
-        ),
+        requestId,
+        trace
+          ? answer.catch((err) => {
+              trace.end(undefined, err)
+              throw err
+            })
+          : answer,
         body,
       )
     },

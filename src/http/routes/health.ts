@@ -17,6 +17,11 @@ export const healthRoutes = (svc: Services) =>
           set.status = 503
           return { status: 'insufficient_storage' }
         }
+        // Stopping (SIGTERM): balancers take this node out while its requests finish.
+        if (svc.draining) {
+          set.status = 503
+          return { status: 'draining' }
+        }
         const ready = tokenizerReady()
         set.status = ready ? 200 : 503
         return { status: ready ? 'ready' : 'starting' }

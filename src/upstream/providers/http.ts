@@ -48,7 +48,7 @@ export async function sendHttp(
   try {
     response = await fetch(request.url, {
       method: 'POST',
-      headers: request.headers,
+      headers: call.traceparent ? { ...request.headers, traceparent: call.traceparent } : request.headers,
       body: request.body,
       signal,
       decompress: true,
