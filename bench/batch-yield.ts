@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import type { SimNodeOptions } from '../src/simulator/index.ts'
+import { prng } from '../src/simulator/text.ts'
 import { freePort, jsonCall, startRouterProcess } from '../test/helpers/process.ts'
 import { startSimProcess } from '../test/helpers/sim-process.ts'
 
@@ -44,25 +45,13 @@ const node = (i: number): SimNodeOptions => ({
   ...(PRIORITY && { priorityScheduling: true }),
 })
 
-/** A deterministic generator (mulberry32). */
-function rng(seed: number) {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
-
 // ~512 tokens of varied text, unique per request (no prefix cache help).
 const WORDS =
   'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau'.split(
     ' ',
   )
 function prompt(i: number): string {
-  const r = rng(i * 7919 + 17)
+  const r = prng(i * 7919 + 17)
   const words = [`request ${i}:`]
   for (let k = 0; k < 500; k++) words.push(WORDS[Math.floor(r() * WORDS.length)]!)
   return words.join(' ')
@@ -185,7 +174,7 @@ type Phase = { seconds: number; load: number; name: string }
 
 /** Open-loop Poisson arrivals through the phases (load as a share of saturation), seeded. */
 async function openLoop(phases: readonly Phase[], capacity: number, seed: number, first: number) {
-  const r = rng(seed)
+  const r = prng(seed)
   const samples: Promise<Sample & { phase: string }>[] = []
   let i = first
   const t0 = performance.now()

@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import type OpenAI from 'openai'
-import { toFile } from 'openai'
 import { batchCostNano, costNano } from '../../src/billing/money.ts'
 import type { SimNode, SimNodeOptions } from '../../src/simulator/index.ts'
+import { startChatBatch } from '../helpers/batches.ts'
 import { usageRows } from '../helpers/ledger.ts'
 import { startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -46,29 +46,8 @@ function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false)
   })
 }
 
-async function startBatch(client: OpenAI, n: number) {
-  const rows = Array.from({ length: n }, (_, i) =>
-    JSON.stringify({
-      custom_id: `line-${i}`,
-      method: 'POST',
-      url: '/v1/chat/completions',
-      body: {
-        model: 'test/chat',
-        messages: [{ role: 'user', content: `line ${i}` }],
-        max_tokens: LINE_TOKENS,
-      },
-    }),
-  )
-  const file = await client.files.create({
-    file: await toFile(Buffer.from(`${rows.join('\n')}\n`), 'lines.jsonl'),
-    purpose: 'batch',
-  })
-  return client.batches.create({
-    input_file_id: file.id,
-    endpoint: '/v1/chat/completions',
-    completion_window: '24h',
-  })
-}
+const startBatch = (client: OpenAI, n: number) =>
+  startChatBatch(client, n, { maxTokens: LINE_TOKENS, prefix: 'line' })
 
 const running = (nodes: SimNode[]) => nodes.reduce((s, n) => s + n.stats().running, 0)
 

@@ -1,14 +1,21 @@
 import type OpenAI from 'openai'
 import { toFile } from 'openai'
 
-/** Uploads `n` chat lines (`id-0` ... `id-<n-1>`, 16 tokens out each) and starts them as a batch. */
-export async function startChatBatch(client: OpenAI, n: number) {
+/**
+ * Uploads `n` chat lines (`<prefix>-0` ... `<prefix>-<n-1>`, `maxTokens` out each, 16 by default)
+ * and starts them as a batch.
+ */
+export async function startChatBatch(
+  client: OpenAI,
+  n: number,
+  { maxTokens = 16, prefix = 'id' }: { maxTokens?: number; prefix?: string } = {},
+) {
   const rows = Array.from({ length: n }, (_, i) =>
     JSON.stringify({
-      custom_id: `id-${i}`,
+      custom_id: `${prefix}-${i}`,
       method: 'POST',
       url: '/v1/chat/completions',
-      body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: 16 },
+      body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: maxTokens },
     }),
   )
   const file = await client.files.create({
