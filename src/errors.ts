@@ -89,6 +89,9 @@ export const invalidApiKey = () => new AuthenticationFailed('the API key is not 
 export const keyRevoked = () => new AuthenticationFailed('the API key has been revoked', 'key_revoked')
 export const keyDisabled = () => new AuthenticationFailed('the API key is disabled', 'key_disabled')
 
+export const sessionRequired = () =>
+  new AuthenticationFailed('not signed in to the console, or the session has expired', 'session_required')
+
 export class QuotaExceeded extends TropaError {
   readonly status = 402
   readonly type = 'insufficient_quota'

@@ -13,6 +13,7 @@ import { DiskWatch } from './files/disk.ts'
 import { LocalFileStore } from './files/file-store.ts'
 import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
+import { ConsoleSessions } from './identity/sessions.ts'
 import { randomBase62 } from './ids.ts'
 import type { Log } from './log.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
@@ -36,6 +37,8 @@ export interface Services {
   readonly ledger: LedgerWriter
   readonly files: FilesService
   readonly batches: BatchService
+  /** Web console sign-ins (routes under /console). */
+  readonly consoleSessions: ConsoleSessions
   readonly log: Log
   /** Flushes the ledger and stops timers; the store is closed by whoever opened it. */
   stop(): Promise<void>
@@ -203,6 +206,7 @@ export async function buildServices(
     ledger,
     files,
     batches,
+    consoleSessions: new ConsoleSessions(store, identity, config.console.sessionIdleSec),
     log,
     async stop() {
       clearTimeout(sweep)

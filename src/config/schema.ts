@@ -213,6 +213,16 @@ export const RedisSchema = T.Object(
 )
 
 /** The config file as written by an operator (TOML or JSON). */
+export const ConsoleSchema = T.Object(
+  {
+    /** Serve the web console at /console (and redirect / there). */
+    enabled: T.Optional(T.Boolean()),
+    /** A console session unused for this long is signed out. */
+    session_idle_sec: T.Optional(T.Integer({ minimum: 60, maximum: 30 * 86_400 })),
+  },
+  { additionalProperties: false },
+)
+
 export const ConfigFileSchema = T.Object(
   {
     server: T.Optional(ServerSchema),
@@ -224,6 +234,7 @@ export const ConfigFileSchema = T.Object(
     batches: T.Optional(BatchesSchema),
     redis: T.Optional(RedisSchema),
     responses: T.Optional(ResponsesSchema),
+    console: T.Optional(ConsoleSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

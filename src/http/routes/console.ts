@@ -1,0 +1,221 @@
+import { timingSafeEqual } from 'node:crypto'
+import { Type } from '@sinclair/typebox'
+import { TypeCompiler } from '@sinclair/typebox/compiler'
+import { Elysia } from 'elysia'
+import { fromValueError } from '../../api/value-error.ts'
+import { PermissionDenied, unknownPath } from '../../errors.ts'
+import type { ConsoleSession } from '../../identity/sessions.ts'
+import type { Services } from '../../services.ts'
+import { actAs } from '../auth.ts'
+import { readJson } from '../body.ts'
+import { type ConsoleAssets, consoleAssets } from './console-assets.ts'
+
+/** The session cookie: HttpOnly, SameSite=Strict, sent only to /console (the page, its API calls). */
+export const SESSION_COOKIE = 'tropa_console'
+
+/**
+ * The console's Content-Security-Policy: its own script and styles only (no inline script or
+ * style), requests to this origin only, no frames, plugins, forms or base URL.
+ */
+export const CONSOLE_CSP = [
+  "default-src 'none'",
+  "script-src 'self'",
+  "style-src 'self'",
+  "img-src 'self' data:",
+  "connect-src 'self'",
+  "base-uri 'none'",
+  "form-action 'none'",
+  "frame-ancestors 'none'",
+].join('; ')
+
+const SECURITY_HEADERS = {
+  'content-security-policy': CONSOLE_CSP,
+  'x-content-type-options': 'nosniff',
+  'referrer-policy': 'no-referrer',
+  'x-frame-options': 'DENY',
+}
+
+const SignIn = TypeCompiler.Compile(
+  Type.Object({ token: Type.String({ minLength: 1, maxLength: 256 }) }, { additionalProperties: false }),
+)
+
+const SAFE_METHODS = new Set(['GET', 'HEAD'])
+
+function cookieOf(request: Request): string | undefined {
+  const header = request.headers.get('cookie')
+  if (!header) return undefined
+  for (const part of header.split(';')) {
+    const eq = part.indexOf('=')
+    if (eq > 0 && part.slice(0, eq).trim() === SESSION_COOKIE) return part.slice(eq + 1).trim()
+  }
+  return undefined
+}
+
+/** Secure when the request came over TLS, or through a proxy that says it did. */
+function overTls(request: Request): boolean {
+  return (
+    new URL(request.url).protocol === 'https:' ||
+    (request.headers.get('x-forwarded-proto') ?? '').split(',')[0]?.trim().toLowerCase() === 'https'
+  )
+}
+
+function setCookie(request: Request, value: string, maxAgeSec: number): string {
+  const secure = overTls(request) ? '; Secure' : ''
+  return `${SESSION_COOKIE}=${value}; Path=/console; Max-Age=${maxAgeSec}; HttpOnly; SameSite=Strict${secure}`
+}
+
+/**
+ * A state-changing call must echo the session's CSRF value in `x-csrf-token`; a page of another
+ * origin can neither read that value nor (SameSite=Strict) send the cookie. An Origin header, when
+ * the browser sends one, must be this origin as well.
+ */
+function checkCsrf(request: Request, session: ConsoleSession): void {
+  const origin = request.headers.get('origin')
+  const host = request.headers.get('host')
+  if (origin !== null && host !== null) {
+    let ok = false
+    try {
+      ok = new URL(origin).host === host
+    } catch {
+      // not a URL: refused below
+    }
+    if (!ok) throw new PermissionDenied('a console call from another origin is refused')
+  }
+  const sent = Buffer.from(request.headers.get('x-csrf-token') ?? '')
+  const want = Buffer.from(session.record.csrf)
+  if (sent.length !== want.length || !timingSafeEqual(sent, want))
+    throw new PermissionDenied('missing or wrong x-csrf-token (the value GET /console/session returns)')
+}
+
+function sessionView(s: ConsoleSession, idleSec: number) {
+  const p = s.principal
+  return {
+    object: 'console.session' as const,
+    role: p.kind === 'admin' ? ('operator' as const) : ('organization' as const),
+    organization: p.kind === 'admin' ? null : { id: p.org.id, name: p.org.name },
+    csrf_token: s.record.csrf,
+    idle_timeout_sec: idleSec,
+  }
+}
+
+/** Console calls of /v1 that a session may make besides what its principal may: none but reading the catalogue. */
+function catalogueRead(method: string, path: string): boolean {
+  return method === 'GET' && (path === '/v1/models' || path.startsWith('/v1/models/'))
+}
+
+/**
+ * The web console: the page and its assets at /console, sign-in at /console/session, and
+ * /console/api/v1/* — the public /v1 API called with the session cookie instead of a Bearer
+ * token (the call is handed to the same routes, as the session's principal). `/` redirects here.
+ * Nothing of this runs on the /v1 routes themselves.
+ */
+export const consoleRoutes = (svc: Services, handle: (request: Request) => Promise<Response>) => {
+  const sessions = svc.consoleSessions
+  const idle = sessions.idleSec
+  const hide = { detail: { hide: true } }
+  let assets: Promise<ConsoleAssets> | undefined
+  const loaded = () => {
+    assets ??= consoleAssets().catch((err) => {
+      assets = undefined
+      throw err
+    })
+    return assets
+  }
+  return new Elysia({ name: 'routes.console' })
+    .get('/', ({ redirect }) => redirect('/console', 302), hide)
+    .get(
+      '/console',
+      async () =>
+        new Response((await loaded()).page, {
+          headers: {
+            ...SECURITY_HEADERS,
+            'content-type': 'text/html; charset=utf-8',
+            'cache-control': 'no-cache',
+          },
+        }),
+      hide,
+    )
+    .get(
+      '/console/assets/:file',
+      async ({ params, request }) => {
+        const asset = (await loaded()).files.get(params.file)
+        if (!asset) throw unknownPath(request.method, new URL(request.url).pathname)
+        return new Response(asset.body, {
+          headers: {
+            ...SECURITY_HEADERS,
+            'content-type': asset.type,
+            'cache-control': 'public, max-age=31536000, immutable',
+          },
+        })
+      },
+      hide,
+    )
+    .post(
+      '/console/session',
+      async ({ request }) => {
+        const body = await readJson(request, 4096)
+        if (!SignIn.Check(body)) throw fromValueError(SignIn.Errors(body).First())
+        const { cookie, session } = await sessions.create(body.token)
+        return Response.json(sessionView(session, idle), {
+          status: 201,
+          headers: { 'set-cookie': setCookie(request, cookie, idle), 'cache-control': 'no-store' },
+        })
+      },
+      {
+        parse: 'none',
+        detail: {
+          tags: ['console'],
+          summary: 'Sign in to the console with a master key or the admin token (sets the session cookie)',
+        },
+      },
+    )
+    .get(
+      '/console/session',
+      async ({ request, set }) => {
+        set.headers['cache-control'] = 'no-store'
+        return sessionView(await sessions.resolve(cookieOf(request)), idle)
+      },
+      { detail: { tags: ['console'], summary: 'The console session of this browser and its CSRF token' } },
+    )
+    .delete(
+      '/console/session',
+      async ({ request }) => {
+        const cookie = cookieOf(request)
+        const session = await sessions.resolve(cookie)
+        checkCsrf(request, session)
+        await sessions.end(cookie!)
+        return Response.json(
+          { object: 'console.session', deleted: true },
+          { headers: { 'set-cookie': setCookie(request, '', 0), 'cache-control': 'no-store' } },
+        )
+      },
+      { detail: { tags: ['console'], summary: 'Sign out: the session is revoked on every node' } },
+    )
+    .all(
+      '/console/api/*',
+      async ({ request }) => {
+        const url = new URL(request.url)
+        const path = url.pathname.slice('/console/api'.length)
+        if (!path.startsWith('/v1/')) throw unknownPath(request.method, url.pathname)
+        const session = await sessions.resolve(cookieOf(request))
+        if (!SAFE_METHODS.has(request.method)) checkCsrf(request, session)
+        const headers = new Headers(request.headers)
+        for (const h of ['cookie', 'authorization', 'x-api-key', 'x-csrf-token']) headers.delete(h)
+        const inner = new Request(new URL(path + url.search, url.origin), {
+          method: request.method,
+          headers,
+          body: SAFE_METHODS.has(request.method) ? null : request.body,
+          signal: request.signal,
+          duplex: 'half',
+        })
+        // The catalogue (public prices) is read for an organization's session as the admin
+        // token reads it: a master key itself is refused on /v1/models, by the roles table.
+        actAs(inner, catalogueRead(request.method, path) ? { kind: 'admin' } : session.principal)
+        const reply = await handle(inner)
+        const out = new Response(reply.body, reply)
+        out.headers.set('cache-control', 'no-store')
+        return out
+      },
+      { parse: 'none', ...hide },
+    )
+}

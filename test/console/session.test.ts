@@ -1,0 +1,181 @@
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { ADMIN_TOKEN, startTropa, type Tropa } from '../helpers/start.ts'
+
+// The console's sign-in and API over plain HTTP: what the browser tests rely on, asserted header
+// by header (cookie flags, CSRF, CSP), and the fleet API it shows.
+let t: Tropa
+beforeAll(async () => {
+  t = await startTropa()
+})
+afterAll(() => t.stop())
+
+const signIn = (token: string, headers: Record<string, string> = {}) =>
+  fetch(`${t.url}/console/session`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify({ token }),
+  })
+const cookieOf = (r: Response) => (r.headers.get('set-cookie') ?? '').split(';')[0]!
+
+describe('console sign-in', () => {
+  test('/ redirects to /console, whose page has a strict CSP and no inline script', async () => {
+    const r = await fetch(`${t.url}/`, { redirect: 'manual' })
+    expect(r.status).toBe(302)
+    expect(r.headers.get('location')).toBe('/console')
+    const page = await fetch(`${t.url}/console`)
+    expect(page.status).toBe(200)
+    const csp = page.headers.get('content-security-policy') ?? ''
+    expect(csp).toContain("default-src 'none'")
+    expect(csp).toContain("script-src 'self'")
+    expect(csp).not.toContain('unsafe')
+    const html = await page.text()
+    expect(html).not.toMatch(/<script(?![^>]*\bsrc=)[^>]*>/)
+    const refs = [...html.matchAll(/(?:src|href)="(\/console\/assets\/[^"]+)"/g)].map((m) => m[1]!)
+    expect(refs.length).toBe(2)
+    for (const ref of refs) {
+      const a = await fetch(`${t.url}${ref}`)
+      expect(a.status).toBe(200)
+      expect(a.headers.get('cache-control')).toContain('immutable')
+    }
+    expect((await fetch(`${t.url}/console/assets/nope.js`)).status).toBe(404)
+  })
+
+  test('a master key signs in: an HttpOnly, SameSite=Strict cookie scoped to /console; not Secure over plain HTTP', async () => {
+    const r = await signIn(t.masterKey)
+    expect(r.status).toBe(201)
+    const body = (await r.json()) as { role: string; organization: { id: string }; csrf_token: string }
+    expect(body.role).toBe('organization')
+    expect(body.organization.id).toBe(t.orgId)
+    expect(body.csrf_token.length).toBeGreaterThan(20)
+    const set = r.headers.get('set-cookie') ?? ''
+    expect(set).toMatch(/^tropa_console=[0-9A-Za-z]{43};/)
+    expect(set).toContain('HttpOnly')
+    expect(set).toContain('SameSite=Strict')
+    expect(set).toContain('Path=/console')
+    expect(set).not.toContain('Secure')
+    // The cookie is a random value, not the token.
+    expect(set).not.toContain(t.masterKey)
+  })
+
+  test('behind a TLS proxy (x-forwarded-proto: https) the cookie is Secure', async () => {
+    const r = await signIn(t.masterKey, { 'x-forwarded-proto': 'https' })
+    expect(r.status).toBe(201)
+    expect(r.headers.get('set-cookie')).toContain('; Secure')
+  })
+
+  test('a wrong token gets 401, an API key 403, a body without a token 400', async () => {
+    const wrong = await signIn('mk-nope')
+    expect(wrong.status).toBe(401)
+    expect(wrong.headers.get('set-cookie')).toBeNull()
+    const api = await signIn(t.apiKey)
+    expect(api.status).toBe(403)
+    expect(((await api.json()) as { error: { message: string } }).error.message).toContain('master key')
+    const empty = await fetch(`${t.url}/console/session`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{}',
+    })
+    expect(empty.status).toBe(400)
+  })
+
+  test("the cookie calls /v1 as the master key; a write needs the session's CSRF token; logout revokes", async () => {
+    const r = await signIn(t.masterKey)
+    const cookie = cookieOf(r)
+    const { csrf_token } = (await r.json()) as { csrf_token: string }
+    const me = await fetch(`${t.url}/console/api/v1/organization`, { headers: { cookie } })
+    expect(me.status).toBe(200)
+    expect(((await me.json()) as { id: string }).id).toBe(t.orgId)
+    expect((await fetch(`${t.url}/console/api/v1/organization`)).status).toBe(401)
+    // The catalogue is readable from an organization's session.
+    expect((await fetch(`${t.url}/console/api/v1/models`, { headers: { cookie } })).status).toBe(200)
+    const create = (headers: Record<string, string>) =>
+      fetch(`${t.url}/console/api/v1/keys`, {
+        method: 'POST',
+        headers: { cookie, 'content-type': 'application/json', ...headers },
+        body: JSON.stringify({ name: 'from-console' }),
+      })
+    const noCsrf = await create({})
+    expect(noCsrf.status).toBe(403)
+    expect(((await noCsrf.json()) as { error: { message: string } }).error.message).toContain('csrf')
+    expect((await create({ 'x-csrf-token': 'x'.repeat(csrf_token.length) })).status).toBe(403)
+    expect((await create({ 'x-csrf-token': csrf_token, origin: 'https://evil.example' })).status).toBe(403)
+    const ok = await create({ 'x-csrf-token': csrf_token })
+    expect(ok.status).toBe(201)
+    const key = (await ok.json()) as { key: string }
+    expect(key.key).toStartWith('sk-')
+    // The key works through the public API with its secret.
+    expect((await t.fetch('/v1/models', { key: key.key })).status).toBe(200)
+    expect((await fetch(`${t.url}/console/session`, { method: 'DELETE', headers: { cookie } })).status).toBe(
+      403,
+    )
+    const out = await fetch(`${t.url}/console/session`, {
+      method: 'DELETE',
+      headers: { cookie, 'x-csrf-token': csrf_token },
+    })
+    expect(out.status).toBe(200)
+    expect(out.headers.get('set-cookie')).toContain('Max-Age=0')
+    expect((await fetch(`${t.url}/console/api/v1/organization`, { headers: { cookie } })).status).toBe(401)
+    expect((await fetch(`${t.url}/console/session`, { headers: { cookie } })).status).toBe(401)
+  })
+
+  test('a session ends when its master key is revoked, and after the idle time', async () => {
+    const mk = await t.admin(`/v1/admin/organizations/${t.orgId}/master_keys`, { name: 'second' })
+    const second = (await mk.json()) as { key: string; key_id: string }
+    const cookie = cookieOf(await signIn(second.key))
+    expect((await fetch(`${t.url}/console/session`, { headers: { cookie } })).status).toBe(200)
+    await t.admin(`/v1/admin/organizations/${t.orgId}/master_keys/${second.key_id}`, undefined, 'DELETE')
+    expect((await fetch(`${t.url}/console/session`, { headers: { cookie } })).status).toBe(401)
+    // Idle: the stored session is made older than console.session_idle_sec.
+    const idle = cookieOf(await signIn(t.masterKey))
+    const id = new Bun.CryptoHasher('sha256').update(idle.split('=')[1]!).digest('hex')
+    await t.svc.store.touchConsoleSession(
+      id,
+      Math.floor(Date.now() / 1000) - t.svc.config.console.sessionIdleSec - 5,
+    )
+    expect((await fetch(`${t.url}/console/session`, { headers: { cookie: idle } })).status).toBe(401)
+    expect(await t.svc.store.getConsoleSession(id)).toBeUndefined()
+  })
+})
+
+describe('operator', () => {
+  test('the admin token signs in as operator; the fleet API lists every node with its live figures', async () => {
+    const r = await signIn(ADMIN_TOKEN)
+    expect(r.status).toBe(201)
+    const body = (await r.json()) as { role: string; organization: null }
+    expect(body.role).toBe('operator')
+    expect(body.organization).toBeNull()
+    const cookie = cookieOf(r)
+    const chat = await t.client().chat.completions.create({
+      model: 'test/chat',
+      messages: [{ role: 'user', content: 'hi' }],
+      stream: true,
+    })
+    for await (const _ of chat) {
+      // drain
+    }
+    const fleet = await fetch(`${t.url}/console/api/v1/admin/fleet`, { headers: { cookie } })
+    expect(fleet.status).toBe(200)
+    const f = (await fleet.json()) as {
+      data: {
+        node: string
+        healthy: boolean
+        ejected: boolean
+        in_flight: number
+        requests: number
+        ttft_ms: { p50: number | null; samples: number }
+        prefill_tokens_per_sec: number | null
+      }[]
+    }
+    expect(f.data.map((n) => n.node).sort()).toEqual(['sim-1', 'sim-2', 'sim-3'])
+    expect(f.data.every((n) => n.healthy && !n.ejected && n.in_flight === 0)).toBe(true)
+    const served = f.data.filter((n) => n.requests > 0)
+    expect(served.length).toBe(1)
+    expect(served[0]!.ttft_ms.samples).toBe(1)
+    expect(served[0]!.ttft_ms.p50).toBeGreaterThanOrEqual(0)
+    expect(served[0]!.prefill_tokens_per_sec).toBeGreaterThan(0)
+    // Admin only: a master key (and its session) gets 403.
+    expect((await t.fetch('/v1/admin/fleet', { key: t.masterKey })).status).toBe(403)
+    const orgs = await fetch(`${t.url}/console/api/v1/admin/organizations`, { headers: { cookie } })
+    expect(((await orgs.json()) as { data: { id: string }[] }).data.map((o) => o.id)).toContain(t.orgId)
+  })
+})
