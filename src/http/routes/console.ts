@@ -3,7 +3,7 @@ import { Type } from '@sinclair/typebox'
 import { TypeCompiler } from '@sinclair/typebox/compiler'
 import { Elysia } from 'elysia'
 import { fromValueError } from '../../api/value-error.ts'
-import { PermissionDenied, unknownPath } from '../../errors.ts'
+import { PermissionDenied, TropaError, unknownPath } from '../../errors.ts'
 import type { ConsoleSession } from '../../identity/sessions.ts'
 import type { Services } from '../../services.ts'
 import { actAs } from '../auth.ts'
@@ -91,6 +91,7 @@ function sessionView(s: ConsoleSession, idleSec: number) {
   const p = s.principal
   return {
     object: 'console.session' as const,
+    signed_in: true,
     role: p.kind === 'admin' ? ('operator' as const) : ('organization' as const),
     organization: p.kind === 'admin' ? null : { id: p.org.id, name: p.org.name },
     csrf_token: s.record.csrf,
@@ -173,7 +174,12 @@ export const consoleRoutes = (svc: Services, handle: (request: Request) => Promi
       '/console/session',
       async ({ request, set }) => {
         set.headers['cache-control'] = 'no-store'
-        return sessionView(await sessions.resolve(cookieOf(request)), idle)
+        // Not signed in is an answer here, not an error: the page asks this on every load.
+        const session = await sessions.resolve(cookieOf(request)).catch((err: unknown) => {
+          if (err instanceof TropaError && err.code === 'session_required') return null
+          throw err
+        })
+        return session ? sessionView(session, idle) : { object: 'console.session' as const, signed_in: false }
       },
       { detail: { tags: ['console'], summary: 'The console session of this browser and its CSRF token' } },
     )
