@@ -258,12 +258,13 @@ export function t(key: Key, vars: Record<string, string> = {}): string {
 
 const locale = () => (lang.value === 'ru' ? 'ru-RU' : 'en-US')
 
-/** Roubles in the reader's locale: `1 234,56 ₽` in Russian, `RUB 1,234.56` in English. */
+/** Roubles in the reader's locale: `1 234,56 ₽` in Russian, `₽1,234.56` in English. */
 export function rub(n: number | null | undefined, digits = 2): string {
   if (n === null || n === undefined) return t('common.none')
   return new Intl.NumberFormat(locale(), {
     style: 'currency',
     currency: 'RUB',
+    currencyDisplay: 'narrowSymbol',
     minimumFractionDigits: digits,
     maximumFractionDigits: Math.max(digits, n !== 0 && Math.abs(n) < 0.01 ? 6 : digits),
   }).format(n)

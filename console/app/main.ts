@@ -65,7 +65,7 @@ function SignIn({ onIn }: { onIn: (s: Session) => void }) {
 
 function LangSwitch() {
   const next = lang.value === 'ru' ? 'en' : 'ru'
-  return html`<button type="button" class="lang secondary" lang=${next} aria-label=${t('lang.switchLabel')}
+  return html`<button type="button" class="lang secondary" lang=${next} title=${t('lang.switchLabel')}
     onClick=${() => setLang(next)}>${t('lang.switch')}</button>`
 }
 

@@ -31,7 +31,7 @@ const EVERY_MS = 2000
 const SPARK: Omit<uPlot.Options, 'width' | 'height'> = {
   series: [{}, { stroke: '#1f5fbf', width: 1.5, points: { show: false } }],
   axes: [{ show: false }, { show: false }],
-  scales: { x: { time: false } },
+  scales: { x: { time: false }, y: { range: (_u, _min, max) => [0, Math.max(1, max * 1.1)] } },
   legend: { show: false },
   cursor: { show: false },
 }

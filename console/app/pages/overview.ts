@@ -135,7 +135,14 @@ function chartOf(s: Series | undefined, range: Range) {
       },
     ],
     axes: [
-      { values: (_u: uPlot, vals: number[]) => vals.map((v) => fmt.format(v * 1000)) },
+      {
+        values: (_u: uPlot, vals: number[]) => vals.map((v) => fmt.format(v * 1000)),
+        // Ticks on whole buckets only, so a day's label is never repeated.
+        incrs:
+          RANGES[range].bucket === 'hour'
+            ? [3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600]
+            : [86_400, 2 * 86_400, 7 * 86_400],
+      },
       { label: t('overview.spend'), size: 70 },
       { side: 1, scale: 'req', label: t('overview.requestsAxis'), grid: { show: false } },
     ],
