@@ -147,6 +147,68 @@ describe('console sign-in', () => {
   })
 })
 
+describe('calling with one of the organization API keys (x-console-key-id)', () => {
+  test("a session may call model endpoints as its own active key; not as another organization's, nor as the operator", async () => {
+    const r = await signIn(t.masterKey)
+    const cookie = cookieOf(r)
+    const { csrf_token } = (await r.json()) as { csrf_token: string }
+    const keys = (await (await t.fetch('/v1/keys', { key: t.masterKey })).json()) as {
+      data: { key_id: string; name: string }[]
+    }
+    const own = keys.data.find((k) => k.name === 'test')!.key_id
+    const chat = (keyId: string, c = cookie, csrf = csrf_token) =>
+      fetch(`${t.url}/console/api/v1/chat/completions`, {
+        method: 'POST',
+        headers: {
+          cookie: c,
+          'x-csrf-token': csrf,
+          'x-console-key-id': keyId,
+          'content-type': 'application/json',
+        },
+        body: JSON.stringify({ model: 'test/chat', messages: [{ role: 'user', content: 'hi' }] }),
+      })
+    const ok = await chat(own)
+    expect(ok.status).toBe(200)
+    expect(ok.headers.get('x-tropa-node')).toStartWith('sim-')
+    // Without a key the master key's own rule holds: 403 on model endpoints.
+    const asMaster = await fetch(`${t.url}/console/api/v1/chat/completions`, {
+      method: 'POST',
+      headers: { cookie, 'x-csrf-token': csrf_token, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'test/chat', messages: [{ role: 'user', content: 'hi' }] }),
+    })
+    expect(asMaster.status).toBe(403)
+    // Another organization's key is not found; a master key's id neither.
+    const other = (await (
+      await t.admin('/v1/admin/organizations', { name: 'other-org', balance_rub: 1 })
+    ).json()) as {
+      master_key: string
+      master_key_id: string
+    }
+    const otherKey = (await (
+      await t.fetch('/v1/keys', {
+        method: 'POST',
+        key: other.master_key,
+        body: JSON.stringify({ name: 'x' }),
+      })
+    ).json()) as { key_id: string }
+    expect((await chat(otherKey.key_id)).status).toBe(404)
+    expect((await chat(other.master_key_id)).status).toBe(404)
+    expect((await chat('key_nope')).status).toBe(404)
+    // A revoked key gets its usual 401 (the session itself stays signed in).
+    const gone = (await (
+      await t.fetch('/v1/keys', { method: 'POST', key: t.masterKey, body: JSON.stringify({ name: 'gone' }) })
+    ).json()) as { key_id: string }
+    await t.fetch(`/v1/keys/${gone.key_id}`, { method: 'DELETE', key: t.masterKey })
+    const revoked = await chat(gone.key_id)
+    expect(revoked.status).toBe(401)
+    expect(((await revoked.json()) as { error: { code: string } }).error.code).toBe('key_revoked')
+    // The operator has no API keys to act as.
+    const op = await signIn(ADMIN_TOKEN)
+    const opCsrf = ((await op.json()) as { csrf_token: string }).csrf_token
+    expect((await chat(own, cookieOf(op), opCsrf)).status).toBe(403)
+  })
+})
+
 describe('operator', () => {
   test('the admin token signs in as operator; the fleet API lists every node with its live figures', async () => {
     const r = await signIn(ADMIN_TOKEN)
@@ -155,6 +217,21 @@ describe('operator', () => {
     expect(body.role).toBe('operator')
     expect(body.organization).toBeNull()
     const cookie = cookieOf(r)
+    interface FleetNode {
+      node: string
+      healthy: boolean
+      ejected: boolean
+      in_flight: number
+      requests: number
+      ttft_ms: { p50: number | null; samples: number }
+      prefill_tokens_per_sec: number | null
+    }
+    const fleet = async () => {
+      const res = await fetch(`${t.url}/console/api/v1/admin/fleet`, { headers: { cookie } })
+      expect(res.status).toBe(200)
+      return new Map(((await res.json()) as { data: FleetNode[] }).data.map((n) => [n.node, n]))
+    }
+    const before = await fleet()
     const chat = await t.client().chat.completions.create({
       model: 'test/chat',
       messages: [{ role: 'user', content: 'hi' }],
@@ -163,24 +240,13 @@ describe('operator', () => {
     for await (const _ of chat) {
       // drain
     }
-    const fleet = await fetch(`${t.url}/console/api/v1/admin/fleet`, { headers: { cookie } })
-    expect(fleet.status).toBe(200)
-    const f = (await fleet.json()) as {
-      data: {
-        node: string
-        healthy: boolean
-        ejected: boolean
-        in_flight: number
-        requests: number
-        ttft_ms: { p50: number | null; samples: number }
-        prefill_tokens_per_sec: number | null
-      }[]
-    }
-    expect(f.data.map((n) => n.node).sort()).toEqual(['sim-1', 'sim-2', 'sim-3'])
-    expect(f.data.every((n) => n.healthy && !n.ejected && n.in_flight === 0)).toBe(true)
-    const served = f.data.filter((n) => n.requests > 0)
+    const after = await fleet()
+    expect([...after.keys()].sort()).toEqual(['sim-1', 'sim-2', 'sim-3'])
+    expect([...after.values()].every((n) => n.healthy && !n.ejected && n.in_flight === 0)).toBe(true)
+    // The node that served the stream has one more request and one more first-token time.
+    const served = [...after.values()].filter((n) => n.requests === before.get(n.node)!.requests + 1)
     expect(served.length).toBe(1)
-    expect(served[0]!.ttft_ms.samples).toBe(1)
+    expect(served[0]!.ttft_ms.samples).toBe(before.get(served[0]!.node)!.ttft_ms.samples + 1)
     expect(served[0]!.ttft_ms.p50).toBeGreaterThanOrEqual(0)
     expect(served[0]!.prefill_tokens_per_sec).toBeGreaterThan(0)
     // Admin only: a master key (and its session) gets 403.

@@ -3,7 +3,8 @@ import { Type } from '@sinclair/typebox'
 import { TypeCompiler } from '@sinclair/typebox/compiler'
 import { Elysia } from 'elysia'
 import { fromValueError } from '../../api/value-error.ts'
-import { PermissionDenied, TropaError, unknownPath } from '../../errors.ts'
+import { keyNotFound, PermissionDenied, TropaError, unknownPath } from '../../errors.ts'
+import type { Principal } from '../../identity/live.ts'
 import type { ConsoleSession } from '../../identity/sessions.ts'
 import type { Services } from '../../services.ts'
 import { actAs } from '../auth.ts'
@@ -102,6 +103,25 @@ function sessionView(s: ConsoleSession, idleSec: number) {
 /** Console calls of /v1 that a session may make besides what its principal may: none but reading the catalogue. */
 function catalogueRead(method: string, path: string): boolean {
   return method === 'GET' && (path === '/v1/models' || path.startsWith('/v1/models/'))
+}
+
+/** The header naming one of the organization's API keys to call with (Playground, Batches). */
+export const ACT_AS_KEY = 'x-console-key-id'
+
+/**
+ * Whom a console call acts as: the session's principal, or, when an organization's session names
+ * one of its own API keys in x-console-key-id, that key (model endpoints and batches need a key
+ * to bill; the master key could create one anyway). Another organization's key, or a master
+ * key, is not found; a revoked or disabled one gets its usual 401.
+ */
+async function actingAs(svc: Services, session: ConsoleSession, keyId: string | null): Promise<Principal> {
+  const p = session.principal
+  if (keyId === null) return p
+  if (p.kind !== 'master')
+    throw new PermissionDenied(`${ACT_AS_KEY} is for an organization's session (the operator has no API keys)`)
+  const known = svc.identity.keyById(keyId) ?? (await svc.store.getKey(keyId))
+  if (!known || known.orgId !== p.org.id || known.kind !== 'api') throw keyNotFound(keyId)
+  return svc.identity.principalOfKey(keyId)
 }
 
 /**
@@ -205,8 +225,9 @@ export const consoleRoutes = (svc: Services, handle: (request: Request) => Promi
         if (!path.startsWith('/v1/')) throw unknownPath(request.method, url.pathname)
         const session = await sessions.resolve(cookieOf(request))
         if (!SAFE_METHODS.has(request.method)) checkCsrf(request, session)
+        const principal = await actingAs(svc, session, request.headers.get(ACT_AS_KEY))
         const headers = new Headers(request.headers)
-        for (const h of ['cookie', 'authorization', 'x-api-key', 'x-csrf-token']) headers.delete(h)
+        for (const h of ['cookie', 'authorization', 'x-api-key', 'x-csrf-token', ACT_AS_KEY]) headers.delete(h)
         const inner = new Request(new URL(path + url.search, url.origin), {
           method: request.method,
           headers,
@@ -216,7 +237,7 @@ export const consoleRoutes = (svc: Services, handle: (request: Request) => Promi
         })
         // The catalogue (public prices) is read for an organization's session as the admin
         // token reads it: a master key itself is refused on /v1/models, by the roles table.
-        actAs(inner, catalogueRead(request.method, path) ? { kind: 'admin' } : session.principal)
+        actAs(inner, catalogueRead(request.method, path) ? { kind: 'admin' } : principal)
         const reply = await handle(inner)
         const out = new Response(reply.body, reply)
         out.headers.set('cache-control', 'no-store')
