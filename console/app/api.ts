@@ -27,8 +27,14 @@ export function useSession(s: Session | null, signedOut: () => void): void {
   onSignedOut = signedOut
 }
 
-async function send<T>(url: string, method: string, body?: unknown, raw?: BodyInit): Promise<T> {
-  const headers: Record<string, string> = {}
+async function send<T>(
+  url: string,
+  method: string,
+  body?: unknown,
+  raw?: BodyInit,
+  extra: Record<string, string> = {},
+): Promise<T> {
+  const headers: Record<string, string> = { ...extra }
   if (method !== 'GET') headers['x-csrf-token'] = csrf
   if (body !== undefined) headers['content-type'] = 'application/json'
   const r = await fetch(url, {
@@ -46,7 +52,7 @@ async function send<T>(url: string, method: string, body?: unknown, raw?: BodyIn
   }
   if (!r.ok) {
     const err = (json as { error?: { message?: string; code?: string } } | null)?.error
-    if (r.status === 401 && !url.endsWith('/console/session')) onSignedOut()
+    if (err?.code === 'session_required') onSignedOut()
     throw new ApiError(r.status, err?.message ?? `HTTP ${r.status}`, err?.code ?? null)
   }
   return json as T
@@ -55,6 +61,26 @@ async function send<T>(url: string, method: string, body?: unknown, raw?: BodyIn
 /** A /v1 call as the signed-in organization or operator. */
 export const api = <T>(path: string, method = 'GET', body?: unknown) =>
   send<T>(`/console/api/v1${path}`, method, body)
+
+/** A /v1 call made with one of the organization's API keys (by id; its secret is never needed). */
+export const apiAsKey = <T>(keyId: string, path: string, method = 'GET', body?: unknown, raw?: BodyInit) =>
+  send<T>(`/console/api/v1${path}`, method, body, raw, { 'x-console-key-id': keyId })
+
+/** A raw /v1 request with a key (a stream the caller reads itself). */
+export function fetchAsKey(
+  keyId: string,
+  path: string,
+  body: unknown,
+  signal?: AbortSignal,
+): Promise<Response> {
+  return fetch(`/console/api/v1${path}`, {
+    method: 'POST',
+    credentials: 'same-origin',
+    headers: { 'content-type': 'application/json', 'x-csrf-token': csrf, 'x-console-key-id': keyId },
+    body: JSON.stringify(body),
+    ...(signal && { signal }),
+  })
+}
 
 export const session = {
   current: () =>

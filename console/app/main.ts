@@ -6,11 +6,13 @@ import { useEffect, useState } from 'preact/hooks'
 import { ApiError, type Session, session, useSession } from './api.ts'
 import { type Key, lang, setLang, t } from './i18n.ts'
 import { Activity } from './pages/activity.ts'
+import { Batches } from './pages/batches.ts'
 import { Fleet } from './pages/fleet.ts'
 import { Keys } from './pages/keys.ts'
 import { Models } from './pages/models.ts'
 import { Orgs } from './pages/orgs.ts'
 import { Overview } from './pages/overview.ts'
+import { Playground } from './pages/playground.ts'
 
 interface Page {
   readonly id: string
@@ -22,6 +24,8 @@ const ORG_PAGES: Page[] = [
   { id: 'keys', title: 'nav.keys', view: Keys },
   { id: 'activity', title: 'nav.activity', view: Activity },
   { id: 'models', title: 'nav.models', view: Models },
+  { id: 'batches', title: 'nav.batches', view: Batches },
+  { id: 'playground', title: 'nav.playground', view: Playground },
 ]
 const OPERATOR_PAGES: Page[] = [
   { id: 'orgs', title: 'nav.orgs', view: Orgs },

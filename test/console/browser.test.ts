@@ -1,16 +1,22 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
-import { existsSync, mkdirSync } from 'node:fs'
+import { mkdirSync } from 'node:fs'
 import { join } from 'node:path'
 import axe from 'axe-core'
 import OpenAI from 'openai'
-import { type Browser, type BrowserContext, chromium, type Page } from 'playwright-core'
+import type { Browser, BrowserContext, Page } from 'playwright-core'
+import {
+  CHROMIUM,
+  consoleSignIn,
+  haveChromium,
+  launchChromium,
+  type Watched,
+  watchedPage,
+} from '../helpers/browser.ts'
 import { ADMIN_TOKEN, startTropa, type Tropa } from '../helpers/start.ts'
 
 // The console in a real browser: an organization and an operator use it as people would, the
 // page talks to nothing but Tropa, logs no error, and passes axe-core on every page.
 // CONSOLE_SCREENSHOTS=1 also writes every page in both languages to docs/console/.
-const CHROMIUM = '/usr/bin/chromium'
-const haveChromium = existsSync(CHROMIUM)
 if (!haveChromium)
   console.warn(`SKIPPED the console in a browser: no ${CHROMIUM} here (apt-get install -y chromium)`)
 const SHOTS =
@@ -21,20 +27,7 @@ let browser: Browser
 beforeAll(async () => {
   if (!haveChromium) return
   t = await startTropa()
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: [
-      '--headless',
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-quic',
-      '--no-first-run',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-      // launch() gives every run a fresh, temporary profile of its own (--user-data-dir).
-    ],
-  })
+  browser = await launchChromium()
 })
 afterAll(async () => {
   if (!haveChromium) return
@@ -42,51 +35,17 @@ afterAll(async () => {
   await t.stop()
 })
 
-/** What went wrong on a page: console errors, failed or refused requests, requests elsewhere. */
-interface Watched {
-  page: Page
-  problems: string[]
-  /** The test is leaving the page: requests it cuts short (the Fleet page's poll) are not failures. */
-  leaving: boolean
-}
-
-async function open(ctx: BrowserContext): Promise<Watched> {
-  const page = await ctx.newPage()
-  const problems: string[] = []
-  const w: Watched = { page, problems, leaving: false }
-  page.on('console', (m) => {
-    if (m.type() === 'error' || m.type() === 'warning') problems.push(`console ${m.type()}: ${m.text()}`)
-  })
-  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`))
-  page.on('requestfailed', (r) => {
-    if (!(w.leaving && r.failure()?.errorText === 'net::ERR_ABORTED'))
-      problems.push(`request failed: ${r.url()} ${r.failure()?.errorText}`)
-  })
-  page.on('response', (r) => {
-    if (r.status() >= 400) problems.push(`HTTP ${r.status()}: ${r.request().method()} ${r.url()}`)
-  })
-  page.on('request', (r) => {
-    if (!r.url().startsWith(t.url) && !r.url().startsWith('data:')) problems.push(`other origin: ${r.url()}`)
-  })
-  return w
-}
+const open = (ctx: BrowserContext) => watchedPage(ctx, t.url)
 
 const newContext = (opts: Parameters<Browser['newContext']>[0] = {}) =>
   browser.newContext({ viewport: { width: 1100, height: 700 }, ...opts })
 
-async function signIn(w: Watched, token: string) {
-  await w.page.goto(`${t.url}/`)
-  await w.page.getByLabel(/master key or admin token|мастер-ключ или токен/i).fill(token)
-  await w.page.locator('form button[type=submit]').click()
-  await w.page.locator('header nav').waitFor()
-}
+const signIn = (w: Watched, token: string) => consoleSignIn(w, t.url, token)
 
 /** axe-core in the page (evaluated through the debugging protocol: the page's CSP forbids inline script). */
 async function accessibility(page: Page): Promise<string[]> {
   await page.evaluate(axe.source)
-  const result = (await page.evaluate(() =>
-    (window as unknown as { axe: typeof axe }).axe.run(document, { resultTypes: ['violations'] }),
-  )) as axe.AxeResults
+  const result = (await page.evaluate("axe.run(document, { resultTypes: ['violations'] })")) as axe.AxeResults
   return result.violations
     .filter((v) => v.impact === 'serious' || v.impact === 'critical')
     .map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target.join(' ')).join(', ')}`)
@@ -101,15 +60,14 @@ async function visit(w: Watched, hash: string, lang: 'en' | 'ru', ready: string,
   await w.page.locator(ready).first().waitFor()
   await Bun.sleep(settleMs)
   await w.page.waitForLoadState('networkidle')
-  expect(await w.page.evaluate(() => document.documentElement.lang)).toBe(lang)
+  expect(await w.page.evaluate('document.documentElement.lang')).toBe(lang)
   expect(await accessibility(w.page)).toEqual([])
   // Usable at phone width: nothing but the tables' own scroll boxes is wider than the screen.
   await w.page.setViewportSize({ width: 390, height: 800 })
-  const wide = await w.page.evaluate(() =>
-    [...document.querySelectorAll('body *')]
-      .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1 && !e.closest('.scroll'))
-      .map((e) => `${e.tagName}.${e.className}`),
-  )
+  // Browser code as text: the tests are type-checked without the DOM's types.
+  const wide = await w.page.evaluate(`[...document.querySelectorAll('body *')]
+    .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1 && !e.closest('.scroll'))
+    .map((e) => e.tagName + '.' + e.className)`)
   expect({ page: hash, wide }).toEqual({ page: hash, wide: [] })
   await w.page.setViewportSize({ width: 1100, height: 700 })
   if (SHOTS) {
@@ -167,8 +125,8 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
       path: '/console',
     })
     expect(cookies[0]!.secure).toBe(false) // plain HTTP here; Secure over TLS (session.test.ts)
-    const stored = await w.page.evaluate(
-      () => JSON.stringify({ ...localStorage, ...sessionStorage }) + document.cookie,
+    const stored = await w.page.evaluate<string>(
+      'JSON.stringify({ ...localStorage, ...sessionStorage }) + document.cookie',
     )
     expect(stored).not.toContain('mk-')
     expect(stored).not.toContain('tropa_console')
@@ -181,7 +139,7 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     expect(secret).toMatch(/^sk-[0-9A-Za-z]{43}$/)
     await w.page.getByRole('button', { name: 'Copy' }).click()
     await w.page.getByRole('button', { name: 'Copied' }).waitFor()
-    expect(await w.page.evaluate(() => navigator.clipboard.readText())).toBe(secret)
+    expect(await w.page.evaluate('navigator.clipboard.readText()')).toBe(secret)
     await w.page.getByRole('button', { name: 'Done' }).click()
     const row = w.page.locator('tr[data-key="console-key"]')
     await expect(row.textContent()).resolves.toContain('active')
@@ -305,11 +263,9 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
       return data.data.reduce((a, n) => a + n.requests, 0)
     }
     const shown = () =>
-      w.page.evaluate(() =>
-        [...document.querySelectorAll('tr[data-node] td:last-child')]
-          .map((td) => Number((td.textContent ?? '').split('/')[0]!.replace(/\D/g, '')))
-          .reduce((a, b) => a + b, 0),
-      )
+      w.page.evaluate<number>(`[...document.querySelectorAll('tr[data-node] td:last-child')]
+        .map((td) => Number((td.textContent ?? '').split('/')[0].replace(/\\D/g, '')))
+        .reduce((a, b) => a + b, 0)`)
     const before = await total()
     await t
       .client()
@@ -322,6 +278,43 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     await ctx.close()
   })
 
+  test('the Playground streams an answer with a chosen key and shows its cost and node', async () => {
+    const ctx = await newContext()
+    const w = await open(ctx)
+    await signIn(w, t.masterKey)
+    await w.page.getByRole('link', { name: 'Playground' }).click()
+    await w.page.getByLabel('API key to use').selectOption({ label: 'test' })
+    await w.page.getByLabel('Model').selectOption('test/chat')
+    await w.page.getByLabel('Message').fill('Tell me about routers')
+    const before = (await (await t.fetch('/v1/activity?limit=1000', { key: t.masterKey })).json()) as {
+      data: unknown[]
+    }
+    await w.page.getByRole('button', { name: 'Send' }).click()
+    await w.page.getByTestId('cost').getByText('₽').waitFor()
+    expect((await w.page.getByTestId('answer').textContent())!.length).toBeGreaterThan(0)
+    expect(await w.page.getByTestId('node').textContent()).toMatch(/^sim-\d$/)
+    // Billed to the chosen key, at the cost shown.
+    const after = (await (await t.fetch('/v1/activity?limit=1000', { key: t.masterKey })).json()) as {
+      data: { key_name: string; cost_rub: number; node: string }[]
+    }
+    expect(after.data.length).toBe(before.data.length + 1)
+    const row = after.data[0]!
+    expect(row.key_name).toBe('test')
+    expect(await w.page.getByTestId('node').textContent()).toBe(row.node)
+    const shown = await w.page.getByTestId('cost').textContent()
+    expect(shown).toBe(
+      new Intl.NumberFormat('en-US', {
+        style: 'currency',
+        currency: 'RUB',
+        currencyDisplay: 'narrowSymbol',
+        minimumFractionDigits: 2,
+        maximumFractionDigits: 6,
+      }).format(row.cost_rub),
+    )
+    expect(w.problems).toEqual([])
+    await ctx.close()
+  })
+
   test('the CSP blocks inline script on the console page', async () => {
     const ctx = await newContext()
     const page = await ctx.newPage()
@@ -329,13 +322,13 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     const csp = response!.headers()['content-security-policy'] ?? ''
     expect(csp).toContain("script-src 'self'")
     expect(csp).not.toContain('unsafe-inline')
-    const ran = await page.evaluate(async () => {
+    const ran = await page.evaluate(`(async () => {
       const s = document.createElement('script')
       s.textContent = 'window.__inline = true'
       document.body.append(s)
       await new Promise((r) => setTimeout(r, 50))
-      return (window as unknown as { __inline?: boolean }).__inline === true
-    })
+      return window.__inline === true
+    })()`)
     expect(ran).toBe(false)
     await ctx.close()
   })
@@ -363,6 +356,8 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
       await visit(org, 'keys', lang, 'tr[data-key]')
       await visit(org, 'activity', lang, 'tbody tr')
       await visit(org, 'models', lang, 'tbody tr')
+      await visit(org, 'batches', lang, 'form')
+      await visit(org, 'playground', lang, 'textarea')
       await visit(op, 'orgs', lang, 'tr[data-org]')
       // A few polls, so the sparklines have a line to draw.
       await visit(op, 'fleet', lang, 'tr[data-node] canvas', 4500)
