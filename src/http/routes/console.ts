@@ -118,7 +118,9 @@ async function actingAs(svc: Services, session: ConsoleSession, keyId: string | 
   const p = session.principal
   if (keyId === null) return p
   if (p.kind !== 'master')
-    throw new PermissionDenied(`${ACT_AS_KEY} is for an organization's session (the operator has no API keys)`)
+    throw new PermissionDenied(
+      `${ACT_AS_KEY} is for an organization's session (the operator has no API keys)`,
+    )
   const known = svc.identity.keyById(keyId) ?? (await svc.store.getKey(keyId))
   if (!known || known.orgId !== p.org.id || known.kind !== 'api') throw keyNotFound(keyId)
   return svc.identity.principalOfKey(keyId)
@@ -227,7 +229,8 @@ export const consoleRoutes = (svc: Services, handle: (request: Request) => Promi
         if (!SAFE_METHODS.has(request.method)) checkCsrf(request, session)
         const principal = await actingAs(svc, session, request.headers.get(ACT_AS_KEY))
         const headers = new Headers(request.headers)
-        for (const h of ['cookie', 'authorization', 'x-api-key', 'x-csrf-token', ACT_AS_KEY]) headers.delete(h)
+        for (const h of ['cookie', 'authorization', 'x-api-key', 'x-csrf-token', ACT_AS_KEY])
+          headers.delete(h)
         const inner = new Request(new URL(path + url.search, url.origin), {
           method: request.method,
           headers,
