@@ -76,6 +76,18 @@ describe('console sign-in', () => {
       body: '{}',
     })
     expect(empty.status).toBe(400)
+    // Signing this browser in from another site (login CSRF): refused by Origin, and a body
+    // without a content type (what a page elsewhere can send without a preflight) is refused too.
+    const foreign = await signIn(t.masterKey, { origin: 'https://evil.example' })
+    expect(foreign.status).toBe(403)
+    expect(foreign.headers.get('set-cookie')).toBeNull()
+    const untyped = await fetch(`${t.url}/console/session`, {
+      method: 'POST',
+      body: new Blob([JSON.stringify({ token: t.masterKey })]),
+    })
+    expect(untyped.status).toBe(415)
+    expect(untyped.headers.get('set-cookie')).toBeNull()
+    expect((await signIn(t.masterKey, { origin: t.url })).status).toBe(201)
   })
 
   test("the cookie calls /v1 as the master key; a write needs the session's CSRF token; logout revokes", async () => {

@@ -3,7 +3,7 @@ import { Type } from '@sinclair/typebox'
 import { TypeCompiler } from '@sinclair/typebox/compiler'
 import { Elysia } from 'elysia'
 import { fromValueError } from '../../api/value-error.ts'
-import { keyNotFound, PermissionDenied, TropaError, unknownPath } from '../../errors.ts'
+import { keyNotFound, PermissionDenied, TropaError, UnsupportedMediaType, unknownPath } from '../../errors.ts'
 import type { Principal } from '../../identity/live.ts'
 import type { ConsoleSession } from '../../identity/sessions.ts'
 import type { Services } from '../../services.ts'
@@ -71,6 +71,15 @@ function setCookie(request: Request, value: string, maxAgeSec: number): string {
  * the browser sends one, must be this origin as well.
  */
 function checkCsrf(request: Request, session: ConsoleSession): void {
+  checkOrigin(request)
+  const sent = Buffer.from(request.headers.get('x-csrf-token') ?? '')
+  const want = Buffer.from(session.record.csrf)
+  if (sent.length !== want.length || !timingSafeEqual(sent, want))
+    throw new PermissionDenied('missing or wrong x-csrf-token (the value GET /console/session returns)')
+}
+
+/** A browser's Origin header, when sent, must be this origin (no page elsewhere signs anyone in or out). */
+function checkOrigin(request: Request): void {
   const origin = request.headers.get('origin')
   const host = request.headers.get('host')
   if (origin !== null && host !== null) {
@@ -82,10 +91,6 @@ function checkCsrf(request: Request, session: ConsoleSession): void {
     }
     if (!ok) throw new PermissionDenied('a console call from another origin is refused')
   }
-  const sent = Buffer.from(request.headers.get('x-csrf-token') ?? '')
-  const want = Buffer.from(session.record.csrf)
-  if (sent.length !== want.length || !timingSafeEqual(sent, want))
-    throw new PermissionDenied('missing or wrong x-csrf-token (the value GET /console/session returns)')
 }
 
 function sessionView(s: ConsoleSession, idleSec: number) {
@@ -176,6 +181,10 @@ export const consoleRoutes = (svc: Services, handle: (request: Request) => Promi
     .post(
       '/console/session',
       async ({ request }) => {
+        // A page elsewhere could post a body without a type (a Blob) or from its own origin to sign
+        // this browser in to an account of its choosing: both are refused.
+        checkOrigin(request)
+        if (request.headers.get('content-type') === null) throw new UnsupportedMediaType('none')
         const body = await readJson(request, 4096)
         if (!SignIn.Check(body)) throw fromValueError(SignIn.Errors(body).First())
         const { cookie, session } = await sessions.create(body.token)
