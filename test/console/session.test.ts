@@ -182,6 +182,28 @@ describe('calling with one of the organization API keys (x-console-key-id)', () 
     const ok = await chat(own)
     expect(ok.status).toBe(200)
     expect(ok.headers.get('x-tropa-node')).toStartWith('sim-')
+    // A stream passes through whole, to its [DONE], every time.
+    for (let i = 0; i < 20; i++) {
+      const streamed = await fetch(`${t.url}/console/api/v1/chat/completions`, {
+        method: 'POST',
+        headers: {
+          cookie,
+          'x-csrf-token': csrf_token,
+          'x-console-key-id': own,
+          'content-type': 'application/json',
+        },
+        body: JSON.stringify({
+          model: 'test/chat',
+          messages: [{ role: 'user', content: `stream ${i}` }],
+          stream: true,
+          stream_options: { include_usage: true },
+        }),
+      })
+      expect(streamed.status).toBe(200)
+      const text = await streamed.text()
+      expect(text).toContain('"cost_rub"')
+      expect(text.trimEnd()).toEndWith('data: [DONE]')
+    }
     // Without a key the master key's own rule holds: 403 on model endpoints.
     const asMaster = await fetch(`${t.url}/console/api/v1/chat/completions`, {
       method: 'POST',

@@ -252,7 +252,9 @@ export const consoleRoutes = (svc: Services, handle: (request: Request) => Promi
         actAs(inner, catalogueRead(request.method, path) ? { kind: 'admin' } : principal)
         const reply = await handle(inner)
         const out = new Response(reply.body, reply)
-        out.headers.set('cache-control', 'no-store')
+        // The route's own caching rule when it has one: an event stream keeps its no-cache (with
+        // no-store, Chromium reports the finished stream as an aborted request).
+        if (!out.headers.has('cache-control')) out.headers.set('cache-control', 'no-store')
         return out
       },
       { parse: 'none', ...hide },
