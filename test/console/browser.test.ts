@@ -51,7 +51,7 @@ async function accessibility(page: Page): Promise<string[]> {
     .map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target.join(' ')).join(', ')}`)
 }
 
-async function visit(w: Watched, hash: string, lang: 'en' | 'ru', ready: string, settleMs = 0) {
+async function visit(w: Watched, hash: string, lang: 'en' | 'ru', ready: string, settleMs = 0, name = hash) {
   w.leaving = true
   await w.page.evaluate((l) => localStorage.setItem('tropa.lang', l), lang)
   await w.page.goto('about:blank')
@@ -72,7 +72,7 @@ async function visit(w: Watched, hash: string, lang: 'en' | 'ru', ready: string,
   await w.page.setViewportSize({ width: 1100, height: 700 })
   if (SHOTS) {
     mkdirSync(SHOTS, { recursive: true })
-    await w.page.screenshot({ path: join(SHOTS, `${hash}-${lang}.png`) })
+    await w.page.screenshot({ path: join(SHOTS, `${name}-${lang}.png`) })
   }
 }
 
@@ -251,6 +251,32 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     await opCtx.close()
   })
 
+  test("an operator issues an organization's master key (shown once) and revokes it", async () => {
+    const ctx = await newContext()
+    const w = await open(ctx)
+    await signIn(w, ADMIN_TOKEN)
+    await w.page.getByRole('button', { name: 'Master keys: test-org' }).click()
+    const panel = w.page.getByRole('region', { name: 'Master keys of test-org' })
+    await panel.getByLabel('Name').fill('deputy')
+    await panel.getByRole('button', { name: 'Issue a master key' }).click()
+    const secret = (await panel.getByTestId('secret').textContent())!
+    expect(secret).toMatch(/^mk-[0-9A-Za-z]{43}$/)
+    const signInWith = (token: string) =>
+      fetch(`${t.url}/console/session`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ token }),
+      })
+    expect((await signInWith(secret)).status).toBe(201)
+    await panel.getByRole('button', { name: 'Done' }).click()
+    await panel.getByRole('button', { name: 'Revoke deputy' }).click()
+    await panel.getByRole('button', { name: 'Yes, revoke' }).click()
+    await panel.locator('tr[data-master="deputy"] .status.revoked').waitFor()
+    expect((await signInWith(secret)).status).toBe(401)
+    expect(w.problems).toEqual([])
+    await ctx.close()
+  })
+
   test('the Fleet page updates by itself: a request shows up without a reload', async () => {
     const ctx = await newContext()
     const w = await open(ctx)
@@ -359,6 +385,7 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
       await visit(org, 'batches', lang, 'form')
       await visit(org, 'playground', lang, 'textarea')
       await visit(op, 'orgs', lang, 'tr[data-org]')
+      await visit(op, 'models', lang, 'tbody tr td:nth-child(6):not(:empty)', 0, 'models-operator')
       // A few polls, so the sparklines have a line to draw.
       await visit(op, 'fleet', lang, 'tr[data-node] canvas', 4500)
     }

@@ -1,5 +1,5 @@
 import { html } from 'htm/preact'
-import { api } from '../api.ts'
+import { api, type Session } from '../api.ts'
 import { num, rub, t } from '../i18n.ts'
 import { ErrorBox, Scroll, useLoad } from '../ui.ts'
 
@@ -17,8 +17,20 @@ export function perMillion(perToken: string): number {
   return Number(`${BigInt(whole) * 1_000_000n + BigInt(f.slice(0, 6))}.${f.slice(6) || '0'}`)
 }
 
-export function Models() {
+export function Models({ session }: { session: Session }) {
   const { data, error } = useLoad(() => api<{ data: Model[] }>('/models'))
+  // The operator also sees which nodes serve each model (the routes as configured).
+  const operator = session.role === 'operator'
+  const fleet = useLoad(() =>
+    operator
+      ? api<{ data: { node: string; models: string[] }[] }>('/admin/fleet')
+      : Promise.resolve({ data: [] }),
+  )
+  const nodesOf = (id: string) =>
+    (fleet.data?.data ?? [])
+      .filter((n) => n.models.includes(id))
+      .map((n) => n.node)
+      .join(', ')
   return html`<div>
     <${ErrorBox} error=${error} />
     <${Scroll} label=${t('nav.models')}>
@@ -29,6 +41,7 @@ export function Models() {
           <th scope="col" class="num">${t('models.context')}</th>
           <th scope="col" class="num">${t('models.prompt')}</th>
           <th scope="col" class="num">${t('models.completion')}</th>
+          ${operator && html`<th scope="col">${t('models.nodes')}</th>`}
         </tr></thead>
         <tbody>
           ${(data?.data ?? []).map(
@@ -38,6 +51,7 @@ export function Models() {
               <td class="num">${num(m.context_length)}</td>
               <td class="num">${rub(perMillion(m.pricing.prompt))}</td>
               <td class="num">${rub(perMillion(m.pricing.completion))}</td>
+              ${operator && html`<td>${nodesOf(m.id)}</td>`}
             </tr>`,
           )}
         </tbody>
