@@ -214,7 +214,7 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     const org = await open(orgCtx)
     await signIn(org, t.masterKey)
     const balanceCard = org.page.getByTestId('card-balance').locator('dd')
-    await expect(balanceCard.textContent()).resolves.toMatch(/\d/)
+    await balanceCard.filter({ hasText: /\d/ }).waitFor()
 
     const opCtx = await newContext()
     const op = await open(opCtx)
@@ -242,6 +242,8 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     // In Russian, money reads as Russians write it: 1 250,50 ₽ (spaces between thousands).
     await org.page.getByRole('button', { name: 'Русский' }).click()
     await org.page.getByRole('heading', { level: 1, name: 'Обзор' }).waitFor()
+    // The page reloads its figures in the new language: wait for them, then read them.
+    await balanceCard.filter({ hasText: /\d/ }).waitFor()
     expect(await balanceCard.textContent()).toMatch(
       /^\d{1,3}([\s\u00a0\u202f]\d{3})*,\d{2}[\s\u00a0\u202f]₽$/,
     )
