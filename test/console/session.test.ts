@@ -289,3 +289,23 @@ describe('operator', () => {
     expect(((await orgs.json()) as { data: { id: string }[] }).data.map((o) => o.id)).toContain(t.orgId)
   })
 })
+
+describe('console.enabled = false', () => {
+  test('/, /console, its sign-in and its API answer 404; /v1 is unchanged', async () => {
+    const off = await startTropa({ extra: { console: { enabled: false } } })
+    try {
+      expect((await fetch(`${off.url}/`, { redirect: 'manual' })).status).toBe(404)
+      expect((await fetch(`${off.url}/console`)).status).toBe(404)
+      const signIn = await fetch(`${off.url}/console/session`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ token: off.masterKey }),
+      })
+      expect(signIn.status).toBe(404)
+      expect((await fetch(`${off.url}/console/api/v1/organization`)).status).toBe(404)
+      expect((await off.fetch('/v1/organization', { key: off.masterKey })).status).toBe(200)
+    } finally {
+      await off.stop()
+    }
+  })
+})
