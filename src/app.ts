@@ -6,6 +6,7 @@ import { adminRoutes } from './http/routes/admin.ts'
 import { batchRoutes } from './http/routes/batches.ts'
 import { chatRoutes } from './http/routes/chat.ts'
 import { completionRoutes } from './http/routes/completions.ts'
+import { consoleRoutes } from './http/routes/console.ts'
 import { docsRoutes } from './http/routes/docs.ts'
 import { embeddingRoutes } from './http/routes/embeddings.ts'
 import { fileRoutes } from './http/routes/files.ts'
@@ -49,6 +50,8 @@ function headersOver(headers: Headers, max: number): boolean {
 export function createApp(svc: Services) {
   const maxHeaderBytes = svc.config.server.maxHeaderBytes
   let table: { method: string; re: RegExp }[] = []
+  // The console hands its calls to this same app (set once it is built).
+  let handle: (request: Request) => Promise<Response> = () => Promise.reject(new Error('not started'))
   const allowedMethods = (path: string): string[] => table.filter((r) => r.re.test(path)).map((r) => r.method)
   // Elysia's default normalisation drops undeclared fields; chat and embeddings must pass them
   // through, and key bodies reject them explicitly (additionalProperties: false).
@@ -100,6 +103,9 @@ export function createApp(svc: Services) {
     .use(usageRoutes(svc))
     .use(activityRoutes(svc))
     .use(adminRoutes(svc))
+    // The web console (and `/` redirecting to it): its API calls are handed to the routes above.
+    .use(svc.config.console.enabled ? consoleRoutes(svc, (r) => handle(r)) : new Elysia())
+  handle = (r) => app.handle(r)
   table = app.routes.map((r) => ({
     method: r.method,
     re: new RegExp(`^${r.path.replace(/:[^/]+/g, '[^/]+').replace(/\*/g, '.*')}/?$`),

@@ -14,3 +14,9 @@ declare module '*.css' {
   const path: string
   export default path
 }
+
+// The console's bundle, written by scripts/build-console.ts and embedded by `bun build --compile`.
+declare module '*/dist/console/console.js' {
+  const path: string
+  export default path
+}

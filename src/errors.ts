@@ -99,6 +99,9 @@ export const keyRevoked = () => new AuthenticationFailed('the API key has been r
 export const keyDisabled = () => new AuthenticationFailed('the API key is disabled', 'key_disabled')
 export const keyExpired = () => new AuthenticationFailed('the API key has expired', 'key_expired')
 
+export const sessionRequired = () =>
+  new AuthenticationFailed('not signed in to the console, or the session has expired', 'session_required')
+
 export class QuotaExceeded extends TropaError {
   readonly status = 402
   readonly type = 'insufficient_quota'

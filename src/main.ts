@@ -205,7 +205,7 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
   models:     ${models.map((m) => m.id).join(', ')} on ${fleet?.nodes.length ?? 0} simulated nodes
   master key: ${creds.master_key}   (manages API keys: /v1/keys)
   API key:    ${creds.api_key}
-  credentials as JSON: ${file}
+  credentials as JSON: ${file}${config.console.enabled ? `\n  web console: ${baseUrl}/console (sign in with the master key)` : ''}
 
 Try it:
   curl -s ${baseUrl}/v1/chat/completions \\

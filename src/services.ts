@@ -15,6 +15,7 @@ import { DiskWatch } from './files/disk.ts'
 import { LocalFileStore } from './files/file-store.ts'
 import { FilesService } from './files/service.ts'
 import { IdentityService } from './identity/service.ts'
+import { ConsoleSessions } from './identity/sessions.ts'
 import { randomBase62 } from './ids.ts'
 import type { Log } from './log.ts'
 import { AccessLog } from './metrics/access-log.ts'
@@ -45,6 +46,8 @@ export interface Services {
   readonly batches: BatchService
   /** Request metrics and the access log. */
   readonly telemetry: Telemetry
+  /** Web console sign-ins (routes under /console). */
+  readonly consoleSessions: ConsoleSessions
   readonly log: Log
   /** Reads the config again for a reload (main.ts sets it with its flags); throws ConfigError. */
   loadConfig: () => Config
@@ -252,6 +255,7 @@ export async function buildServices(
     files,
     batches,
     telemetry,
+    consoleSessions: new ConsoleSessions(store, identity, config.console.sessionIdleSec),
     log,
     tracing,
     loadConfig: () => {

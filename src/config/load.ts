@@ -118,6 +118,10 @@ export interface Config {
     readonly orphanGraceSec: number
     readonly minFreeBytes: number
   }
+  readonly console: {
+    readonly enabled: boolean
+    readonly sessionIdleSec: number
+  }
   readonly responses: {
     /** 0: stored responses are kept until deleted. */
     readonly retentionSec: number
@@ -363,6 +367,10 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       prefix: cfg.redis?.prefix ?? 'tropa:',
       revocationBoundMs: cfg.redis?.revocation_bound_ms ?? 1000,
       reservationLeaseMs: cfg.redis?.reservation_lease_ms ?? 5000,
+    },
+    console: {
+      enabled: cfg.console?.enabled ?? true,
+      sessionIdleSec: cfg.console?.session_idle_sec ?? 8 * 3600,
     },
     responses: {
       retentionSec: (cfg.responses?.retention_days ?? 30) * 86_400,

@@ -280,6 +280,16 @@ export const TracingSchema = T.Object(
 )
 
 /** The config file as written by an operator (TOML or JSON). */
+export const ConsoleSchema = T.Object(
+  {
+    /** Serve the web console at /console (and redirect / there). */
+    enabled: T.Optional(T.Boolean()),
+    /** A console session unused for this long is signed out. */
+    session_idle_sec: T.Optional(T.Integer({ minimum: 60, maximum: 30 * 86_400 })),
+  },
+  { additionalProperties: false },
+)
+
 export const ConfigFileSchema = T.Object(
   {
     server: T.Optional(ServerSchema),
@@ -294,6 +304,7 @@ export const ConfigFileSchema = T.Object(
     metrics: T.Optional(MetricsSchema),
     access_log: T.Optional(AccessLogSchema),
     tracing: T.Optional(TracingSchema),
+    console: T.Optional(ConsoleSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

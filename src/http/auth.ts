@@ -25,9 +25,18 @@ export const authenticate =
     principal: seen.get(request) ?? (await svc.identity.authenticateShared(credentialOf(request))),
   })
 
+/**
+ * A request made on behalf of an already authenticated caller (the console's calls, signed in
+ * by a session cookie): the routes' `authenticate` then sees that principal, exactly as if the
+ * caller's own token had come in the Authorization header.
+ */
+export function actAs(request: Request, principal: Principal): void {
+  seen.set(request, principal)
+}
+
 /** For body parsers: refuse an unauthenticated request before its body is read. */
 export const authenticateFirst = (svc: Services) => async (request: Request) => {
-  seen.set(request, await svc.identity.authenticateShared(credentialOf(request)))
+  if (!seen.has(request)) seen.set(request, await svc.identity.authenticateShared(credentialOf(request)))
 }
 
 /** Model endpoints take API keys only: they need a key to bill. */

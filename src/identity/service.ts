@@ -235,6 +235,21 @@ export class IdentityService {
     return org
   }
 
+  /** Every organization, oldest first (those another node created are adopted here). */
+  async listOrgs(): Promise<LiveOrg[]> {
+    const recs = await this.store.loadOrgs()
+    return recs
+      .map((r) => {
+        let org = this.orgs.get(r.id)
+        if (!org) {
+          org = new LiveOrg(r)
+          this.orgs.set(r.id, org)
+        }
+        return org
+      })
+      .sort((a, b) => a.createdAt - b.createdAt || (a.id < b.id ? -1 : 1))
+  }
+
   async findOrgByName(name: string): Promise<LiveOrg | undefined> {
     const rec = await this.store.findOrgByName(name)
     return rec ? this.orgs.get(rec.id) : undefined
@@ -310,6 +325,20 @@ export class IdentityService {
     this.remember(key)
     this.announce(key.id)
     return { key, secret }
+  }
+
+  /**
+   * Who a console session acts as: the master key that signed in, checked now (a key revoked or
+   * disabled since ends its sessions), looked up in the store when another node created it.
+   */
+  async principalOfKey(id: string): Promise<Principal> {
+    let key = this.byId.get(id)
+    if (!key) {
+      const rec = await this.store.getKey(id)
+      if (!rec) throw invalidApiKey()
+      key = await this.adopt(rec)
+    }
+    return this.principalOf(key)
   }
 
   /** Any key by id (internal use: batches run with the key that created them). */

@@ -105,6 +105,8 @@ export class NodeModel {
   /** Requests routed here (first attempts and failovers) and first chunks seen. */
   routed = 0
   firstChunks = 0
+  /** The most recent first-token times here, ms (the fleet view's percentiles). */
+  readonly ttft = new RatioQuantile(256, 1)
   /** The last sign of life: a first chunk or an end here, or a dispatch to it while it had nothing outstanding. */
   lastProgressMs = 0
 
@@ -307,6 +309,7 @@ export class PredictedTtft implements RoutingPolicy {
     a.firstAtMs = nowMs
     const m = this.model(a.candidate.node)
     const ttft = nowMs - a.startedAtMs
+    m.ttft.add(ttft)
     const own = a.queuedTokens
     m.lastProgressMs = nowMs
     this.dequeue(m, a)
@@ -396,6 +399,11 @@ export class PredictedTtft implements RoutingPolicy {
     rttMs: number
     hitRatio: number
     indexBlocks: number
+    /** Percentiles of the recent first-token times (NaN before any). */
+    ttftP50Ms: number
+    ttftP90Ms: number
+    ttftP99Ms: number
+    ttftSamples: number
   }[] {
     return [...this.models.values()].map((m) => ({
       node: m.node.name,
@@ -406,6 +414,10 @@ export class PredictedTtft implements RoutingPolicy {
       rttMs: m.rttMs,
       hitRatio: m.hitRatio,
       indexBlocks: m.index.size,
+      ttftP50Ms: m.ttft.quantile(0.5),
+      ttftP90Ms: m.ttft.quantile(0.9),
+      ttftP99Ms: m.ttft.quantile(0.99),
+      ttftSamples: m.ttft.count,
     }))
   }
 

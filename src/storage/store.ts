@@ -175,6 +175,20 @@ export interface ResponseRecord {
   readonly createdAt: number
 }
 
+/** A console sign-in (POST /console/session), kept in the store so every node of a cluster knows it. */
+export interface ConsoleSessionRecord {
+  /** SHA-256 hex of the session cookie's value. */
+  readonly id: string
+  readonly kind: 'admin' | 'master'
+  /** The master key that signed in; null for the admin token. */
+  readonly keyId: string | null
+  /** The value state-changing console calls must echo in x-csrf-token. */
+  readonly csrf: string
+  readonly createdAt: number
+  /** Unix seconds of the session's last use (refreshed at most once a minute). */
+  readonly lastSeenAt: number
+}
+
 export interface KeyListQuery {
   readonly orgId: string
   readonly kind: KeyKind
@@ -292,6 +306,15 @@ export interface Store {
   deleteResponse(orgId: string, id: string): Promise<boolean>
   /** Deletes up to `limit` responses created before this Unix time (retention); how many. */
   deleteResponsesBefore(createdAt: number, limit: number): Promise<number>
+
+  insertConsoleSession(s: ConsoleSessionRecord): Promise<void>
+  getConsoleSession(id: string): Promise<ConsoleSessionRecord | undefined>
+  /** Marks a session used at `atSec`. */
+  touchConsoleSession(id: string, atSec: number): Promise<void>
+  /** Deletes a session (logout); whether there was one. */
+  deleteConsoleSession(id: string): Promise<boolean>
+  /** Deletes up to `limit` sessions last used before this Unix time; how many. */
+  deleteConsoleSessionsIdleBefore(atSec: number, limit: number): Promise<number>
 
   close(): Promise<void>
 }

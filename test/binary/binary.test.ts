@@ -137,6 +137,46 @@ describe('the compiled executable', () => {
     }
   }, 30_000)
 
+  test('serves the console from inside the executable: its embedded bundle, under 150 KB gzipped, and sign-in', async () => {
+    const demo = await startDemo(join(work, 'data-console'))
+    try {
+      const base = demo.creds.base_url.replace(/\/v1$/, '')
+      const home = await fetch(`${base}/`, { redirect: 'manual' })
+      expect(home.headers.get('location')).toBe('/console')
+      const page = await fetch(`${base}/console`)
+      expect(page.status).toBe(200)
+      expect(page.headers.get('content-security-policy')).toContain("script-src 'self'")
+      const html = await page.text()
+      const refs = [...html.matchAll(/(?:src|href)="(\/console\/assets\/[^"]+)"/g)].map((m) => m[1]!)
+      expect(refs.length).toBe(2)
+      let gzipped = 0
+      for (const ref of refs) {
+        const r = await fetch(`${base}${ref}`)
+        expect(r.status).toBe(200)
+        const body = await r.bytes()
+        // The bytes `bun run build` wrote to dist/console/ (scripts/build-console.ts).
+        const built = readFileSync(
+          join(root, 'dist/console', ref.endsWith('.js') ? 'console.js' : 'console.css'),
+        )
+        expect(Buffer.from(body).equals(built)).toBe(true)
+        gzipped += Bun.gzipSync(body).length
+      }
+      expect(gzipped).toBeLessThan(150 * 1024)
+      const signIn = await fetch(`${base}/console/session`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ token: demo.creds.master_key }),
+      })
+      expect(signIn.status).toBe(201)
+      const cookie = (signIn.headers.get('set-cookie') ?? '').split(';')[0]!
+      const org = await fetch(`${base}/console/api/v1/organization`, { headers: { cookie } })
+      expect(org.status).toBe(200)
+    } finally {
+      demo.proc.kill('SIGTERM')
+      await demo.proc.exited
+    }
+  }, 30_000)
+
   test('demo: banner, one chat, one stream; a restart reuses the organization and keys', async () => {
     const dataDir = join(work, 'data')
     const first = await startDemo(dataDir)

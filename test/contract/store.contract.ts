@@ -256,6 +256,37 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect(await store.deleteResponsesBefore(100, 10)).toBe(0)
     })
 
+    test('console sessions: insert, get, touch, delete, expire the idle ones', async () => {
+      const s = (id: string, lastSeenAt: number, keyId: string | null = 'key_m') => ({
+        id,
+        kind: keyId === null ? ('admin' as const) : ('master' as const),
+        keyId,
+        csrf: `csrf-${id}`,
+        createdAt: 1_700_000_000,
+        lastSeenAt,
+      })
+      await store.insertConsoleSession(s('h1', 1_700_000_000))
+      await store.insertConsoleSession(s('h2', 1_700_000_100, null))
+      expect(await store.getConsoleSession('h1')).toEqual(s('h1', 1_700_000_000))
+      expect(await store.getConsoleSession('h2')).toEqual(s('h2', 1_700_000_100, null))
+      expect(await store.getConsoleSession('nope')).toBeUndefined()
+      await store.touchConsoleSession('h1', 1_700_000_500)
+      expect((await store.getConsoleSession('h1'))?.lastSeenAt).toBe(1_700_000_500)
+      // A second session with the same id is refused: ids are hashes of random secrets.
+      await expect(store.insertConsoleSession(s('h1', 1))).rejects.toThrow()
+      expect(await store.deleteConsoleSession('h1')).toBe(true)
+      expect(await store.deleteConsoleSession('h1')).toBe(false)
+      expect(await store.getConsoleSession('h1')).toBeUndefined()
+      await store.insertConsoleSession(s('h3', 10))
+      await store.insertConsoleSession(s('h4', 20))
+      expect(await store.deleteConsoleSessionsIdleBefore(1_000, 1)).toBe(1) // at most `limit`
+      expect(await store.deleteConsoleSessionsIdleBefore(1_000, 10)).toBe(1)
+      expect(await store.getConsoleSession('h3')).toBeUndefined()
+      expect(await store.getConsoleSession('h4')).toBeUndefined()
+      expect((await store.getConsoleSession('h2'))?.kind).toBe('admin')
+      expect(await store.deleteConsoleSessionsIdleBefore(1_000, 10)).toBe(0)
+    })
+
     test('files: insert, get, list newest first, soft delete', async () => {
       const f = (id: string, orgId = 'o1') => ({
         id,

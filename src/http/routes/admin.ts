@@ -1,5 +1,6 @@
 import { Elysia, t } from 'elysia'
 import { CreateOrgBody, CreditBody, MasterKeyBody } from '../../api/keys.ts'
+import { PredictedTtft } from '../../routing/predicted.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, requireAdmin } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
@@ -8,6 +9,52 @@ import { limitOf } from './keys.ts'
 
 const OrgParams = t.Object({ org_id: t.String() })
 
+/** A figure for JSON: rounded to a thousandth, null when not known yet (NaN). */
+const figure = (x: number | undefined) =>
+  x === undefined || !Number.isFinite(x) ? null : Math.round(x * 1000) / 1000
+
+/** GET /v1/admin/fleet: every node as the router sees it now (what /metrics exports, as JSON). */
+function fleetView(svc: Services) {
+  const now = Date.now()
+  const { pool, policy } = svc.deps
+  const learned = new Map(
+    (policy instanceof PredictedTtft ? policy.snapshot(now) : []).map((f) => [f.node, f] as const),
+  )
+  const models = new Map<string, string[]>()
+  for (const m of svc.config.models)
+    for (const r of m.routes) models.set(r.baseUrl, [...(models.get(r.baseUrl) ?? []), m.id])
+  const data = [...pool.nodes.values()].map((n) => {
+    const f = learned.get(n.name)
+    const ejected = now < n.ejectedUntilMs
+    return {
+      node: n.name,
+      object: 'fleet.node' as const,
+      models: models.get(n.baseUrl) ?? [],
+      healthy: !ejected && n.consecutiveFailures === 0,
+      ejected,
+      ejected_until_ms: ejected ? n.ejectedUntilMs : null,
+      in_flight: n.inFlight,
+      batch_in_flight: n.batchInFlight,
+      requests: n.requests,
+      failures: n.failures,
+      consecutive_failures: n.consecutiveFailures,
+      ejections: n.ejections,
+      prefill_tokens_per_sec: figure(f?.tokensPerSec),
+      queued_prompt_tokens: f?.queuedTokens ?? null,
+      decoding: f?.decoding ?? null,
+      itl_ms: figure(f?.itlMs),
+      rtt_ms: figure(f?.rttMs),
+      ttft_ms: {
+        p50: figure(f?.ttftP50Ms),
+        p90: figure(f?.ttftP90Ms),
+        p99: figure(f?.ttftP99Ms),
+        samples: f?.ttftSamples ?? 0,
+      },
+    }
+  })
+  return { object: 'list', policy: svc.config.routing.policy, at_ms: now, data }
+}
+
 /** Operator endpoints: organizations, balances, master keys. Admin token only. */
 export const adminRoutes = (svc: Services) => {
   const auth = authenticateFirst(svc)
@@ -15,6 +62,22 @@ export const adminRoutes = (svc: Services) => {
   return new Elysia()
     .derive(authenticate(svc))
     .onBeforeHandle(({ principal }) => requireAdmin(principal))
+    .get(
+      '/v1/admin/organizations',
+      async () => {
+        const orgs = await svc.identity.listOrgs()
+        const data = await Promise.all(orgs.map(async (o) => orgView(o, await svc.identity.orgNow(o))))
+        return { object: 'list', data }
+      },
+      { detail: { tags, summary: 'Every organization and its balance, oldest first' } },
+    )
+    .get('/v1/admin/fleet', () => fleetView(svc), {
+      detail: {
+        tags,
+        summary:
+          "The upstream nodes' live state: health, breaker, load, learned prefill rate, ITL, RTT, recent TTFT",
+      },
+    })
     .post(
       '/v1/admin/organizations',
       async ({ body: raw, set }) => {

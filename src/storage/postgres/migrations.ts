@@ -3,7 +3,8 @@ import m0000 from './migrations/0000_init.sql' with { type: 'text' }
 import m0001 from './migrations/0001_ledger_indexes.sql' with { type: 'text' }
 import m0002 from './migrations/0002_responses.sql' with { type: 'text' }
 import m0003 from './migrations/0003_activity.sql' with { type: 'text' }
-import m0004 from './migrations/0004_key_scopes.sql' with { type: 'text' }
+import m0004 from './migrations/0004_console_sessions.sql' with { type: 'text' }
+import m0005 from './migrations/0005_key_scopes.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // As for SQLite: the SQL travels inside the executable (a test checks every file is listed).
@@ -12,7 +13,8 @@ const SQL: Record<string, string> = {
   '0001_ledger_indexes': m0001,
   '0002_responses': m0002,
   '0003_activity': m0003,
-  '0004_key_scopes': m0004,
+  '0004_console_sessions': m0004,
+  '0005_key_scopes': m0005,
 }
 
 export function embeddedPgMigrations(): Migration[] {

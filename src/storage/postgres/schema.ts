@@ -175,3 +175,16 @@ export const responses = pgTable(
   },
   (t) => [index('responses_org').on(t.orgId, t.id), index('responses_created').on(t.createdAt)],
 )
+
+export const consoleSessions = pgTable(
+  'console_sessions',
+  {
+    id: text('id').primaryKey(),
+    kind: text('kind', { enum: ['admin', 'master'] }).notNull(),
+    keyId: text('key_id'),
+    csrf: text('csrf').notNull(),
+    createdAt: integer('created_at').notNull(),
+    lastSeenAt: integer('last_seen_at').notNull(),
+  },
+  (t) => [index('console_sessions_seen').on(t.lastSeenAt)],
+)

@@ -16,6 +16,7 @@ import type {
   BatchPatch,
   BatchRecord,
   BatchStatus,
+  ConsoleSessionRecord,
   FileRecord,
   KeyListQuery,
   KeyPatch,
@@ -650,6 +651,32 @@ export class PostgresStore implements Store {
     const old = this.db.select({ id: r.id }).from(r).where(lt(r.createdAt, createdAt)).limit(limit)
     const gone = await this.db.delete(r).where(inArray(r.id, old)).returning({ id: r.id })
     return gone.length
+  }
+
+  async insertConsoleSession(s: ConsoleSessionRecord) {
+    await this.db.insert(schema.consoleSessions).values(s)
+  }
+
+  async getConsoleSession(id: string) {
+    const c = schema.consoleSessions
+    const [row] = await this.db.select().from(c).where(eq(c.id, id))
+    return row
+  }
+
+  async touchConsoleSession(id: string, atSec: number) {
+    const c = schema.consoleSessions
+    await this.db.update(c).set({ lastSeenAt: atSec }).where(eq(c.id, id))
+  }
+
+  async deleteConsoleSession(id: string) {
+    const c = schema.consoleSessions
+    return (await this.db.delete(c).where(eq(c.id, id)).returning({ id: c.id })).length > 0
+  }
+
+  async deleteConsoleSessionsIdleBefore(atSec: number, limit: number) {
+    const c = schema.consoleSessions
+    const old = this.db.select({ id: c.id }).from(c).where(lt(c.lastSeenAt, atSec)).limit(limit)
+    return (await this.db.delete(c).where(inArray(c.id, old)).returning({ id: c.id })).length
   }
 
   async close() {

@@ -3,7 +3,8 @@ import m0001 from './migrations/0001_batches.sql' with { type: 'text' }
 import m0002 from './migrations/0002_ledger_indexes.sql' with { type: 'text' }
 import m0003 from './migrations/0003_responses.sql' with { type: 'text' }
 import m0004 from './migrations/0004_activity.sql' with { type: 'text' }
-import m0005 from './migrations/0005_key_scopes.sql' with { type: 'text' }
+import m0005 from './migrations/0005_console_sessions.sql' with { type: 'text' }
+import m0006 from './migrations/0006_key_scopes.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // Migrations travel inside the executable: each SQL file is imported as text here (a test
@@ -14,7 +15,8 @@ const SQL: Record<string, string> = {
   '0002_ledger_indexes': m0002,
   '0003_responses': m0003,
   '0004_activity': m0004,
-  '0005_key_scopes': m0005,
+  '0005_console_sessions': m0005,
+  '0006_key_scopes': m0006,
 }
 
 export interface Migration {

@@ -182,3 +182,21 @@ export const responses = sqliteTable(
   },
   (t) => [index('responses_org').on(t.orgId, t.id), index('responses_created').on(t.createdAt)],
 )
+
+/**
+ * Console sessions (POST /console/session): the cookie's SHA-256 only, never the cookie, and
+ * never the token that signed in. `key_id` is the master key's (null: the admin token); a session
+ * idle past console.session_idle_sec is refused and deleted.
+ */
+export const consoleSessions = sqliteTable(
+  'console_sessions',
+  {
+    id: text('id').primaryKey(),
+    kind: text('kind', { enum: ['admin', 'master'] }).notNull(),
+    keyId: text('key_id'),
+    csrf: text('csrf').notNull(),
+    createdAt: epoch('created_at').notNull(),
+    lastSeenAt: epoch('last_seen_at').notNull(),
+  },
+  (t) => [index('console_sessions_seen').on(t.lastSeenAt)],
+)

@@ -16,6 +16,7 @@ import type {
   BatchPatch,
   BatchRecord,
   BatchStatus,
+  ConsoleSessionRecord,
   FileRecord,
   KeyListQuery,
   KeyPatch,
@@ -664,6 +665,38 @@ export class SqliteStore implements Store {
       .all()
       .map((x) => x.id)
     if (ids.length > 0) this.db.delete(r).where(inArray(r.id, ids)).run()
+    return ids.length
+  }
+
+  async insertConsoleSession(s: ConsoleSessionRecord) {
+    this.db.insert(schema.consoleSessions).values(s).run()
+  }
+
+  async getConsoleSession(id: string) {
+    const c = schema.consoleSessions
+    return this.db.select().from(c).where(eq(c.id, id)).get()
+  }
+
+  async touchConsoleSession(id: string, atSec: number) {
+    const c = schema.consoleSessions
+    this.db.update(c).set({ lastSeenAt: atSec }).where(eq(c.id, id)).run()
+  }
+
+  async deleteConsoleSession(id: string) {
+    const c = schema.consoleSessions
+    return this.db.delete(c).where(eq(c.id, id)).returning({ id: c.id }).all().length > 0
+  }
+
+  async deleteConsoleSessionsIdleBefore(atSec: number, limit: number) {
+    const c = schema.consoleSessions
+    const ids = this.db
+      .select({ id: c.id })
+      .from(c)
+      .where(lt(c.lastSeenAt, atSec))
+      .limit(limit)
+      .all()
+      .map((x) => x.id)
+    if (ids.length > 0) this.db.delete(c).where(inArray(c.id, ids)).run()
     return ids.length
   }
 
