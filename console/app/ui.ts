@@ -27,6 +27,24 @@ export function useLoad<T>(load: () => Promise<T>, deps: unknown[] = []) {
   return { data, error, reload: () => setN((x) => x + 1) }
 }
 
+/**
+ * An action a page runs (create, revoke, cancel): `run` clears the last error, runs it, then
+ * `then` (a reload) when it succeeded, or shows its error.
+ */
+export function useAction(then: () => void) {
+  const [error, setError] = useState<string | null>(null)
+  const run = async (f: () => Promise<unknown>) => {
+    setError(null)
+    try {
+      await f()
+      then()
+    } catch (e) {
+      setError(messageOf(e))
+    }
+  }
+  return { error, setError, run }
+}
+
 export const messageOf = (e: unknown) => (e instanceof ApiError || e instanceof Error ? e.message : String(e))
 
 export const ErrorBox = ({ error }: { error: string | null }) =>

@@ -3,7 +3,7 @@ import { useEffect, useState } from 'preact/hooks'
 import { apiAsKey } from '../api.ts'
 import { num, rub, t, when } from '../i18n.ts'
 import { useKeyPick } from '../keypick.ts'
-import { Bar, ErrorBox, messageOf, Scroll } from '../ui.ts'
+import { Bar, ErrorBox, messageOf, Scroll, useAction } from '../ui.ts'
 
 interface Batch {
   id: string
@@ -28,8 +28,8 @@ const here = (url: string) => {
 export function Batches() {
   const { keyId, picker, none } = useKeyPick()
   const [batches, setBatches] = useState<Batch[] | null>(null)
-  const [error, setError] = useState<string | null>(null)
   const [tick, setTick] = useState(0)
+  const { error, setError, run } = useAction(() => setTick((x) => x + 1))
   useEffect(() => {
     if (!keyId) return
     let live = true
@@ -51,15 +51,6 @@ export function Batches() {
       clearTimeout(timer)
     }
   }, [keyId, tick])
-  const run = async (f: () => Promise<unknown>) => {
-    setError(null)
-    try {
-      await f()
-      setTick((x) => x + 1)
-    } catch (e) {
-      setError(messageOf(e))
-    }
-  }
   const create = (e: Event) => {
     e.preventDefault()
     if (!keyId) return

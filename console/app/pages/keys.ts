@@ -2,7 +2,7 @@ import { html } from 'htm/preact'
 import { useState } from 'preact/hooks'
 import { api } from '../api.ts'
 import { rub, t, when } from '../i18n.ts'
-import { Bar, ErrorBox, messageOf, Scroll, Secret, useLoad } from '../ui.ts'
+import { Bar, ErrorBox, Scroll, Secret, useAction, useLoad } from '../ui.ts'
 
 interface Key {
   key_id: string
@@ -21,16 +21,7 @@ const limitOf = (v: string): number | null => (v.trim() === '' ? null : Number(v
 export function Keys() {
   const list = useLoad(() => api<{ data: Key[] }>('/keys?limit=1000'))
   const [secret, setSecret] = useState<string | null>(null)
-  const [error, setError] = useState<string | null>(null)
-  const act = async (f: () => Promise<unknown>) => {
-    setError(null)
-    try {
-      await f()
-      list.reload()
-    } catch (e) {
-      setError(messageOf(e))
-    }
-  }
+  const { error, run: act } = useAction(list.reload)
   const create = (e: Event) => {
     e.preventDefault()
     const form = e.currentTarget as HTMLFormElement

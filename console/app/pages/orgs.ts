@@ -2,7 +2,7 @@ import { html } from 'htm/preact'
 import { useState } from 'preact/hooks'
 import { api } from '../api.ts'
 import { rub, t, when } from '../i18n.ts'
-import { ErrorBox, messageOf, Scroll, Secret, useLoad } from '../ui.ts'
+import { ErrorBox, Scroll, Secret, useAction, useLoad } from '../ui.ts'
 
 interface Org {
   id: string
@@ -18,16 +18,11 @@ export function Orgs() {
   const [created, setCreated] = useState<{ name: string; key: string } | null>(null)
   const [open, setOpen] = useState<Org | null>(null)
   const [note, setNote] = useState<string | null>(null)
-  const [error, setError] = useState<string | null>(null)
-  const run = async (f: () => Promise<void>) => {
-    setError(null)
+  const action = useAction(list.reload)
+  const error = action.error
+  const run = (f: () => Promise<void>) => {
     setNote(null)
-    try {
-      await f()
-      list.reload()
-    } catch (e) {
-      setError(messageOf(e))
-    }
+    return action.run(f)
   }
   const create = (e: Event) => {
     e.preventDefault()
@@ -113,16 +108,7 @@ function MasterKeys({ org, onClose }: { org: Org; onClose: () => void }) {
   const list = useLoad(() => api<{ data: MasterKey[] }>(base))
   const [secret, setSecret] = useState<string | null>(null)
   const [confirm, setConfirm] = useState<string | null>(null)
-  const [error, setError] = useState<string | null>(null)
-  const run = async (f: () => Promise<void>) => {
-    setError(null)
-    try {
-      await f()
-      list.reload()
-    } catch (e) {
-      setError(messageOf(e))
-    }
-  }
+  const { error, run } = useAction(list.reload)
   const issue = (e: Event) => {
     e.preventDefault()
     const form = e.currentTarget as HTMLFormElement
