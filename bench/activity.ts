@@ -10,6 +10,7 @@
  *   bun bench/activity.ts --rows 200000           # smaller
  *   bun bench/activity.ts --postgres postgres://postgres@127.0.0.1:5432/test   # a fresh database there
  *   bun bench/activity.ts --insert-only           # only the write's cost
+ *   bun bench/activity.ts --queries-only          # only the queries' times
  */
 import { mkdtempSync, rmSync } from 'node:fs'
 import os from 'node:os'
@@ -28,6 +29,7 @@ const { values: args } = parseArgs({
     rows: { type: 'string', default: '1000000' },
     postgres: { type: 'string' },
     'insert-only': { type: 'boolean', default: false },
+    'queries-only': { type: 'boolean', default: false },
     samples: { type: 'string', default: '200' },
   },
 })
@@ -308,5 +310,5 @@ if (!args['insert-only']) {
   ]
   await s.done()
 }
-out.insert_cost = await insertCost()
+if (!args['queries-only']) out.insert_cost = await insertCost()
 console.log(JSON.stringify(out, null, 2))

@@ -48,11 +48,21 @@ export const CreateOrgBody = T.Object(
 )
 export type CreateOrgBody = Static<typeof CreateOrgBody>
 
+/** Why an operator credits or debits: kept in the ledger beside the row (ledger_notes). */
+const Reason = T.String({ minLength: 1, maxLength: 500 })
+
 export const CreditBody = T.Object(
-  { amount_rub: T.Number({ exclusiveMinimum: 0 }) },
+  { amount_rub: T.Number({ exclusiveMinimum: 0 }), reason: T.Optional(Reason) },
   { additionalProperties: false },
 )
 export type CreditBody = Static<typeof CreditBody>
+
+/** A debit says why. */
+export const DebitBody = T.Object(
+  { amount_rub: T.Number({ exclusiveMinimum: 0 }), reason: Reason },
+  { additionalProperties: false },
+)
+export type DebitBody = Static<typeof DebitBody>
 
 export const MasterKeyBody = T.Object(
   { name: T.String({ minLength: 1, maxLength: 128 }) },

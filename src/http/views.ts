@@ -58,6 +58,8 @@ export function activityView(e: LedgerEntry, keyName: string | null) {
     ended_at_ms: e.endedAtMs,
     duration_ms: e.endedAtMs - e.startedAtMs,
     ttft_ms: e.ttftMs ?? null,
+    /** Credits and debits: the operator's reason, if one was given. */
+    reason: e.reason ?? null,
   }
 }
 
@@ -82,6 +84,7 @@ export const ACTIVITY_CSV_COLUMNS = [
   'ended_at_ms',
   'duration_ms',
   'ttft_ms',
+  'reason',
 ] as const
 
 /** One CSV field per RFC 4180: quoted (quotes doubled) when it holds a comma, quote, CR or LF; null is empty. */

@@ -255,16 +255,27 @@ export class IdentityService {
     return rec ? this.orgs.get(rec.id) : undefined
   }
 
-  /** Adds to an organization's balance, with a ledger row of its own; written before it counts. */
-  async credit(org: LiveOrg, amountNano: NanoRub): Promise<void> {
+  /**
+   * Adds to an organization's balance (a negative amount is a debit), with a ledger row of its
+   * own and the operator's reason; written before it counts.
+   */
+  async credit(org: LiveOrg, amountNano: NanoRub, reason: string | null = null): Promise<void> {
     // A balance stays within what both stores hold exactly (see MAX_AMOUNT_NANO), counting the
     // credits this node is still writing (they count only once written).
     const inFlight = this.creditsInFlight.get(org.id) ?? 0n
     if (org.balanceNano + inFlight + amountNano > MAX_AMOUNT_NANO)
       throw new InvalidValue(`the balance would exceed ${MAX_AMOUNT_RUB} roubles`, 'amount_rub')
+    if (amountNano < 0n) {
+      // A debit takes no more than the balance holds now (the cluster's figure, other debits
+      // being written included); charges settling meanwhile may still take it below zero,
+      // after which the organization's requests get 402 until it is credited.
+      const { balanceNano } = await this.orgNow(org)
+      if (balanceNano + inFlight + amountNano < 0n)
+        throw new Conflict('the debit exceeds the balance', 'insufficient_balance')
+    }
     this.creditsInFlight.set(org.id, inFlight + amountNano)
     try {
-      await this.writeCredit(org, amountNano)
+      await this.writeCredit(org, amountNano, reason)
     } finally {
       const left = (this.creditsInFlight.get(org.id) ?? 0n) - amountNano
       if (left === 0n) this.creditsInFlight.delete(org.id)
@@ -278,7 +289,7 @@ export class IdentityService {
   /** Credits being written, per organization. */
   private readonly creditsInFlight = new Map<string, NanoRub>()
 
-  private async writeCredit(org: LiveOrg, amountNano: NanoRub): Promise<void> {
+  private async writeCredit(org: LiveOrg, amountNano: NanoRub, reason: string | null): Promise<void> {
     const now = Date.now()
     await this.store.recordLedger([
       {
@@ -296,6 +307,7 @@ export class IdentityService {
         endedAtMs: now,
         outcome: 'credit',
         estimated: false,
+        reason,
       },
     ])
   }

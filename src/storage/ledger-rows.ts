@@ -421,3 +421,10 @@ export class LedgerEffects {
     h.costNano += cost
   }
 }
+
+/** The reasons given for credits and debits among `entries`, as rows of ledger_notes. */
+export function ledgerNotes(entries: readonly LedgerEntry[]): { requestId: string; reason: string }[] {
+  const notes: { requestId: string; reason: string }[] = []
+  for (const e of entries) if (e.reason) notes.push({ requestId: e.requestId, reason: e.reason })
+  return notes
+}

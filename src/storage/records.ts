@@ -28,4 +28,6 @@ export interface LedgerEntry {
    * chunk, a JSON answer's whole body); null or absent when there was none (credits).
    */
   readonly ttftMs?: number | null
+  /** Credits and debits only: the operator's reason (kept in ledger_notes). */
+  readonly reason?: string | null
 }

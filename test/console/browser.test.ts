@@ -231,6 +231,19 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     await op.page.getByLabel('Amount to credit to test-org, ₽').fill('250,5')
     await op.page.getByRole('button', { name: 'Credit test-org' }).click()
     await op.page.getByRole('status').getByText('Credited').waitFor()
+    // A debit with a reason: the ledger keeps the reason beside the row.
+    await op.page.getByLabel('Amount to credit to test-org, ₽').fill('0,5')
+    await op.page
+      .getByLabel('Reason for crediting or debiting test-org (a debit needs one)')
+      .fill('console correction')
+    await op.page.getByRole('button', { name: 'Debit test-org' }).click()
+    await op.page.getByRole('status').getByText('Debited').waitFor()
+    const credits = (await (
+      await t.fetch('/v1/activity?include_credits=true&limit=5', { key: t.masterKey })
+    ).json()) as { data: { kind: string; cost_rub: number; reason: string | null }[] }
+    expect(credits.data.filter((r) => r.kind === 'credit').map((r) => [r.cost_rub, r.reason])).toContainEqual(
+      [-0.5, 'console correction'],
+    )
 
     const now = (await (await t.fetch('/v1/organization', { key: t.masterKey })).json()) as {
       balance_rub: number

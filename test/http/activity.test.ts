@@ -224,6 +224,50 @@ for (const postgres of [false, true]) {
       }
     })
 
+    test('an operator debits with a reason; the ledger keeps it beside the row', async () => {
+      const org = (await (
+        await t.admin('/v1/admin/organizations', { name: `debit-${Date.now()}`, balance_rub: 100 })
+      ).json()) as { id: string; master_key: string }
+      const base = `/v1/admin/organizations/${org.id}`
+      // A debit must say why; it cannot take more than the balance.
+      const noReason = await t.admin(`${base}/debit`, { amount_rub: 1 })
+      expect(noReason.status).toBe(400)
+      const tooMuch = await t.admin(`${base}/debit`, { amount_rub: 100.5, reason: 'too much' })
+      expect(tooMuch.status).toBe(409)
+      expect(((await tooMuch.json()) as { error: { code: string } }).error.code).toBe('insufficient_balance')
+      const reason = 'refund of double charge, ticket #42, "quoted", comma'
+      const debited = await t.admin(`${base}/debit`, { amount_rub: 30.25, reason })
+      expect(debited.status).toBe(200)
+      expect(((await debited.json()) as { balance_rub: number }).balance_rub).toBe(69.75)
+      const credited = await t.admin(`${base}/credit`, { amount_rub: 5, reason: 'goodwill' })
+      expect(((await credited.json()) as { balance_rub: number }).balance_rub).toBe(74.75)
+      await t.admin(`${base}/credit`, { amount_rub: 1 })
+      // The organization sees them with include_credits, reasons and signs as given (rows of one
+      // millisecond order by request id, so compare them sorted by amount).
+      const r = await t.fetch('/v1/activity?include_credits=true', { key: org.master_key })
+      const rows = ((await r.json()) as { data: (Row & { reason: string | null })[] }).data
+      expect(
+        rows.map((x) => [x.kind, x.cost_rub, x.reason]).sort((a, b) => Number(a[1]) - Number(b[1])),
+      ).toEqual([
+        ['credit', -30.25, reason],
+        ['credit', 1, null],
+        ['credit', 5, 'goodwill'],
+        ['credit', 100, null],
+      ])
+      // The store's balance is the sum of its ledger rows.
+      const ledger = await t.svc.store.ledgerForOrg(org.id, 0, Date.now() + 1000)
+      expect(ledger.find((e) => e.costNano < 0n)?.reason).toBe(reason)
+      const stored = await t.svc.store.getOrg(org.id)
+      expect(stored?.balanceNano).toBe(ledger.reduce((a, e) => a + e.costNano, 0n))
+      // The CSV export carries the reason in its own column.
+      const csv = parseCsv(
+        await (await t.fetch('/v1/activity?format=csv&include_credits=true', { key: org.master_key })).text(),
+      )
+      const [header, ...body] = csv
+      const debitRow = body.find((rec) => rec[header!.indexOf('cost_rub')]!.startsWith('-'))!
+      expect(debitRow[header!.indexOf('reason')]).toBe(reason)
+    })
+
     test('who sees what: the master key its org, an API key its own rows, the admin with org_id', async () => {
       await new OpenAI({ baseURL: t.baseURL, apiKey: other.apiKey, maxRetries: 0 }).chat.completions.create({
         model: 'test/chat',

@@ -38,14 +38,23 @@ export function Orgs() {
       setCreated({ name: o.name, key: o.master_key })
     })
   }
-  const credit = (o: Org) => (e: Event) => {
+  // One form per organization: an amount, a reason (kept in the ledger; a debit needs one) and
+  // two buttons, Credit and Debit.
+  const credit = (o: Org) => (e: SubmitEvent) => {
     e.preventDefault()
     const form = e.currentTarget as HTMLFormElement
+    const debit = (e.submitter as HTMLButtonElement | null)?.value === 'debit'
     const amount = amountOf((form.elements.namedItem('amount') as HTMLInputElement).value)
+    const reason = (form.elements.namedItem('reason') as HTMLInputElement).value.trim()
     return run(async () => {
-      const after = await api<Org>(`/admin/organizations/${o.id}/credit`, 'POST', { amount_rub: amount })
+      const after = await api<Org>(`/admin/organizations/${o.id}/${debit ? 'debit' : 'credit'}`, 'POST', {
+        amount_rub: amount,
+        ...(reason && { reason }),
+      })
       form.reset()
-      setNote(t('orgs.credited', { name: after.name, balance: rub(after.balance_rub) }))
+      setNote(
+        t(debit ? 'orgs.debited' : 'orgs.credited', { name: after.name, balance: rub(after.balance_rub) }),
+      )
     })
   }
   return html`<div>
@@ -64,7 +73,7 @@ export function Orgs() {
           <th scope="col">ID</th>
           <th scope="col" class="num">${t('orgs.balance')}</th>
           <th scope="col">${t('common.created')}</th>
-          <th scope="col">${t('orgs.credit')}</th>
+          <th scope="col">${t('orgs.creditDebit')}</th>
           <th scope="col">${t('orgs.masterKeys')}</th>
         </tr></thead>
         <tbody>
@@ -77,7 +86,9 @@ export function Orgs() {
               <td>
                 <form class="inline" onSubmit=${credit(o)}>
                   <input name="amount" required inputmode="decimal" pattern="[0-9]+([.,][0-9]{1,6})?" aria-label=${t('orgs.creditFor', { name: o.name })} />
-                  <button type="submit" aria-label=${`${t('orgs.credit')} ${o.name}`}>${t('orgs.credit')}</button>
+                  <input name="reason" maxlength="500" placeholder=${t('orgs.reason')} aria-label=${t('orgs.reasonFor', { name: o.name })} />
+                  <button type="submit" value="credit" aria-label=${`${t('orgs.credit')} ${o.name}`}>${t('orgs.credit')}</button>
+                  <button type="submit" value="debit" class="secondary" aria-label=${`${t('orgs.debit')} ${o.name}`}>${t('orgs.debit')}</button>
                 </form>
               </td>
               <td>

@@ -1,5 +1,5 @@
 import { Elysia, t } from 'elysia'
-import { CreateOrgBody, CreditBody, MasterKeyBody } from '../../api/keys.ts'
+import { CreateOrgBody, CreditBody, DebitBody, MasterKeyBody } from '../../api/keys.ts'
 import { PredictedTtft } from '../../routing/predicted.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, requireAdmin } from '../auth.ts'
@@ -116,7 +116,8 @@ export const adminRoutes = (svc: Services) => {
       '/v1/admin/organizations/:org_id/credit',
       async ({ params, body }) => {
         const org = svc.identity.org(params.org_id)
-        await svc.identity.credit(org, limitOf((body as CreditBody).amount_rub, 'amount_rub')!)
+        const b = body as CreditBody
+        await svc.identity.credit(org, limitOf(b.amount_rub, 'amount_rub')!, b.reason ?? null)
         return orgView(org, await svc.identity.orgNow(org))
       },
       {
@@ -124,8 +125,27 @@ export const adminRoutes = (svc: Services) => {
         params: OrgParams,
         detail: {
           tags,
-          summary: 'Top up a balance (ledger row kind credit)',
+          summary: 'Top up a balance (ledger row kind credit, with an optional reason)',
           requestBody: jsonRequestBody(CreditBody),
+        },
+      },
+    )
+    .post(
+      '/v1/admin/organizations/:org_id/debit',
+      async ({ params, body }) => {
+        const org = svc.identity.org(params.org_id)
+        const b = body as DebitBody
+        await svc.identity.credit(org, -limitOf(b.amount_rub, 'amount_rub')!, b.reason)
+        return orgView(org, await svc.identity.orgNow(org))
+      },
+      {
+        parse: jsonBody(64 * 1024, DebitBody, auth),
+        params: OrgParams,
+        detail: {
+          tags,
+          summary:
+            'Take from a balance with a reason (ledger row kind credit, negative amount); 409 insufficient_balance past the balance',
+          requestBody: jsonRequestBody(DebitBody),
         },
       },
     )

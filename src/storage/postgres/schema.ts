@@ -84,6 +84,12 @@ export const ledger = pgTable(
   ],
 )
 
+/** As in storage/sqlite/schema.ts: the reason given for a credit or debit. */
+export const ledgerNotes = pgTable('ledger_notes', {
+  requestId: text('request_id').primaryKey(),
+  reason: text('reason').notNull(),
+})
+
 /** As in storage/sqlite/schema.ts: billed usage per organization, key, model and UTC hour. */
 export const usageHours = pgTable(
   'usage_hours',

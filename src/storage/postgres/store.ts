@@ -1,11 +1,12 @@
 import { SQL } from 'bun'
-import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, lte, or, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, getTableColumns, gt, gte, inArray, isNull, lt, lte, or, sql } from 'drizzle-orm'
 import { type BunSQLDatabase, drizzle } from 'drizzle-orm/bun-sql'
 import {
   LEDGER_COLUMN_NAMES,
   LEDGER_COLUMNS,
   LedgerEffects,
   LedgerRows,
+  ledgerNotes,
   type SqlValue,
   type UsageHour,
 } from '../ledger-rows.ts'
@@ -215,6 +216,9 @@ export class PostgresStore implements Store {
 
   /** Ledger rows given as entries (credits, batch lines): see recordLedgerRows. */
   async recordLedger(entries: readonly LedgerEntry[]) {
+    // A credit's reason goes in before its row: a written credit never lacks it.
+    const notes = ledgerNotes(entries)
+    if (notes.length > 0) await this.db.insert(schema.ledgerNotes).values(notes).onConflictDoNothing()
     await this.recordLedgerRows(LedgerRows.of(entries))
   }
 
@@ -310,9 +314,11 @@ export class PostgresStore implements Store {
 
   async ledgerForOrg(orgId: string, fromMs: number, toMs: number) {
     const l = schema.ledger
+    const n = schema.ledgerNotes
     const rows = await this.db
-      .select()
+      .select({ ...getTableColumns(l), reason: n.reason })
       .from(l)
+      .leftJoin(n, eq(n.requestId, l.requestId))
       .where(and(eq(l.orgId, orgId), gte(l.endedAtMs, fromMs), lt(l.endedAtMs, toMs)))
       .orderBy(asc(l.endedAtMs))
     return rows.map((r) => ({ ...r, estimated: r.estimated === 1 }))
@@ -358,9 +364,16 @@ export class PostgresStore implements Store {
   async listActivity(q: ActivityQuery) {
     const l = schema.ledger
     const b = q.before
-    const rows = await this.db
-      .select()
-      .from(l)
+    const n = schema.ledgerNotes
+    // Only credits have notes: usage pages (the default) read the ledger alone.
+    const query = q.includeCredits
+      ? this.db
+          .select({ ...getTableColumns(l), reason: n.reason })
+          .from(l)
+          .leftJoin(n, eq(n.requestId, l.requestId))
+          .$dynamic()
+      : this.db.select().from(l).$dynamic()
+    const rows = await query
       .where(
         and(
           eq(l.orgId, q.orgId),

@@ -76,6 +76,15 @@ export const ledger = sqliteTable(
 )
 
 /**
+ * Why an operator credited or debited a balance: one row per credit row of the ledger that was
+ * given a reason (same request id). Apart from the ledger so that its hot write stays as it is.
+ */
+export const ledgerNotes = sqliteTable('ledger_notes', {
+  requestId: text('request_id').primaryKey(),
+  reason: text('reason').notNull(),
+})
+
+/**
  * Billed usage summed per organization, key, model and UTC hour, kept by the ledger's writes
  * (the rows an INSERT actually added, one upsert per group per flush): the usage series reads
  * hours, not ledger rows. A null key or model is ''. The migration creates it WITHOUT ROWID by

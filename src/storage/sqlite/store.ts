@@ -1,13 +1,14 @@
 import { Database, SQLiteError, type Statement } from 'bun:sqlite'
 import { existsSync, mkdirSync, statSync } from 'node:fs'
 import { dirname } from 'node:path'
-import { and, asc, desc, eq, gt, gte, inArray, isNull, lt, lte, or, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, getTableColumns, gt, gte, inArray, isNull, lt, lte, or, sql } from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
 import {
   LEDGER_COLUMN_NAMES,
   LEDGER_COLUMNS,
   LedgerEffects,
   LedgerRows,
+  ledgerNotes,
   type SqlValue,
 } from '../ledger-rows.ts'
 import type {
@@ -227,6 +228,9 @@ export class SqliteStore implements Store {
   }
 
   async recordLedger(entries: readonly LedgerEntry[]) {
+    // A credit's reason goes in before its row: a written credit never lacks it.
+    const notes = ledgerNotes(entries)
+    if (notes.length > 0) this.db.insert(schema.ledgerNotes).values(notes).onConflictDoNothing().run()
     this.writeLedger(LedgerRows.of(entries))
   }
 
@@ -304,9 +308,11 @@ export class SqliteStore implements Store {
 
   async ledgerForOrg(orgId: string, fromMs: number, toMs: number) {
     const l = schema.ledger
+    const n = schema.ledgerNotes
     const rows = this.db
-      .select()
+      .select({ ...getTableColumns(l), reason: n.reason })
       .from(l)
+      .leftJoin(n, eq(n.requestId, l.requestId))
       .where(and(eq(l.orgId, orgId), gte(l.endedAtMs, fromMs), lt(l.endedAtMs, toMs)))
       .orderBy(asc(l.endedAtMs))
       .all()
@@ -355,9 +361,16 @@ export class SqliteStore implements Store {
   async listActivity(q: ActivityQuery) {
     const l = schema.ledger
     const b = q.before
-    const rows = this.db
-      .select()
-      .from(l)
+    const n = schema.ledgerNotes
+    // Only credits have notes: usage pages (the default) read the ledger alone.
+    const query = q.includeCredits
+      ? this.db
+          .select({ ...getTableColumns(l), reason: n.reason })
+          .from(l)
+          .leftJoin(n, eq(n.requestId, l.requestId))
+          .$dynamic()
+      : this.db.select().from(l).$dynamic()
+    const rows = query
       .where(
         and(
           eq(l.orgId, q.orgId),
