@@ -381,6 +381,8 @@ export class LedgerEffects {
   readonly orgs = new Map<string, bigint>()
   readonly keys = new Map<string, { spent: bigint; usedAt: number }>()
   readonly hours = new Map<string, UsageHour>()
+  readonly byModel = new Map<string, UsageHour>()
+  readonly byKey = new Map<string, UsageHour>()
 
   add(rows: LedgerRows, i: number): void {
     const orgId = rows.orgId(i)
@@ -398,28 +400,45 @@ export class LedgerEffects {
     const hourStart = Math.floor(rows.endedAtMs(i) / HOUR_MS) * 3600
     const model = rows.model(i) ?? ''
     const key = keyId ?? ''
-    const id = `${orgId}\n${key}\n${model}\n${hourStart}`
-    let h = this.hours.get(id)
-    if (h === undefined) {
-      h = {
-        orgId,
-        keyId: key,
-        model,
-        hourStart,
-        requests: 0,
-        promptTokens: 0,
-        completionTokens: 0,
-        cachedTokens: 0,
-        costNano: 0n,
-      }
-      this.hours.set(id, h)
-    }
-    h.requests++
-    h.promptTokens += rows.promptTokens(i)
-    h.completionTokens += rows.completionTokens(i)
-    h.cachedTokens += rows.cachedTokens(i) ?? 0
-    h.costNano += cost
+    // The row's own key and model, and the hour's sums per model (usage_hours_by_model, key '')
+    // and per key (usage_hours_by_key, model '').
+    addHour(this.hours, orgId, key, model, hourStart, rows, i, cost)
+    addHour(this.byModel, orgId, '', model, hourStart, rows, i, cost)
+    addHour(this.byKey, orgId, key, '', hourStart, rows, i, cost)
   }
+}
+
+function addHour(
+  hours: Map<string, UsageHour>,
+  orgId: string,
+  keyId: string,
+  model: string,
+  hourStart: number,
+  rows: LedgerRows,
+  i: number,
+  cost: bigint,
+): void {
+  const id = `${orgId}\n${keyId}\n${model}\n${hourStart}`
+  let h = hours.get(id)
+  if (h === undefined) {
+    h = {
+      orgId,
+      keyId,
+      model,
+      hourStart,
+      requests: 0,
+      promptTokens: 0,
+      completionTokens: 0,
+      cachedTokens: 0,
+      costNano: 0n,
+    }
+    hours.set(id, h)
+  }
+  h.requests++
+  h.promptTokens += rows.promptTokens(i)
+  h.completionTokens += rows.completionTokens(i)
+  h.cachedTokens += rows.cachedTokens(i) ?? 0
+  h.costNano += cost
 }
 
 /** The reasons given for credits and debits among `entries`, as rows of ledger_notes. */

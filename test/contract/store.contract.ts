@@ -535,6 +535,21 @@ export function storeContract(name: string, open: () => Promise<Store>) {
         [h0s, 'm/x', 1, 10, 5, 2, 11n],
         [h0s, 'm/y', 1, 10, 5, 0, 50n],
       ])
+      // Each filter across the other grouping, and a total of one key or one model.
+      expect((await store.usageHours({ ...q, model: 'm/y', groupBy: 'key' })).map(sum)).toEqual([
+        [h0s, 'k2', 1, 10, 5, 0, 50n],
+      ])
+      expect((await store.usageHours({ ...q, keyId: 'k1', groupBy: null })).map(sum)).toEqual([
+        [h0s, null, 1, 10, 5, 4, 100n],
+        [h0s + 3600, null, 1, 10, 5, 0, 7n],
+      ])
+      expect((await store.usageHours({ ...q, model: 'm/x', groupBy: null })).map(sum)).toEqual([
+        [h0s, null, 2, 20, 10, 6, 111n],
+        [h0s + 3600, null, 1, 10, 5, 0, 7n],
+      ])
+      expect((await store.usageHours({ ...q, keyId: 'k2', model: 'm/x', groupBy: 'key' })).map(sum)).toEqual([
+        [h0s, 'k2', 1, 10, 5, 2, 11n],
+      ])
       expect(await store.usageHours({ ...q, orgId: 'o3', groupBy: null })).toEqual([])
     })
 

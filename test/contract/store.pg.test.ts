@@ -1,10 +1,11 @@
 import { afterAll, beforeAll, expect, test } from 'bun:test'
-import { readdirSync } from 'node:fs'
+import { readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { SQL } from 'bun'
 import { EMBEDDED_PG_MIGRATION_TAGS } from '../../src/storage/postgres/migrations.ts'
 import { openPostgresStore } from '../../src/storage/postgres/store.ts'
 import { storeContract } from './store.contract.ts'
+import { seedUsage, seriesOf } from './usage-seed.ts'
 
 // Real PostgreSQL on this machine (CI starts it). Each store in this file gets a database of its
 // own, dropped at the end, so runs never see each other's rows.
@@ -34,6 +35,27 @@ test('every PostgreSQL migration file is embedded', () => {
     .filter((f) => f.endsWith('.sql'))
     .map((f) => f.replace(/\.sql$/, ''))
   expect(EMBEDDED_PG_MIGRATION_TAGS.sort()).toEqual(files.sort())
+})
+
+test('migration 0007 adds the per-model and per-key sums of the hours already there', async () => {
+  const url = await freshDatabase()
+  const store = await openPostgresStore({ url })
+  await seedUsage(store, 'o1')
+  const want = await seriesOf(store, 'o1')
+  // As a database written before 0007 holds them: hours per key and model only, empty sums.
+  const db = new SQL(url)
+  await db.unsafe('DELETE FROM usage_hours_by_model')
+  await db.unsafe('DELETE FROM usage_hours_by_key')
+  expect(await seriesOf(store, 'o1')).not.toEqual(want)
+  const text = readFileSync(
+    join(import.meta.dir, '../../src/storage/postgres/migrations/0007_usage_rollups.sql'),
+    'utf8',
+  )
+  // The statements that fill the new tables (the last two; the tables exist).
+  for (const statement of text.split('--> statement-breakpoint').slice(-2)) await db.unsafe(statement)
+  expect(await seriesOf(store, 'o1')).toEqual(want)
+  await db.close()
+  await store.close()
 })
 
 test('an unreachable server fails the start with a clear message, password redacted', async () => {

@@ -1,11 +1,12 @@
 import { Database } from 'bun:sqlite'
 import { expect, test } from 'bun:test'
-import { readdirSync, statSync } from 'node:fs'
+import { readdirSync, readFileSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { EMBEDDED_MIGRATION_TAGS } from '../../src/storage/sqlite/migrations.ts'
 import { openSqliteStore, pageSizeOf, WAL_CHECKPOINT_BYTES } from '../../src/storage/sqlite/store.ts'
 import { storeContract } from './store.contract.ts'
+import { seedUsage, seriesOf } from './usage-seed.ts'
 
 let n = 0
 storeContract('sqlite file', async () =>
@@ -18,6 +19,25 @@ test('every migration file is embedded in the executable', () => {
     .filter((f) => f.endsWith('.sql'))
     .map((f) => f.replace(/\.sql$/, ''))
   expect(EMBEDDED_MIGRATION_TAGS.sort()).toEqual(files.sort())
+})
+
+test('migration 0008 adds the per-model and per-key sums of the hours already there', async () => {
+  const store = openSqliteStore(join(tmpdir(), `tropa-rollups-${process.pid}-${Date.now()}`, 'tropa.db'))
+  await seedUsage(store, 'o1')
+  const want = await seriesOf(store, 'o1')
+  // As a store written before 0008 holds them: hours per key and model only, empty sums.
+  const db = (store as unknown as { client: Database }).client
+  db.run('DELETE FROM usage_hours_by_model')
+  db.run('DELETE FROM usage_hours_by_key')
+  expect(await seriesOf(store, 'o1')).not.toEqual(want)
+  const text = readFileSync(
+    join(import.meta.dir, '../../src/storage/sqlite/migrations/0008_usage_rollups.sql'),
+    'utf8',
+  )
+  // The statements that fill the new tables (the last two; the tables exist).
+  for (const statement of text.split('--> statement-breakpoint').slice(-2)) db.run(statement)
+  expect(await seriesOf(store, 'o1')).toEqual(want)
+  await store.close()
 })
 
 test('reopening a file keeps its data and applies no migration twice', async () => {

@@ -107,6 +107,37 @@ export const usageHours = pgTable(
   (t) => [primaryKey({ columns: [t.orgId, t.hourStart, t.keyId, t.model] })],
 )
 
+/** As in storage/sqlite/schema.ts: the hours summed per model and per key. */
+export const usageHoursByModel = pgTable(
+  'usage_hours_by_model',
+  {
+    orgId: text('org_id').notNull(),
+    hourStart: bigint('hour_start', { mode: 'number' }).notNull(),
+    model: text('model').notNull().default(''),
+    requests: bigint('requests', { mode: 'number' }).notNull().default(0),
+    promptTokens: bigint('prompt_tokens', { mode: 'number' }).notNull().default(0),
+    completionTokens: bigint('completion_tokens', { mode: 'number' }).notNull().default(0),
+    cachedTokens: bigint('cached_tokens', { mode: 'number' }).notNull().default(0),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+  },
+  (t) => [primaryKey({ columns: [t.orgId, t.hourStart, t.model] })],
+)
+
+export const usageHoursByKey = pgTable(
+  'usage_hours_by_key',
+  {
+    orgId: text('org_id').notNull(),
+    hourStart: bigint('hour_start', { mode: 'number' }).notNull(),
+    keyId: text('key_id').notNull().default(''),
+    requests: bigint('requests', { mode: 'number' }).notNull().default(0),
+    promptTokens: bigint('prompt_tokens', { mode: 'number' }).notNull().default(0),
+    completionTokens: bigint('completion_tokens', { mode: 'number' }).notNull().default(0),
+    cachedTokens: bigint('cached_tokens', { mode: 'number' }).notNull().default(0),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+  },
+  (t) => [primaryKey({ columns: [t.orgId, t.hourStart, t.keyId] })],
+)
+
 export const files = pgTable(
   'files',
   {

@@ -1,5 +1,20 @@
 import { SQL } from 'bun'
-import { and, asc, desc, eq, getTableColumns, gt, gte, inArray, isNull, lt, lte, or, sql } from 'drizzle-orm'
+import {
+  and,
+  asc,
+  desc,
+  eq,
+  getTableColumns,
+  gt,
+  gte,
+  inArray,
+  isNull,
+  lt,
+  lte,
+  or,
+  type SQL as Query,
+  sql,
+} from 'drizzle-orm'
 import { type BunSQLDatabase, drizzle } from 'drizzle-orm/bun-sql'
 import {
   LEDGER_COLUMN_NAMES,
@@ -8,7 +23,6 @@ import {
   LedgerRows,
   ledgerNotes,
   type SqlValue,
-  type UsageHour,
 } from '../ledger-rows.ts'
 import { schemaNotAhead } from '../sqlite/migrations.ts'
 import type {
@@ -28,9 +42,15 @@ import type {
   Store,
   UsageHoursQuery,
 } from '../store.ts'
-
-/** A SUM or COUNT as the driver returns it: bigint (SQLite's safeIntegers), text or number (PostgreSQL). */
-type SqlInt = bigint | string | number
+import {
+  HOUR_TABLES,
+  type HourSumRow,
+  type HourTable,
+  hourParams,
+  hourUpsert,
+  pgPlaceholder,
+  usageHoursQuery,
+} from '../usage-hours.ts'
 
 import { embeddedPgMigrations } from './migrations.ts'
 import * as schema from './schema.ts'
@@ -103,26 +123,24 @@ const LEDGER_ROWS_PER_INSERT = 1000
 /** The time in ms by PostgreSQL's clock (now() is the statement's start in autocommit). */
 const NOW_MS = '(extract(epoch from now()) * 1000)::bigint'
 const COST_COLUMN = LEDGER_COLUMN_NAMES.indexOf('cost_nano')
-/** Adds a flush's sums to an hour of usage_hours (storage/sqlite/store.ts HOUR_UPSERT). */
-const HOUR_UPSERT = `INSERT INTO usage_hours (org_id, hour_start, key_id, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_nano)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::bigint)
-  ON CONFLICT (org_id, hour_start, key_id, model) DO UPDATE SET
-    requests = usage_hours.requests + excluded.requests,
-    prompt_tokens = usage_hours.prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = usage_hours.completion_tokens + excluded.completion_tokens,
-    cached_tokens = usage_hours.cached_tokens + excluded.cached_tokens,
-    cost_nano = usage_hours.cost_nano + excluded.cost_nano`
-const hourParams = (h: UsageHour) => [
-  h.orgId,
-  h.hourStart,
-  h.keyId,
-  h.model,
-  h.requests,
-  h.promptTokens,
-  h.completionTokens,
-  h.cachedTokens,
-  h.costNano.toString(),
-]
+/** SQL text with $1..$n placeholders, in order, as a Drizzle query with those values bound. */
+function bound(text: string, params: readonly unknown[]): Query {
+  const parts = text.split(/\$\d+/)
+  const chunks: Query[] = []
+  parts.forEach((part, i) => {
+    chunks.push(sql.raw(part))
+    if (i < params.length) chunks.push(sql`${params[i]}`)
+  })
+  return sql.join(chunks)
+}
+
+/** The upserts of a ledger write's hours, per table (usage-hours.ts). */
+const HOUR_UPSERTS = Object.fromEntries(
+  (Object.keys(HOUR_TABLES) as HourTable[]).map((which) => [
+    which,
+    hourUpsert(which, pgPlaceholder, '::bigint'),
+  ]),
+) as Record<HourTable, string>
 
 /** `($1,...,$14),($15,...)` for `rows` ledger rows, kept for the sizes seen (a full chunk repeats). */
 const tuplesBySize = new Map<number, string>()
@@ -268,7 +286,9 @@ export class PostgresStore implements Store {
           'UPDATE keys SET spent_nano = spent_nano + $1::bigint, last_used_at = greatest(coalesce(last_used_at, 0), $2) WHERE id = $3',
           [k.spent.toString(), k.usedAt, id],
         )
-      for (const h of effects.hours.values()) await tx.unsafe(HOUR_UPSERT, hourParams(h))
+      for (const which of Object.keys(HOUR_TABLES) as HourTable[])
+        for (const h of effects[which].values())
+          await tx.unsafe(HOUR_UPSERTS[which], hourParams(which, h, true))
     })
   }
 
@@ -283,18 +303,9 @@ export class PostgresStore implements Store {
     if (!inserted) return // already billed: a replay
     const effects = new LedgerEffects()
     effects.add(LedgerRows.of([e]), 0)
-    const h = effects.hours.values().next().value
-    if (h)
-      await tx.execute(
-        sql`INSERT INTO usage_hours (org_id, hour_start, key_id, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_nano)
-          VALUES (${h.orgId}, ${h.hourStart}, ${h.keyId}, ${h.model}, ${h.requests}, ${h.promptTokens}, ${h.completionTokens}, ${h.cachedTokens}, ${h.costNano.toString()}::bigint)
-          ON CONFLICT (org_id, hour_start, key_id, model) DO UPDATE SET
-            requests = usage_hours.requests + excluded.requests,
-            prompt_tokens = usage_hours.prompt_tokens + excluded.prompt_tokens,
-            completion_tokens = usage_hours.completion_tokens + excluded.completion_tokens,
-            cached_tokens = usage_hours.cached_tokens + excluded.cached_tokens,
-            cost_nano = usage_hours.cost_nano + excluded.cost_nano`,
-      )
+    for (const which of Object.keys(HOUR_TABLES) as HourTable[])
+      for (const h of effects[which].values())
+        await tx.execute(bound(HOUR_UPSERTS[which], hourParams(which, h, true)))
     const sign = e.kind === 'credit' ? sql`+` : sql`-`
     await tx
       .update(orgs)
@@ -394,39 +405,16 @@ export class PostgresStore implements Store {
   }
 
   async usageHours(q: UsageHoursQuery) {
-    const h = schema.usageHours
-    const group = q.groupBy === 'model' ? h.model : q.groupBy === 'key' ? h.keyId : undefined
-    const by = group ? [h.hourStart, group] : [h.hourStart]
-    const rows = await this.db
-      .select({
-        hourStart: h.hourStart,
-        group: group ?? sql<string>`''`,
-        requests: sql<SqlInt>`sum(${h.requests})`,
-        promptTokens: sql<SqlInt>`sum(${h.promptTokens})`,
-        completionTokens: sql<SqlInt>`sum(${h.completionTokens})`,
-        cachedTokens: sql<SqlInt>`sum(${h.cachedTokens})`,
-        costNano: sql<SqlInt>`sum(${h.costNano})`,
-      })
-      .from(h)
-      .where(
-        and(
-          eq(h.orgId, q.orgId),
-          gte(h.hourStart, q.fromSec),
-          lt(h.hourStart, q.toSec),
-          q.keyId === undefined ? undefined : eq(h.keyId, q.keyId),
-          q.model === undefined ? undefined : eq(h.model, q.model),
-        ),
-      )
-      .groupBy(...by)
-      .orderBy(...by)
+    const { text, params } = usageHoursQuery(q, pgPlaceholder)
+    const rows = (await this.client.unsafe(text, params)) as HourSumRow[]
     return rows.map((r) => ({
-      hourStart: Number(r.hourStart),
-      group: r.group === '' || r.group === null ? null : String(r.group),
+      hourStart: Number(r.hour_start),
+      group: r.grp === '' || r.grp === null ? null : String(r.grp),
       requests: Number(r.requests),
-      promptTokens: Number(r.promptTokens),
-      completionTokens: Number(r.completionTokens),
-      cachedTokens: Number(r.cachedTokens),
-      costNano: BigInt(r.costNano),
+      promptTokens: Number(r.prompt_tokens),
+      completionTokens: Number(r.completion_tokens),
+      cachedTokens: Number(r.cached_tokens),
+      costNano: BigInt(r.cost_nano ?? 0),
     }))
   }
 

@@ -6,6 +6,7 @@ import m0004 from './migrations/0004_activity.sql' with { type: 'text' }
 import m0005 from './migrations/0005_console_sessions.sql' with { type: 'text' }
 import m0006 from './migrations/0006_key_scopes.sql' with { type: 'text' }
 import m0007 from './migrations/0007_ledger_notes.sql' with { type: 'text' }
+import m0008 from './migrations/0008_usage_rollups.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // Migrations travel inside the executable: each SQL file is imported as text here (a test
@@ -19,6 +20,7 @@ const SQL: Record<string, string> = {
   '0005_console_sessions': m0005,
   '0006_key_scopes': m0006,
   '0007_ledger_notes': m0007,
+  '0008_usage_rollups': m0008,
 }
 
 export interface Migration {

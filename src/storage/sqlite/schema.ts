@@ -107,6 +107,41 @@ export const usageHours = sqliteTable(
   (t) => [primaryKey({ columns: [t.orgId, t.hourStart, t.keyId, t.model] })],
 )
 
+/**
+ * The same hours summed over every key (per model) and over every model (per key): the usage
+ * series grouped by model or key (or a total) reads these, a few rows per hour, instead of one
+ * per key and model. Kept by the same writes; WITHOUT ROWID, as usage_hours.
+ */
+export const usageHoursByModel = sqliteTable(
+  'usage_hours_by_model',
+  {
+    orgId: text('org_id').notNull(),
+    hourStart: epoch('hour_start').notNull(),
+    model: text('model').notNull().default(''),
+    requests: count('requests').notNull().default(0),
+    promptTokens: count('prompt_tokens').notNull().default(0),
+    completionTokens: count('completion_tokens').notNull().default(0),
+    cachedTokens: count('cached_tokens').notNull().default(0),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+  },
+  (t) => [primaryKey({ columns: [t.orgId, t.hourStart, t.model] })],
+)
+
+export const usageHoursByKey = sqliteTable(
+  'usage_hours_by_key',
+  {
+    orgId: text('org_id').notNull(),
+    hourStart: epoch('hour_start').notNull(),
+    keyId: text('key_id').notNull().default(''),
+    requests: count('requests').notNull().default(0),
+    promptTokens: count('prompt_tokens').notNull().default(0),
+    completionTokens: count('completion_tokens').notNull().default(0),
+    cachedTokens: count('cached_tokens').notNull().default(0),
+    costNano: money('cost_nano').notNull().default(sql`0`),
+  },
+  (t) => [primaryKey({ columns: [t.orgId, t.hourStart, t.keyId] })],
+)
+
 export const files = sqliteTable(
   'files',
   {

@@ -28,9 +28,15 @@ import type {
   Store,
   UsageHoursQuery,
 } from '../store.ts'
-
-/** A SUM or COUNT as the driver returns it: bigint (SQLite's safeIntegers), text or number (PostgreSQL). */
-type SqlInt = bigint | string | number
+import {
+  HOUR_TABLES,
+  type HourSumRow,
+  type HourTable,
+  hourParams,
+  hourUpsert,
+  sqlitePlaceholder,
+  usageHoursQuery,
+} from '../usage-hours.ts'
 
 import { describe, integrityProblems, isDamage, type SqliteCheck, SqliteStoreUnusable } from './check.ts'
 import { embeddedMigrations, schemaNotAhead } from './migrations.ts'
@@ -40,16 +46,6 @@ type Db = BunSQLiteDatabase<typeof schema>
 
 /** The time in ms by SQLite's clock ('now' is one instant through a statement). */
 const NOW_MS = "CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
-
-/** Adds a flush's sums to an hour of usage_hours (the same text works in PostgreSQL). */
-export const HOUR_UPSERT = `INSERT INTO usage_hours (org_id, hour_start, key_id, model, requests, prompt_tokens, completion_tokens, cached_tokens, cost_nano)
-  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-  ON CONFLICT (org_id, hour_start, key_id, model) DO UPDATE SET
-    requests = usage_hours.requests + excluded.requests,
-    prompt_tokens = usage_hours.prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = usage_hours.completion_tokens + excluded.completion_tokens,
-    cached_tokens = usage_hours.cached_tokens + excluded.cached_tokens,
-    cost_nano = usage_hours.cost_nano + excluded.cost_nano`
 
 /** Rows per multi-row INSERT of a flush: past about ten, more rows per statement gained nothing. */
 const LEDGER_ROWS_PER_INSERT = 16
@@ -223,7 +219,7 @@ export class SqliteStore implements Store {
     insertedIds: Statement<{ request_id: string }>
     org: Statement
     key: Statement
-    hour: Statement
+    hours: Record<HourTable, Statement>
     args: SqlValue[]
   }
 
@@ -259,7 +255,11 @@ export class SqliteStore implements Store {
       key: this.client.prepare(
         'UPDATE keys SET spent_nano = spent_nano + ?1, last_used_at = max(coalesce(last_used_at, 0), ?2) WHERE id = ?3',
       ),
-      hour: this.client.prepare(HOUR_UPSERT),
+      hours: {
+        hours: this.client.prepare(hourUpsert('hours', sqlitePlaceholder)),
+        byModel: this.client.prepare(hourUpsert('byModel', sqlitePlaceholder)),
+        byKey: this.client.prepare(hourUpsert('byKey', sqlitePlaceholder)),
+      },
       args: new Array(LEDGER_COLUMNS * LEDGER_ROWS_PER_INSERT).fill(null),
     }
     const st = this.ledgerStatements
@@ -291,18 +291,8 @@ export class SqliteStore implements Store {
       for (; i < n; i++) one(i)
       for (const [id, delta] of effects.orgs) st.org.run(delta, id)
       for (const [id, k] of effects.keys) st.key.run(k.spent, k.usedAt, id)
-      for (const h of effects.hours.values())
-        st.hour.run(
-          h.orgId,
-          h.hourStart,
-          h.keyId,
-          h.model,
-          h.requests,
-          h.promptTokens,
-          h.completionTokens,
-          h.cachedTokens,
-          h.costNano,
-        )
+      for (const which of Object.keys(HOUR_TABLES) as HourTable[])
+        for (const h of effects[which].values()) st.hours[which].run(...hourParams(which, h))
     })()
   }
 
@@ -392,40 +382,16 @@ export class SqliteStore implements Store {
   }
 
   async usageHours(q: UsageHoursQuery) {
-    const h = schema.usageHours
-    const group = q.groupBy === 'model' ? h.model : q.groupBy === 'key' ? h.keyId : undefined
-    const by = group ? [h.hourStart, group] : [h.hourStart]
-    const rows = this.db
-      .select({
-        hourStart: h.hourStart,
-        group: group ?? sql<string>`''`,
-        requests: sql<SqlInt>`sum(${h.requests})`,
-        promptTokens: sql<SqlInt>`sum(${h.promptTokens})`,
-        completionTokens: sql<SqlInt>`sum(${h.completionTokens})`,
-        cachedTokens: sql<SqlInt>`sum(${h.cachedTokens})`,
-        costNano: sql<SqlInt>`sum(${h.costNano})`,
-      })
-      .from(h)
-      .where(
-        and(
-          eq(h.orgId, q.orgId),
-          gte(h.hourStart, q.fromSec),
-          lt(h.hourStart, q.toSec),
-          q.keyId === undefined ? undefined : eq(h.keyId, q.keyId),
-          q.model === undefined ? undefined : eq(h.model, q.model),
-        ),
-      )
-      .groupBy(...by)
-      .orderBy(...by)
-      .all()
+    const { text, params } = usageHoursQuery(q, sqlitePlaceholder)
+    const rows = this.client.query(text).all(...params) as HourSumRow[]
     return rows.map((r) => ({
-      hourStart: Number(r.hourStart),
-      group: r.group === '' || r.group === null ? null : String(r.group),
+      hourStart: Number(r.hour_start),
+      group: r.grp === '' || r.grp === null ? null : String(r.grp),
       requests: Number(r.requests),
-      promptTokens: Number(r.promptTokens),
-      completionTokens: Number(r.completionTokens),
-      cachedTokens: Number(r.cachedTokens),
-      costNano: BigInt(r.costNano),
+      promptTokens: Number(r.prompt_tokens),
+      completionTokens: Number(r.completion_tokens),
+      cachedTokens: Number(r.cached_tokens),
+      costNano: BigInt(r.cost_nano ?? 0),
     }))
   }
 
