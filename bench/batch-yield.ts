@@ -3,7 +3,10 @@
 // batch of the same requests running, in one run: interactive TTFT p50/p99, inter-token p99 and
 // refusals side by side; the batch's throughput in the valleys and the peaks of a bursty load,
 // and on an idle fleet against interactive saturation. Issue #25's targets are checked at the end.
-//   bun bench/batch-yield.ts [--seconds 20] [--seed 1] [--priority] [--quick] [--json FILE]
+//   bun bench/batch-yield.ts [--seconds 20] [--seed 1] [--reps 2] [--priority] [--quick] [--json FILE]
+// Each scenario runs `reps` pairs in ABBA order (without, with, with, without, ...), every pair
+// on its own seeded arrivals, the samples of each condition pooled: a drift of the machine over
+// the run (a warming cache, another process) then weighs on both sides alike.
 // The router and the simulated fleet run as processes of their own; this process only sends
 // and times, so the three share the machine's cores but not an event loop.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
@@ -22,11 +25,14 @@ const { values } = parseArgs({
     json: { type: 'string' },
     quick: { type: 'boolean' },
     priority: { type: 'boolean' },
+    reps: { type: 'string' },
   },
 })
 const QUICK = values.quick === true
 const SECONDS = Number(values.seconds ?? (QUICK ? 4 : 20))
 const SEED = Number(values.seed ?? 1)
+/** Pairs (without, with) per scenario, in ABBA order. */
+const REPS = Number(values.reps ?? (QUICK ? 1 : 2))
 const NODES = 4
 const SEQS = 16
 const OUT = 32
@@ -303,10 +309,10 @@ function phaseRates(
     cur.seconds += (b.endMs - from) / 1000
     byName.set(b.name, cur)
   }
-  return Object.fromEntries([...byName].map(([k, v]) => [k, v.lines / v.seconds]))
+  return byName
 }
 
-async function scenario(name: string, phases: Phase[], capacity: number, withBatch: boolean) {
+async function scenario(name: string, phases: Phase[], capacity: number, withBatch: boolean, rep: number) {
   let batchId: string | undefined
   const counts: { atMs: number; done: number }[] = []
   let sampling: ReturnType<typeof setInterval> | undefined
@@ -318,18 +324,18 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
       void batchState(id).then((s) => counts.push({ atMs: performance.now(), done: s.done }))
     }, 250)
   }
-  const { samples, bounds } = await openLoop(phases, capacity, SEED * 1000 + name.length, 0)
+  const { samples, bounds } = await openLoop(phases, capacity, SEED * 1000 + name.length + rep * 7919, 0)
   if (sampling) clearInterval(sampling)
-  let rates: Record<string, number> = {}
+  let lines = new Map<string, { lines: number; seconds: number }>()
   let finished = false
   if (batchId) {
     const s = await batchState(batchId)
     finished = s.status !== 'in_progress'
     counts.push({ atMs: performance.now(), done: s.done })
-    rates = phaseRates(counts, bounds)
+    lines = phaseRates(counts, bounds)
     await stopBatch(batchId)
   } else await quiet()
-  return { figures: figures(samples), rates, batchFinishedEarly: finished }
+  return { samples, lines, batchFinishedEarly: finished }
 }
 
 const log = (...a: unknown[]) => console.log(...a)
@@ -342,7 +348,16 @@ export interface BatchYieldReport {
   capacity: number
   /** Batch lines a second on an idle fleet. */
   idleRate: number
-  results: { name: string; without: Figures; with: Figures; rates: Record<string, number>; early: boolean }[]
+  reps: number
+  results: {
+    name: string
+    without: Figures
+    with: Figures
+    /** The same per phase of the load (peak, valley; steady). */
+    phases: Record<string, { without: Figures; with: Figures }>
+    rates: Record<string, number>
+    early: boolean
+  }[]
   checks: { what: string; value: number; target: string; met: boolean }[]
 }
 
@@ -382,16 +397,55 @@ try {
   ]
   const results = []
   for (const s of scenarios) {
-    const without = await scenario(s.name, s.phases, capacity, false)
-    const withB = await scenario(s.name, s.phases, capacity, true)
-    results.push({
+    const pooled = {
+      without: [] as (Sample & { phase: string })[],
+      with: [] as (Sample & { phase: string })[],
+    }
+    const lines = new Map<string, { lines: number; seconds: number }>()
+    let early = false
+    for (let rep = 0; rep < REPS; rep++) {
+      // ABBA: even pairs run without the batch first, odd pairs with it first.
+      const order = rep % 2 === 0 ? [false, true] : [true, false]
+      for (const withBatch of order) {
+        const run = await scenario(s.name, s.phases, capacity, withBatch, rep)
+        pooled[withBatch ? 'with' : 'without'].push(...run.samples)
+        if (!withBatch) continue
+        early ||= run.batchFinishedEarly
+        for (const [phase, done] of run.lines) {
+          const cur = lines.get(phase) ?? { lines: 0, seconds: 0 }
+          cur.lines += done.lines
+          cur.seconds += done.seconds
+          lines.set(phase, cur)
+        }
+      }
+    }
+    const phaseNames = [...new Set(s.phases.map((p) => p.name))]
+    const result = {
       name: s.name,
-      without: without.figures,
-      with: withB.figures,
-      rates: withB.rates,
-      early: withB.batchFinishedEarly,
-    })
-    log(s.name, JSON.stringify({ without: without.figures, with: withB.figures, batchRates: withB.rates }))
+      without: figures(pooled.without),
+      with: figures(pooled.with),
+      phases: Object.fromEntries(
+        phaseNames.map((ph) => [
+          ph,
+          {
+            without: figures(pooled.without.filter((x) => x.phase === ph)),
+            with: figures(pooled.with.filter((x) => x.phase === ph)),
+          },
+        ]),
+      ),
+      rates: Object.fromEntries([...lines].map(([k, v]) => [k, v.lines / v.seconds])),
+      early,
+    }
+    results.push(result)
+    log(
+      s.name,
+      JSON.stringify({
+        without: result.without,
+        with: result.with,
+        phases: result.phases,
+        batchRates: result.rates,
+      }),
+    )
   }
 
   const ratio = (a: number, b: number) => a / b
@@ -433,6 +487,7 @@ try {
   const report: BatchYieldReport = {
     seed: SEED,
     seconds: SECONDS,
+    reps: REPS,
     priority: PRIORITY,
     capacity,
     idleRate,
@@ -454,6 +509,15 @@ try {
           .map(([k, v]) => `${k} ${v.toFixed(1)}`)
           .join(', ')} |`,
       )
+    console.log(
+      '\n| scenario, phase | requests | TTFT p50 without / with (ms) | TTFT p99 without / with | inter-token p99 without / with |',
+    )
+    console.log('|---|---|---|---|---|')
+    for (const r of results)
+      for (const [ph, x] of Object.entries(r.phases))
+        console.log(
+          `| ${r.name}, ${ph} | ${x.without.requests} / ${x.with.requests} | ${f(x.without.ttftP50)} / ${f(x.with.ttftP50)} | ${f(x.without.ttftP99)} / ${f(x.with.ttftP99)} | ${f(x.without.itlP99)} / ${f(x.with.itlP99)} |`,
+        )
     console.log('\n| target | value | wanted | |')
     console.log('|---|---|---|---|')
     for (const c of checks)

@@ -22,6 +22,14 @@ test(
       expect(x.early).toBe(false) // the batch was still running when the scenario ended
     }
     expect(Object.keys(r.results[2]!.rates).sort()).toEqual(['peak', 'valley'])
+    // Per phase of the bursts: both conditions had requests in each.
+    const bursts = r.results[2]!.phases
+    expect(Object.keys(bursts).sort()).toEqual(['peak', 'valley'])
+    for (const ph of Object.values(bursts)) {
+      expect(ph.without.requests).toBeGreaterThan(0)
+      expect(ph.with.requests).toBe(ph.without.requests)
+    }
+    expect(r.reps).toBe(1)
     for (const c of r.checks) expect(Number.isFinite(c.value)).toBe(true)
   },
   { timeout: 240_000 },
