@@ -10,6 +10,10 @@
  * (no HTTP server, fetch or load generator on the same cores), which it complements. `--quick`:
  * 2 rounds of 200 (the smoke). The trees' own node_modules must be their own (not symlinks to one
  * another's), or they share one Elysia.
+ *
+ * A tree may carry config to merge into the bench's own, after a `#`: `'.#{"console":{"enabled":false}}'`
+ * measures this tree with the console off, against `.` with it on. `{{node}}` in that JSON is the
+ * stub node's base URL (`{"tracing":{"endpoint":"{{node}}/traces"}}`: traces exported to it).
  */
 import { dlopen, FFIType, ptr } from 'bun:ffi'
 import { mkdtempSync, writeFileSync } from 'node:fs'
@@ -59,7 +63,18 @@ function threadCpuUs(): number {
 type Any = any
 
 /** One tree's app, with a key, answering from a stub upstream; `one()` is one request. */
-async function setup(tree: string, nodeUrl: string) {
+/** `base` with `extra` merged in, objects key by key (arrays and values replaced). */
+function merged(base: Any, extra: Any): Any {
+  if (typeof extra !== 'object' || extra === null || Array.isArray(extra)) return extra
+  const out = { ...base }
+  for (const [k, v] of Object.entries(extra)) out[k] = merged(base?.[k], v)
+  return out
+}
+
+async function setup(spec: string, nodeUrl: string) {
+  const at = spec.indexOf('#')
+  const tree = at < 0 ? spec : spec.slice(0, at)
+  const extra = at < 0 ? {} : JSON.parse(spec.slice(at + 1).replaceAll('{{node}}', nodeUrl))
   const load = (p: string) => import(join(tree, p)) as Promise<Any>
   const { createApp } = await load('src/app.ts')
   const { loadConfig } = await load('src/config/load.ts')
@@ -70,24 +85,29 @@ async function setup(tree: string, nodeUrl: string) {
   const configPath = join(dir, 'tropa.json')
   writeFileSync(
     configPath,
-    JSON.stringify({
-      server: { host: '127.0.0.1', port: 0, data_dir: dir, log_level: 'error', admin_token: ADMIN },
-      // The ledger thread may fall behind a loop this fast: its queue must not refuse (503).
-      storage: { ledger_queue_max: 5_000_000 },
-      models: [
+    JSON.stringify(
+      merged(
         {
-          id: 'bench/fast',
-          context_length: 8192,
-          pricing_per_million: { prompt: '30', completion: '60' },
-          routes: [1, 2, 3].map((i) => ({
-            name: `fast-${i}`,
-            base_url: nodeUrl,
-            upstream_model: 'chat-small',
-            max_concurrency: 100_000,
-          })),
+          server: { host: '127.0.0.1', port: 0, data_dir: dir, log_level: 'error', admin_token: ADMIN },
+          // The ledger thread may fall behind a loop this fast: its queue must not refuse (503).
+          storage: { ledger_queue_max: 5_000_000 },
+          models: [
+            {
+              id: 'bench/fast',
+              context_length: 8192,
+              pricing_per_million: { prompt: '30', completion: '60' },
+              routes: [1, 2, 3].map((i) => ({
+                name: `fast-${i}`,
+                base_url: nodeUrl,
+                upstream_model: 'chat-small',
+                max_concurrency: 100_000,
+              })),
+            },
+          ],
         },
-      ],
-    }),
+        extra,
+      ),
+    ),
   )
   const config = loadConfig({ configPath }, {})
   const svc = await buildServices(config, await openStore(config.storage), consoleLog('error'))
@@ -125,7 +145,7 @@ async function setup(tree: string, nodeUrl: string) {
     if (res.status !== 200) throw new Error(`${tree}: ${res.status} ${await res.text()}`)
     await res.text()
   }
-  return { tree, one }
+  return { tree: spec, one }
 }
 
 async function run(one: () => Promise<void>, n: number, inFlight = 32): Promise<void> {
@@ -160,7 +180,10 @@ async function main() {
   const quick = values.quick === true
   const rounds = Number(values.rounds ?? (quick ? 2 : 48))
   const per = Number(values.per ?? (quick ? 200 : 3000))
-  const trees = (positionals.length > 0 ? positionals : ['.']).map((t) => resolve(t))
+  const trees = (positionals.length > 0 ? positionals : ['.']).map((t) => {
+    const at = t.indexOf('#')
+    return at < 0 ? resolve(t) : `${resolve(t.slice(0, at))}${t.slice(at)}`
+  })
   // A node that answers the routes' probes; the chat requests never reach it.
   const node = Bun.serve({ port: 0, hostname: '127.0.0.1', fetch: () => new Response('{"data":[]}') })
   const sides = []
