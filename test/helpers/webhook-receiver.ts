@@ -14,7 +14,7 @@ export interface Delivery {
   }
   readonly signature: string
   readonly attempt: number
-  /** The status the receiver answered (0: it never answered: held, then the sender went away). */
+  /** The status the receiver answered (0: not yet; -1: held, and the sender went away meanwhile). */
   answered: number
 }
 
@@ -52,7 +52,14 @@ export function startReceiver(o: ReceiverOptions = {}) {
       deliveries.push(d)
       const n = (seen.get(eventId) ?? 0) + 1
       seen.set(eventId, n)
-      if (holding) await holding
+      if (holding) {
+        await holding
+        // The sender went away meanwhile (killed): it never had this answer.
+        if (req.signal.aborted) {
+          d.answered = -1
+          return new Response('gone', { status: 503 })
+        }
+      }
       d.answered = o.alwaysFail || n <= (o.failFirst ?? 0) ? 500 : 200
       return new Response(d.answered === 200 ? 'ok' : 'try again', { status: d.answered })
     },
