@@ -36,7 +36,7 @@ const KEEP_FINISHED_MS = 30 * 86_400_000
  */
 export class WebhookDelivery {
   private timer: ReturnType<typeof setInterval> | undefined
-  private polling = false
+  private polling: Promise<void> | undefined
   private readonly inFlight = new Map<string, { abort: AbortController; done: Promise<void> }>()
   private stopped = false
   private lastPruneMs = 0
@@ -67,9 +67,15 @@ export class WebhookDelivery {
   }
 
   /** One poll: claim what is due (up to the free delivery slots) and post it. */
-  async poll(): Promise<void> {
-    if (this.polling || this.stopped) return
-    this.polling = true
+  poll(): Promise<void> {
+    if (this.stopped) return Promise.resolve()
+    this.polling ??= this.pollOnce().finally(() => {
+      this.polling = undefined
+    })
+    return this.polling
+  }
+
+  private async pollOnce(): Promise<void> {
     try {
       await this.s.beforePoll?.()
       const free = this.s.concurrency - this.inFlight.size
@@ -83,8 +89,6 @@ export class WebhookDelivery {
       }
     } catch (err) {
       this.log('error', 'webhook delivery poll failed; the next one tries again', { error: String(err) })
-    } finally {
-      this.polling = false
     }
   }
 
@@ -153,6 +157,7 @@ export class WebhookDelivery {
   async stop(graceMs = 2000): Promise<void> {
     this.stopped = true
     if (this.timer) clearInterval(this.timer)
+    await this.polling
     const all = Promise.all([...this.inFlight.values()].map((f) => f.done))
     const timer = setTimeout(() => {
       for (const f of this.inFlight.values()) f.abort.abort()
