@@ -32,6 +32,7 @@ export interface KeyAllowance {
 }
 
 const LEVELS = [80, 100] as const
+const FIRED_MAX = 100_000
 
 const notFound = (id: string) => new NotFound(`no webhook ${quoted(id)}`, 'webhook_not_found')
 
@@ -52,7 +53,10 @@ export class Webhooks implements SpendWatch {
   private spendOrgs = new Set<string>()
   /** Whether balance.below_threshold was sent for a webhook (this node's copy of balance_below). */
   private readonly below = new Map<string, boolean>()
-  /** Key event ids this node wrote (or found written): not written again. */
+  /**
+   * Key events this node wrote (or found written), as `<kind>_<pct>:<key>:<scope>`: not written
+   * again. Bounded: past FIRED_MAX it is emptied (the outbox's unique id still keeps one row).
+   */
   private readonly fired = new Set<string>()
   /** Alert work per organization, in order (a crossing is looked at once at a time). */
   private readonly chains = new Map<string, Promise<void>>()
@@ -240,36 +244,39 @@ export class Webhooks implements SpendWatch {
   /** 80% and 100% of a limit or budget: an event each, once per scope. */
   private allowance(key: LiveKey, org: LiveOrg, a: KeyAllowance, exact?: () => Promise<NanoRub>) {
     if (a.amountNano <= 0n) return
-    const due = LEVELS.filter((pct) => {
-      const id = this.allowanceId(key, a, pct)
-      return (
-        !this.fired.has(id) && a.spentNano * 100n >= a.amountNano * BigInt(pct) && this.wanted(org, a, pct)
-      )
-    })
+    // Cheapest first: the comparison, then what was sent, then whether a webhook wants it.
+    const due = LEVELS.filter(
+      (pct) =>
+        a.spentNano * 100n >= a.amountNano * BigInt(pct) &&
+        !this.fired.has(firedKey(key, a, pct)) &&
+        this.wanted(org, a, pct),
+    )
     if (due.length === 0) return
-    for (const pct of due) this.fired.add(this.allowanceId(key, a, pct))
+    if (this.fired.size > FIRED_MAX) this.fired.clear()
+    for (const pct of due) this.fired.add(firedKey(key, a, pct))
     this.serially(
       org.id,
       async () => {
         const spent = exact ? await exact() : a.spentNano
         const reached = due.filter((pct) => spent * 100n >= a.amountNano * BigInt(pct))
-        for (const pct of due) if (!reached.includes(pct)) this.fired.delete(this.allowanceId(key, a, pct))
+        for (const pct of due) if (!reached.includes(pct)) this.fired.delete(firedKey(key, a, pct))
         await this.writeAllowance(key, org, { ...a, spentNano: spent }, reached, 'spent')
       },
       () => {
-        for (const pct of due) this.fired.delete(this.allowanceId(key, a, pct))
+        for (const pct of due) this.fired.delete(firedKey(key, a, pct))
       },
     )
   }
 
   private refused(key: LiveKey, org: LiveOrg, a: KeyAllowance) {
-    const id = this.allowanceId(key, a, 100)
-    if (this.fired.has(id) || !this.wanted(org, a, 100)) return
-    this.fired.add(id)
+    const fired = firedKey(key, a, 100)
+    if (this.fired.has(fired) || !this.wanted(org, a, 100)) return
+    if (this.fired.size > FIRED_MAX) this.fired.clear()
+    this.fired.add(fired)
     this.serially(
       org.id,
       () => this.writeAllowance(key, org, a, [100], 'refused'),
-      () => this.fired.delete(id),
+      () => this.fired.delete(fired),
     )
   }
 
@@ -279,7 +286,7 @@ export class Webhooks implements SpendWatch {
   }
 
   private allowanceId(key: LiveKey, a: KeyAllowance, pct: number): string {
-    return eventId(`key.${a.kind}_${pct}:${key.id}:${a.scope}`)
+    return eventId(`key.${firedKey(key, a, pct)}`)
   }
 
   private async writeAllowance(
@@ -385,6 +392,11 @@ export class Webhooks implements SpendWatch {
   async settled(): Promise<void> {
     await Promise.all([...this.chains.values()])
   }
+}
+
+/** What a key's event at a level is about: `<kind>_<pct>:<key id>:<scope>`. */
+function firedKey(key: LiveKey, a: KeyAllowance, pct: number): string {
+  return `${a.kind}_${pct}:${key.id}:${a.scope}`
 }
 
 function checkEvents(events: readonly string[], thresholdNano: NanoRub | null) {
