@@ -40,6 +40,7 @@ export class WebhookDelivery {
   private readonly inFlight = new Map<string, { abort: AbortController; done: Promise<void> }>()
   private stopped = false
   private lastPruneMs = 0
+  private failing = false
   /** A row stays leased this long: an attempt's timeout with room to record its outcome. */
   private readonly leaseMs: number
 
@@ -87,8 +88,13 @@ export class WebhookDelivery {
         this.lastPruneMs = now
         await this.store.pruneWebhookEvents(now - KEEP_FINISHED_MS, 1000)
       }
+      if (this.failing) this.log('info', 'webhook delivery polls work again')
+      this.failing = false
     } catch (err) {
-      this.log('error', 'webhook delivery poll failed; the next one tries again', { error: String(err) })
+      // Logged once per outage (the store away), not at every poll.
+      if (!this.failing)
+        this.log('error', 'webhook delivery poll failed; polling goes on', { error: String(err) })
+      this.failing = true
     }
   }
 
