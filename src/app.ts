@@ -16,6 +16,7 @@ import { messageRoutes } from './http/routes/messages.ts'
 import { modelRoutes } from './http/routes/models.ts'
 import { responseRoutes } from './http/routes/responses.ts'
 import { usageRoutes } from './http/routes/usage.ts'
+import { webhookRoutes } from './http/routes/webhooks.ts'
 import { requestId } from './ids.ts'
 import type { Services } from './services.ts'
 
@@ -102,6 +103,7 @@ export function createApp(svc: Services) {
     .use(keyRoutes(svc))
     .use(usageRoutes(svc))
     .use(activityRoutes(svc))
+    .use(webhookRoutes(svc))
     .use(adminRoutes(svc))
     // The web console (and `/` redirecting to it): its API calls are handed to the routes above.
     .use(svc.config.console.enabled ? consoleRoutes(svc, (r) => handle(r)) : new Elysia())

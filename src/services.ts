@@ -32,6 +32,8 @@ import type { Tracing } from './tracing/tracing.ts'
 import { ProviderRegistry } from './upstream/providers/index.ts'
 import { Watchdog } from './upstream/watchdog.ts'
 import { VERSION } from './version.ts'
+import { WebhookDelivery } from './webhooks/delivery.ts'
+import { Webhooks } from './webhooks/service.ts'
 
 export { consoleLog, type Log, type LogLevel } from './log.ts'
 
@@ -46,6 +48,8 @@ export interface Services {
   readonly batches: BatchService
   /** Request metrics and the access log. */
   readonly telemetry: Telemetry
+  /** Organizations' webhooks and the alerts they receive (docs/api.md, "Webhooks"). */
+  readonly webhooks: Webhooks
   /** Web console sign-ins (routes under /console). */
   readonly consoleSessions: ConsoleSessions
   readonly log: Log
@@ -146,6 +150,21 @@ export async function buildServices(
     ? new SharedRateLimiter(config.redis.url, config.redis.prefix)
     : undefined
   identity.useMeter(meter)
+  // Alerts: told of settled charges only for organizations that have a webhook for them.
+  const webhooks = await Webhooks.open(store, config.webhooks.allowPrivateUrls, log)
+  meter.watch = webhooks
+  const delivery = new WebhookDelivery(
+    store,
+    {
+      ...config.webhooks,
+      soleOwner: config.storage.kind === 'sqlite',
+      // Another node may have changed the webhooks: read them again before each poll.
+      ...(config.storage.kind === 'postgres' && { beforePoll: () => webhooks.refresh() }),
+      userAgent: `Tropa/${VERSION} (webhooks)`,
+    },
+    log,
+  )
+  delivery.start()
   const pool = new NodePool(config.models)
   const policy: RoutingPolicy =
     policyOverride ??
@@ -222,7 +241,12 @@ export async function buildServices(
           ledger,
           pool,
           config,
-          { ...config.batches, workerUrl, reportDiskFull: (err) => disk.report(err) },
+          {
+            ...config.batches,
+            workerUrl,
+            reportDiskFull: (err) => disk.report(err),
+            finished: (b) => webhooks.batchFinished(b),
+          },
           log,
         )
   scheduler?.start({
@@ -255,6 +279,7 @@ export async function buildServices(
     files,
     batches,
     telemetry,
+    webhooks,
     consoleSessions: new ConsoleSessions(store, identity, config.console.sessionIdleSec),
     log,
     tracing,
@@ -293,6 +318,8 @@ export async function buildServices(
       clearTimeout(sweep)
       disk.stop()
       await scheduler?.stop()
+      await delivery.stop()
+      await webhooks.settled()
       probes.stop()
       watchdog.stop()
       await ledger.stop()
@@ -336,6 +363,7 @@ const RESTART_SECTIONS = [
   'batches',
   'files',
   'responses',
+  'webhooks',
 ] as const
 
 function reloadReport(

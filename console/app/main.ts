@@ -13,6 +13,7 @@ import { Models } from './pages/models.ts'
 import { Orgs } from './pages/orgs.ts'
 import { Overview } from './pages/overview.ts'
 import { Playground } from './pages/playground.ts'
+import { Webhooks } from './pages/webhooks.ts'
 
 interface Page {
   readonly id: string
@@ -25,6 +26,7 @@ const ORG_PAGES: Page[] = [
   { id: 'activity', title: 'nav.activity', view: Activity },
   { id: 'models', title: 'nav.models', view: Models },
   { id: 'batches', title: 'nav.batches', view: Batches },
+  { id: 'webhooks', title: 'nav.webhooks', view: Webhooks },
   { id: 'playground', title: 'nav.playground', view: Playground },
 ]
 const OPERATOR_PAGES: Page[] = [

@@ -35,6 +35,11 @@ export interface BatchSettings {
    * further).
    */
   readonly reportDiskFull?: (err: unknown) => boolean
+  /**
+   * Told of a batch this node brought to a final status (completed, failed, expired, cancelled),
+   * once it is written: webhooks' batch events.
+   */
+  readonly finished?: (b: BatchRecord) => Promise<void>
 }
 
 interface Admitted {
@@ -352,6 +357,7 @@ export class BatchScheduler {
         this.claims.delete(m.batchId)
         this.releasedOnce.delete(m.batchId)
         this.log('info', 'batch finished', { batch: m.batchId })
+        this.announce(m.batchId)
         return
       case 'error':
         // The job is tried again at the next tick.
@@ -386,6 +392,18 @@ export class BatchScheduler {
     return Math.min(30_000, (this.init?.leaseMs ?? 10_000) / 2)
   }
 
+  /** Tells `finished` of a batch's final status (read back from the store). */
+  private announce(batchId: string) {
+    const finished = this.settings.finished
+    if (!finished) return
+    void this.store
+      .getBatch(batchId)
+      .then((b) => b && finished(b))
+      .catch((err) =>
+        this.log('error', 'announcing a finished batch failed', { batch: batchId, error: String(err) }),
+      )
+  }
+
   /** Admits waiting lines while there is room; a line that waited too long goes back to its worker. */
   private drainQueue() {
     const now = Date.now()
@@ -417,7 +435,10 @@ export class BatchScheduler {
         { status: 'failed', failedAt: now, errors: JSON.stringify({ object: 'list', data: errors }) },
         ['validating'],
       )
-    if (m.errors.length > 0) return void (await fail(m.errors))
+    if (m.errors.length > 0) {
+      if (await fail(m.errors)) this.announce(b.id)
+      return
+    }
     // Enough money for the whole file at its worst case, now: the key's remaining limit and the balance.
     const key = this.identity.keyById(b.keyId)
     const org = this.identity.org(b.orgId)
@@ -426,14 +447,16 @@ export class BatchScheduler {
     if ((keyRoom !== null && m.estimateNano > keyRoom) || m.estimateNano > orgRoom) {
       const which =
         keyRoom !== null && m.estimateNano > keyRoom ? 'key_limit_reached' : 'insufficient_balance'
-      return void (await fail([
+      const failed = await fail([
         {
           code: which,
           line: null,
           param: null,
           message: `the batch may cost up to ${m.estimateNano} nano-roubles at the batch price, more than is left`,
         },
-      ]))
+      ])
+      if (failed) this.announce(b.id)
+      return
     }
     if (
       await this.store.updateBatch(b.id, { status: 'in_progress', inProgressAt: now, total: m.total }, [

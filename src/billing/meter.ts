@@ -35,6 +35,33 @@ export interface MoneyMeter {
    * and holds); absent on one node, whose live objects are the truth.
    */
   standing?(org: LiveOrg, keys: readonly LiveKey[]): Promise<Standing>
+  /** Who is told of settled charges and refusals for a key's limit (webhooks' alerts). */
+  watch: SpendWatch | undefined
+}
+
+/**
+ * Told of settled charges, to notice thresholds crossed (a key's limit at 80% and 100%, the
+ * balance below a threshold). `watches` is a map lookup, asked first: an organization without
+ * such alerts costs nothing more per request.
+ */
+export interface SpendWatch {
+  watches(orgId: string): boolean
+  /** After a charge: what the key has spent and the balance, as `SpendFigures` bound them. */
+  charged(key: LiveKey, org: LiveOrg, after: SpendFigures): void
+  /** A request was refused for the key's limit (402 key_limit_reached): the limit is reached. */
+  limitRefused(key: LiveKey, org: LiveOrg): void
+}
+
+/**
+ * Where a key and its organization stand after a charge. On one node the figures are exact. In a
+ * cluster they are bounds from the shared rooms (money held by requests in flight is counted as
+ * spent), and `exact` reads the cluster's exact figures: asked only when a bound says a threshold
+ * may have been crossed.
+ */
+export interface SpendFigures {
+  readonly keySpentAtMostNano: NanoRub
+  readonly balanceAtLeastNano: NanoRub
+  readonly exact?: () => Promise<{ readonly keySpentNano: NanoRub; readonly balanceNano: NanoRub }>
 }
 
 /** An organization's balance and reservations in flight, and its keys' spend, right now. */
@@ -51,6 +78,8 @@ export interface Standing {
  * its limit or an organization's balance below zero.
  */
 export class Meter implements MoneyMeter {
+  watch: SpendWatch | undefined
+
   constructor(
     private readonly ledger: LedgerWriter,
     /** false only to measure the money path's own cost in benchmarks: nothing is charged. */
@@ -64,7 +93,10 @@ export class Meter implements MoneyMeter {
     if (this.ledger.full()) throw ledgerFullError(this.ledger.lastError)
     // Each bigint sum is a new heap number: the held totals are computed once, checked, then kept.
     const keyHeld = key.reservedNano + amountNano
-    if (key.limitNano !== null && key.spentNano + keyHeld > key.limitNano) throw keyLimitReached()
+    if (key.limitNano !== null && key.spentNano + keyHeld > key.limitNano) {
+      if (this.watch?.watches(org.id)) this.watch.limitRefused(key, org)
+      throw keyLimitReached()
+    }
     const orgHeld = org.reservedNano + amountNano
     if (orgHeld > org.balanceNano) throw insufficientBalance()
     key.reservedNano = keyHeld
@@ -83,7 +115,14 @@ export class Meter implements MoneyMeter {
     if (!this.enabled) return 0n
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano
-    return charge(this.ledger, r, s)
+    const charged = charge(this.ledger, r, s)
+    // One node: the live figures are the truth.
+    if (this.watch?.watches(r.org.id))
+      this.watch.charged(r.key, r.org, {
+        keySpentAtMostNano: r.key.spentNano,
+        balanceAtLeastNano: r.org.balanceNano,
+      })
+    return charged
   }
 
   /** Gives the whole reservation back: the request was not billed (it failed upstream, say). */

@@ -4,7 +4,14 @@ import { insufficientBalance, keyLimitReached, SharedStateUnavailable, TropaErro
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Store } from '../storage/store.ts'
 import { type LedgerWriter, ledgerFullError } from './ledger.ts'
-import { charge, type MoneyMeter, type Reservation, type Settlement, type Standing } from './meter.ts'
+import {
+  charge,
+  type MoneyMeter,
+  type Reservation,
+  type Settlement,
+  type SpendWatch,
+  type Standing,
+} from './meter.ts'
 import type { NanoRub } from './money.ts'
 
 // Check-and-reserve for every node at once, in one atomic Redis script. A "room" is what a key
@@ -62,7 +69,8 @@ return {rooms, holds}
 
 // Settlement or release. KEYS: this node's holds, then the rooms. ARGV: hold id, what goes back
 // if the hold is still listed (amount - charged), what to take if it is not (-charged: a sweep
-// already gave the whole hold back, or Redis lost it and the rooms were rebuilt without it).
+// already gave the whole hold back, or Redis lost it and the rooms were rebuilt without it), and
+// '1' to have the rooms' values after it returned (for alerts; '' for a missing room).
 const SETTLE = `
 local d = ARGV[3]
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then d = ARGV[2] end
@@ -70,6 +78,11 @@ if d ~= '0' then
   for i = 2, #KEYS do
     if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], d) end
   end
+end
+if ARGV[4] == '1' then
+  local rooms = {}
+  for i = 2, #KEYS do rooms[i - 1] = redis.call('GET', KEYS[i]) or '' end
+  return rooms
 end
 return 0
 `
@@ -155,6 +168,9 @@ end
 return 'OK'
 `
 
+/** A bound that says nothing (a room was missing). */
+const MAX_BOUND = 1n << 80n
+
 const SCRIPTS = { RESERVE, SETTLE, HEARTBEAT, RELIST, SWEEP, REBUILD, STANDING }
 type ScriptName = keyof typeof SCRIPTS
 
@@ -176,6 +192,7 @@ export interface SharedMeterOptions {
  * back within `leaseMs` plus one sweep (a quarter of it) by whichever node sweeps first.
  */
 export class SharedMeter implements MoneyMeter {
+  watch: SpendWatch | undefined
   private readonly redis: RedisClient
   private readonly scripts: RedisScripts<ScriptName>
   readonly nodeId: string
@@ -249,7 +266,10 @@ export class SharedMeter implements MoneyMeter {
         this.inFlight.set(hold, r)
         return r
       }
-      if (verdict === 'KEY') throw keyLimitReached()
+      if (verdict === 'KEY') {
+        if (this.watch?.watches(org.id)) this.watch.limitRefused(key, org)
+        throw keyLimitReached()
+      }
       if (verdict === 'ORG') throw insufficientBalance()
       try {
         if (verdict === 'ALIVE') await this.heartbeat()
@@ -266,7 +286,7 @@ export class SharedMeter implements MoneyMeter {
     if (r.done) return 0n
     r.done = true
     const charged = charge(this.ledger, r, s)
-    this.giveBack(r, charged)
+    this.giveBack(r, charged, this.watch?.watches(r.org.id) === true)
     return charged
   }
 
@@ -325,8 +345,12 @@ export class SharedMeter implements MoneyMeter {
     }
   }
 
-  /** One script per settlement: the hold leaves this node's hash and the unused part goes back. */
-  private giveBack(r: Reservation, charged: NanoRub) {
+  /**
+   * One script per settlement: the hold leaves this node's hash and the unused part goes back.
+   * When the organization is watched (alerts), the script returns the rooms after it, and the
+   * watch gets bounds from them (a settlement Redis missed is not watched: a later one is).
+   */
+  private giveBack(r: Reservation, charged: NanoRub, watched = false) {
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano
     if (r.hold === undefined) return
@@ -334,7 +358,30 @@ export class SharedMeter implements MoneyMeter {
     const keys = [this.held, this.keyRoom(r.key.id), this.orgRoom(r.org.id)]
     const args = [r.hold, (r.amountNano - charged).toString(), (-charged).toString()]
     if (this.unsent.length > 0) this.unsent.push({ keys, args })
-    else void this.run('SETTLE', keys, args).catch(() => this.unsent.push({ keys, args }))
+    else if (!watched) void this.run('SETTLE', keys, args).catch(() => this.unsent.push({ keys, args }))
+    else
+      void this.scripts.reply('SETTLE', keys, [...args, '1']).then(
+        (rooms) => this.watched(r, rooms),
+        () => this.unsent.push({ keys, args }),
+      )
+  }
+
+  /**
+   * Bounds from the rooms after a settlement: a key's room is (limit - spent - holds), so
+   * limit - room is at least its spend; the organization's is (balance - holds), at most its
+   * balance. A missing room bounds nothing (then the exact figures are read if needed).
+   */
+  private watched(r: Reservation, reply: unknown) {
+    const [keyRoom, orgRoom] = Array.isArray(reply) ? (reply as string[]) : []
+    const { key, org } = r
+    this.watch?.charged(key, org, {
+      keySpentAtMostNano: keyRoom ? (key.limitNano ?? 0n) - BigInt(keyRoom) : MAX_BOUND,
+      balanceAtLeastNano: orgRoom ? BigInt(orgRoom) : -MAX_BOUND,
+      exact: async () => {
+        const s = await this.standing(org, [key])
+        return { keySpentNano: s.spentNano.get(key.id) ?? 0n, balanceNano: s.balanceNano }
+      },
+    })
   }
 
   /** Adds to a room only if it exists (a missing room is rebuilt from the record anyway). */

@@ -127,6 +127,15 @@ export interface Config {
     readonly retentionSec: number
     readonly maxStoredBytes: number
   }
+  readonly webhooks: {
+    readonly pollMs: number
+    readonly timeoutMs: number
+    readonly retryBaseMs: number
+    readonly retryMaxMs: number
+    readonly giveUpAfterMs: number
+    readonly concurrency: number
+    readonly allowPrivateUrls: boolean
+  }
   readonly redis: {
     readonly url: string | undefined
     readonly prefix: string
@@ -375,6 +384,15 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
     responses: {
       retentionSec: (cfg.responses?.retention_days ?? 30) * 86_400,
       maxStoredBytes: cfg.responses?.max_stored_bytes ?? 8 * 1024 * 1024,
+    },
+    webhooks: {
+      pollMs: cfg.webhooks?.poll_ms ?? 1000,
+      timeoutMs: cfg.webhooks?.timeout_ms ?? 10_000,
+      retryBaseMs: cfg.webhooks?.retry_base_ms ?? 30_000,
+      retryMaxMs: cfg.webhooks?.retry_max_ms ?? 3_600_000,
+      giveUpAfterMs: (cfg.webhooks?.give_up_after_sec ?? 86_400) * 1000,
+      concurrency: cfg.webhooks?.concurrency ?? 8,
+      allowPrivateUrls: cfg.webhooks?.allow_private_urls ?? false,
     },
     files: {
       dir: resolve(dataDir, 'files'),

@@ -208,6 +208,25 @@ export const ResponsesSchema = T.Object(
   { additionalProperties: false },
 )
 
+export const WebhooksSchema = T.Object(
+  {
+    /** How often a node looks for events due in the outbox. */
+    poll_ms: T.Optional(T.Integer({ minimum: 10, maximum: 60_000 })),
+    /** One attempt's limit (connect, answer and the first KiB of its body). */
+    timeout_ms: T.Optional(T.Integer({ minimum: 100, maximum: 120_000 })),
+    /** The first retry's delay; each next one doubles (with jitter) up to retry_max_ms. */
+    retry_base_ms: T.Optional(T.Integer({ minimum: 10, maximum: 3_600_000 })),
+    retry_max_ms: T.Optional(T.Integer({ minimum: 10, maximum: 24 * 3_600_000 })),
+    /** An event not delivered this long after it happened is given up (status failed). */
+    give_up_after_sec: T.Optional(T.Integer({ minimum: 1, maximum: 30 * 86_400 })),
+    /** Deliveries one node has in flight at once. */
+    concurrency: T.Optional(T.Integer({ minimum: 1, maximum: 256 })),
+    /** Webhook URLs may name loopback and private addresses (tests, a receiver on the same network). */
+    allow_private_urls: T.Optional(T.Boolean()),
+  },
+  { additionalProperties: false },
+)
+
 export const RedisSchema = T.Object(
   {
     /** Redis for the cluster bus (several nodes on one PostgreSQL); also TROPA_REDIS_URL. */
@@ -301,6 +320,7 @@ export const ConfigFileSchema = T.Object(
     batches: T.Optional(BatchesSchema),
     redis: T.Optional(RedisSchema),
     responses: T.Optional(ResponsesSchema),
+    webhooks: T.Optional(WebhooksSchema),
     metrics: T.Optional(MetricsSchema),
     access_log: T.Optional(AccessLogSchema),
     tracing: T.Optional(TracingSchema),

@@ -197,6 +197,69 @@ export interface KeyListQuery {
   readonly limit: number
 }
 
+/** An organization's webhook (POST /v1/webhooks). */
+export interface WebhookRecord {
+  readonly id: string
+  readonly orgId: string
+  readonly url: string
+  /** The signing secret (whsec_...): kept, since every delivery is signed with it. */
+  readonly secret: string
+  /** Event types the webhook receives. */
+  readonly events: readonly string[]
+  /** balance.below_threshold fires when the balance drops below this; null: never. */
+  readonly balanceThresholdNano: NanoRub | null
+  readonly enabled: boolean
+  /** The balance is below the threshold and the event was sent; a credit above it re-arms. */
+  readonly balanceBelow: boolean
+  readonly createdAt: number
+}
+
+export type WebhookPatch = Partial<
+  Pick<WebhookRecord, 'url' | 'events' | 'balanceThresholdNano' | 'enabled' | 'balanceBelow'>
+>
+
+/** An event to deliver to one webhook, as written to the outbox. */
+export interface NewWebhookEvent {
+  readonly webhookId: string
+  /** The idempotency id the receiver sees (tropa-event-id); unique per webhook. */
+  readonly eventId: string
+  readonly orgId: string
+  readonly type: string
+  /** The body sent, JSON text, fixed once written (each attempt signs the same bytes). */
+  readonly payload: string
+  readonly createdAtMs: number
+}
+
+export type WebhookEventStatus = 'pending' | 'delivered' | 'failed'
+
+/** A row of the webhook outbox. */
+export interface WebhookEventRecord extends NewWebhookEvent {
+  readonly status: WebhookEventStatus
+  /** Attempts made (a claim counts one). */
+  readonly attempts: number
+  readonly nextAttemptAtMs: number
+  readonly deliveredAtMs: number | null
+  readonly lastError: string | null
+  /** The receiver's last HTTP status; null: no answer. */
+  readonly lastStatus: number | null
+}
+
+/** A claimed outbox row with what its delivery needs. */
+export interface WebhookDeliveryJob extends WebhookEventRecord {
+  readonly url: string
+  readonly secret: string
+}
+
+/** How a delivery attempt ended: delivered, to be tried again at a time, or given up. */
+export type WebhookAttempt =
+  | { readonly status: 'delivered'; readonly atMs: number; readonly httpStatus: number }
+  | {
+      readonly status: 'pending' | 'failed'
+      readonly nextAttemptAtMs: number
+      readonly error: string
+      readonly httpStatus: number | null
+    }
+
 /** The only storage type services see. SQLite (embedded) and PostgreSQL implement it. */
 export interface Store {
   getMeta(key: string): Promise<string | undefined>
@@ -315,6 +378,35 @@ export interface Store {
   deleteConsoleSession(id: string): Promise<boolean>
   /** Deletes up to `limit` sessions last used before this Unix time; how many. */
   deleteConsoleSessionsIdleBefore(atSec: number, limit: number): Promise<number>
+
+  insertWebhook(w: WebhookRecord): Promise<void>
+  getWebhook(id: string): Promise<WebhookRecord | undefined>
+  /** An organization's webhooks, oldest first; every organization's when orgId is undefined. */
+  listWebhooks(orgId?: string): Promise<WebhookRecord[]>
+  updateWebhook(id: string, patch: WebhookPatch): Promise<WebhookRecord | undefined>
+  /** Deletes a webhook and its outbox rows; whether there was one. */
+  deleteWebhook(id: string): Promise<boolean>
+  /**
+   * Sets balance_below from `!below` to `below` (compare and set, so of several nodes seeing the
+   * same crossing one wins) and, when it changed and `event` is given, writes the event in the
+   * same transaction. Whether it changed.
+   */
+  setWebhookBalanceBelow(id: string, below: boolean, event?: NewWebhookEvent): Promise<boolean>
+  /** Writes events to the outbox; a (webhook, event id) already there is skipped. How many were new. */
+  enqueueWebhookEvents(events: readonly NewWebhookEvent[]): Promise<number>
+  /**
+   * Leases up to `limit` due events of enabled webhooks (pending, next attempt and any lease
+   * past) until `nowMs + leaseMs`, counting an attempt; with several nodes each row goes to one.
+   */
+  claimWebhookEvents(nowMs: number, leaseMs: number, limit: number): Promise<WebhookDeliveryJob[]>
+  /** Records an attempt's end and drops the lease. */
+  finishWebhookEvent(webhookId: string, eventId: string, a: WebhookAttempt): Promise<void>
+  /** Drops every lease (one node owns a SQLite file: its leases died with the last process). */
+  releaseWebhookLeases(): Promise<number>
+  /** A webhook's outbox rows, newest first. */
+  listWebhookEvents(webhookId: string, limit: number): Promise<WebhookEventRecord[]>
+  /** Deletes up to `limit` delivered or failed rows created before `beforeMs`; how many. */
+  pruneWebhookEvents(beforeMs: number, limit: number): Promise<number>
 
   close(): Promise<void>
 }

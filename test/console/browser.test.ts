@@ -218,6 +218,16 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
   })
 
   test('an operator credits the organization and its Overview shows the new balance', async () => {
+    // A webhook, so its page has a row (it is never sent anything: no batch fails here).
+    await t.fetch('/v1/webhooks', {
+      method: 'POST',
+      key: t.masterKey,
+      body: JSON.stringify({
+        url: 'https://hooks.example.com/pages',
+        events: ['batch.failed'],
+        balance_threshold_rub: 1,
+      }),
+    })
     const orgCtx = await newContext()
     const org = await open(orgCtx)
     await signIn(org, t.masterKey)
@@ -296,6 +306,45 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     await panel.getByRole('button', { name: 'Yes, revoke' }).click()
     await panel.locator('tr[data-master="deputy"] .status.revoked').waitFor()
     expect((await signInWith(secret)).status).toBe(401)
+    expect(w.problems).toEqual([])
+    await ctx.close()
+  })
+
+  test('an organization adds a webhook (its secret shown once), sees its deliveries, disables and deletes it', async () => {
+    const ctx = await newContext()
+    const w = await open(ctx)
+    await signIn(w, t.masterKey)
+    await w.page.goto(`${t.url}/console#/webhooks`)
+    const form = w.page.getByRole('form', { name: 'Add a webhook' })
+    await form.getByLabel('URL').fill('https://hooks.example.com/console-test')
+    await form.getByLabel('batch.failed').check()
+    await form.getByLabel('batch.expired').check()
+    await form.getByRole('button', { name: 'Add a webhook' }).click()
+    const secret = (await w.page.getByTestId('secret').textContent())!
+    expect(secret).toMatch(/^whsec_[0-9A-Za-z]{32}$/)
+    await w.page.getByRole('button', { name: 'Done' }).click()
+    const row = w.page.locator('tr[data-webhook="https://hooks.example.com/console-test"]')
+    await row.locator('.status.active').waitFor()
+    const listed = (await (await t.fetch('/v1/webhooks', { key: t.masterKey })).json()) as {
+      data: { id: string; url: string; events: string[]; enabled: boolean }[]
+    }
+    const made = listed.data.find((h) => h.url === 'https://hooks.example.com/console-test')!
+    expect(made.events).toEqual(['batch.failed', 'batch.expired'])
+    await w.page.getByRole('button', { name: 'Deliveries https://hooks.example.com/console-test' }).click()
+    await w.page.getByText('No events yet.').waitFor()
+    await w.page.getByRole('button', { name: 'Disable https://hooks.example.com/console-test' }).click()
+    await row.locator('.status.disabled').waitFor()
+    expect(
+      (
+        (await (await t.fetch(`/v1/webhooks/${made.id}`, { key: t.masterKey })).json()) as {
+          enabled: boolean
+        }
+      ).enabled,
+    ).toBe(false)
+    await w.page.getByRole('button', { name: 'Delete https://hooks.example.com/console-test' }).click()
+    await w.page.getByRole('button', { name: 'Yes, delete' }).click()
+    await row.waitFor({ state: 'detached' })
+    expect((await t.fetch(`/v1/webhooks/${made.id}`, { key: t.masterKey })).status).toBe(404)
     expect(w.problems).toEqual([])
     await ctx.close()
   })
@@ -406,6 +455,7 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
       await visit(org, 'activity', lang, 'tbody tr')
       await visit(org, 'models', lang, 'tbody tr')
       await visit(org, 'batches', lang, 'form')
+      await visit(org, 'webhooks', lang, 'tr[data-webhook]')
       await visit(org, 'playground', lang, 'textarea')
       await visit(op, 'orgs', lang, 'tr[data-org]')
       await visit(op, 'models', lang, 'tbody tr td:nth-child(6):not(:empty)', 0, 'models-operator')
@@ -416,6 +466,6 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     expect(op.problems).toEqual([])
     await orgCtx.close()
     await opCtx.close()
-    // Eighteen pages with an accessibility audit each: 35 s alone on a loaded 2-core machine.
+    // Twenty pages with an accessibility audit each: 35 s alone on a loaded 2-core machine.
   }, 120_000)
 })

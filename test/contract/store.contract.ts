@@ -559,5 +559,112 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect((await store.getOrg('o1'))!.balanceNano).toBe(5_000n)
       expect((await store.ledgerForOrg('o1', 0, 2_000_000_000_000))[0]!.kind).toBe('credit')
     })
+    test('webhooks: stored, listed, patched; the balance flag is a compare-and-set that writes its event once', async () => {
+      const hook = {
+        id: 'wh1',
+        orgId: 'o1',
+        url: 'https://example.com/h',
+        secret: 'whsec_x',
+        events: ['key.limit_80', 'balance.below_threshold'],
+        balanceThresholdNano: 5_000n,
+        enabled: true,
+        balanceBelow: false,
+        createdAt: 1_700_000_000,
+      }
+      await store.insertWebhook(hook)
+      await store.insertWebhook({
+        ...hook,
+        id: 'wh2',
+        orgId: 'o2',
+        balanceThresholdNano: null,
+        enabled: false,
+      })
+      expect(await store.getWebhook('wh1')).toEqual(hook)
+      expect((await store.listWebhooks('o1')).map((w) => w.id)).toEqual(['wh1'])
+      expect((await store.listWebhooks()).map((w) => w.id).sort()).toEqual(['wh1', 'wh2'])
+      expect(
+        await store.updateWebhook('wh1', { events: ['batch.failed'], balanceThresholdNano: null }),
+      ).toEqual({
+        ...hook,
+        events: ['batch.failed'],
+        balanceThresholdNano: null,
+      })
+      const ev = (eventId: string, webhookId = 'wh1', createdAtMs = 1_000) => ({
+        webhookId,
+        eventId,
+        orgId: 'o1',
+        type: 'balance.below_threshold',
+        payload: `{"id":"${eventId}"}`,
+        createdAtMs,
+      })
+      expect(await store.setWebhookBalanceBelow('wh1', true, ev('e1'))).toBe(true)
+      expect(await store.setWebhookBalanceBelow('wh1', true, ev('e2'))).toBe(false)
+      expect((await store.listWebhookEvents('wh1', 10)).map((e) => e.eventId)).toEqual(['e1'])
+      expect((await store.getWebhook('wh1'))!.balanceBelow).toBe(true)
+      expect(await store.setWebhookBalanceBelow('wh1', false)).toBe(true)
+      expect(await store.setWebhookBalanceBelow('wh1', false)).toBe(false)
+      expect(await store.deleteWebhook('wh2')).toBe(true)
+      expect(await store.deleteWebhook('wh2')).toBe(false)
+    })
+
+    test('the webhook outbox: one row per (webhook, event id); claims lease due rows once; attempts are recorded', async () => {
+      const hook = {
+        id: 'wh1',
+        orgId: 'o1',
+        url: 'https://example.com/h',
+        secret: 'whsec_x',
+        events: ['key.limit_80'],
+        balanceThresholdNano: null,
+        enabled: true,
+        balanceBelow: false,
+        createdAt: 1_700_000_000,
+      }
+      await store.insertWebhook(hook)
+      await store.insertWebhook({ ...hook, id: 'off', enabled: false })
+      const ev = (eventId: string, webhookId = 'wh1', createdAtMs = 1_000) => ({
+        webhookId,
+        eventId,
+        orgId: 'o1',
+        type: 'key.limit_80',
+        payload: `{"id":"${eventId}"}`,
+        createdAtMs,
+      })
+      expect(await store.enqueueWebhookEvents([ev('a'), ev('b', 'wh1', 2_000), ev('a', 'off')])).toBe(3)
+      expect(await store.enqueueWebhookEvents([ev('a'), ev('c', 'wh1', 9_000)])).toBe(1)
+      // Due at 5 s: a and b (c is later; the disabled webhook's row waits).
+      const claimed = await store.claimWebhookEvents(5_000, 1_000, 10)
+      expect(claimed.map((j) => j.eventId).sort()).toEqual(['a', 'b'])
+      expect(claimed[0]).toMatchObject({ url: hook.url, secret: 'whsec_x', attempts: 1, status: 'pending' })
+      // Leased: not claimed again until the lease runs out.
+      expect(await store.claimWebhookEvents(5_500, 1_000, 10)).toEqual([])
+      await store.finishWebhookEvent('wh1', 'a', { status: 'delivered', atMs: 5_100, httpStatus: 204 })
+      expect((await store.claimWebhookEvents(6_001, 1_000, 10)).map((j) => j.eventId)).toEqual(['b'])
+      await store.finishWebhookEvent('wh1', 'b', {
+        status: 'pending',
+        nextAttemptAtMs: 20_000,
+        error: 'HTTP 500',
+        httpStatus: 500,
+      })
+      expect((await store.claimWebhookEvents(10_000, 1_000, 10)).map((j) => j.eventId)).toEqual(['c'])
+      expect(await store.releaseWebhookLeases()).toBe(1)
+      const rows = await store.listWebhookEvents('wh1', 10)
+      expect(rows.map((r) => [r.eventId, r.status, r.attempts])).toEqual([
+        ['c', 'pending', 1],
+        ['b', 'pending', 2],
+        ['a', 'delivered', 1],
+      ])
+      expect(rows[1]).toMatchObject({ lastError: 'HTTP 500', lastStatus: 500, nextAttemptAtMs: 20_000 })
+      expect(rows[2]).toMatchObject({ deliveredAtMs: 5_100, lastStatus: 204 })
+      await store.finishWebhookEvent('wh1', 'b', {
+        status: 'failed',
+        nextAttemptAtMs: 0,
+        error: 'x',
+        httpStatus: null,
+      })
+      expect(await store.pruneWebhookEvents(100_000, 10)).toBe(2)
+      expect((await store.listWebhookEvents('wh1', 10)).map((r) => r.eventId)).toEqual(['c'])
+      expect(await store.deleteWebhook('wh1')).toBe(true)
+      expect(await store.listWebhookEvents('wh1', 10)).toEqual([])
+    })
   })
 }

@@ -7,6 +7,7 @@ import m0004 from './migrations/0004_console_sessions.sql' with { type: 'text' }
 import m0005 from './migrations/0005_key_scopes.sql' with { type: 'text' }
 import m0006 from './migrations/0006_ledger_notes.sql' with { type: 'text' }
 import m0007 from './migrations/0007_usage_rollups.sql' with { type: 'text' }
+import m0008 from './migrations/0008_webhooks.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // As for SQLite: the SQL travels inside the executable (a test checks every file is listed).
@@ -19,6 +20,7 @@ const SQL: Record<string, string> = {
   '0005_key_scopes': m0005,
   '0006_ledger_notes': m0006,
   '0007_usage_rollups': m0007,
+  '0008_webhooks': m0008,
 }
 
 export function embeddedPgMigrations(): Migration[] {

@@ -225,3 +225,43 @@ export const consoleSessions = pgTable(
   },
   (t) => [index('console_sessions_seen').on(t.lastSeenAt)],
 )
+
+export const webhooks = pgTable(
+  'webhooks',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id').notNull(),
+    url: text('url').notNull(),
+    secret: text('secret').notNull(),
+    events: jsonText('events').notNull(),
+    balanceThresholdNano: money('balance_threshold_nano'),
+    enabled: integer('enabled').notNull().default(1),
+    balanceBelow: integer('balance_below').notNull().default(0),
+    createdAt: integer('created_at').notNull(),
+  },
+  (t) => [index('webhooks_org').on(t.orgId, t.id)],
+)
+
+export const webhookEvents = pgTable(
+  'webhook_events',
+  {
+    webhookId: text('webhook_id').notNull(),
+    eventId: text('event_id').notNull(),
+    orgId: text('org_id').notNull(),
+    type: text('type').notNull(),
+    payload: text('payload').notNull(),
+    createdAtMs: ms('created_at_ms').notNull(),
+    status: text('status', { enum: ['pending', 'delivered', 'failed'] }).notNull(),
+    attempts: integer('attempts').notNull().default(0),
+    nextAttemptAtMs: ms('next_attempt_at_ms').notNull(),
+    leaseUntilMs: ms('lease_until_ms'),
+    deliveredAtMs: ms('delivered_at_ms'),
+    lastError: text('last_error'),
+    lastStatus: integer('last_status'),
+  },
+  (t) => [
+    primaryKey({ columns: [t.webhookId, t.eventId] }),
+    index('webhook_events_due').on(t.status, t.nextAttemptAtMs),
+    index('webhook_events_created').on(t.webhookId, t.createdAtMs),
+  ],
+)

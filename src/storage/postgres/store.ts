@@ -41,6 +41,11 @@ import type {
   ResponseRecord,
   Store,
   UsageHoursQuery,
+  WebhookAttempt,
+  WebhookDeliveryJob,
+  WebhookEventRecord,
+  WebhookPatch,
+  WebhookRecord,
 } from '../store.ts'
 import {
   HOUR_TABLES,
@@ -51,6 +56,7 @@ import {
   pgPlaceholder,
   usageHoursQuery,
 } from '../usage-hours.ts'
+import { type NewWebhookEvent, webhookEventRow, webhookRow } from '../webhook-rows.ts'
 
 import { embeddedPgMigrations } from './migrations.ts'
 import * as schema from './schema.ts'
@@ -680,7 +686,145 @@ export class PostgresStore implements Store {
     return (await this.db.delete(c).where(inArray(c.id, old)).returning({ id: c.id })).length
   }
 
+  async insertWebhook(w: WebhookRecord) {
+    await this.db
+      .insert(schema.webhooks)
+      .values({ ...w, enabled: w.enabled ? 1 : 0, balanceBelow: w.balanceBelow ? 1 : 0 })
+  }
+
+  async getWebhook(id: string) {
+    const w = schema.webhooks
+    const [row] = await this.db.select().from(w).where(eq(w.id, id))
+    return row && webhookRow(row)
+  }
+
+  async listWebhooks(orgId?: string) {
+    const w = schema.webhooks
+    const q = this.db.select().from(w)
+    const rows = await (orgId === undefined ? q : q.where(eq(w.orgId, orgId))).orderBy(
+      asc(w.createdAt),
+      asc(w.id),
+    )
+    return rows.map(webhookRow)
+  }
+
+  async updateWebhook(id: string, patch: WebhookPatch) {
+    const w = schema.webhooks
+    const { enabled, balanceBelow, ...rest } = patch
+    const set = {
+      ...rest,
+      ...(enabled !== undefined && { enabled: enabled ? 1 : 0 }),
+      ...(balanceBelow !== undefined && { balanceBelow: balanceBelow ? 1 : 0 }),
+    }
+    if (Object.keys(set).length > 0) await this.db.update(w).set(set).where(eq(w.id, id))
+    return this.getWebhook(id)
+  }
+
+  async deleteWebhook(id: string) {
+    return this.db.transaction(async (tx) => {
+      await tx.delete(schema.webhookEvents).where(eq(schema.webhookEvents.webhookId, id))
+      const w = schema.webhooks
+      return (await tx.delete(w).where(eq(w.id, id)).returning({ id: w.id })).length > 0
+    })
+  }
+
+  async setWebhookBalanceBelow(id: string, below: boolean, event?: NewWebhookEvent) {
+    const w = schema.webhooks
+    return this.db.transaction(async (tx) => {
+      const changed =
+        (
+          await tx
+            .update(w)
+            .set({ balanceBelow: below ? 1 : 0 })
+            .where(and(eq(w.id, id), eq(w.balanceBelow, below ? 0 : 1)))
+            .returning({ id: w.id })
+        ).length > 0
+      if (changed && event)
+        await tx.insert(schema.webhookEvents).values(newEventRow(event)).onConflictDoNothing()
+      return changed
+    })
+  }
+
+  async enqueueWebhookEvents(events: readonly NewWebhookEvent[]) {
+    if (events.length === 0) return 0
+    return (
+      await this.db
+        .insert(schema.webhookEvents)
+        .values(events.map(newEventRow))
+        .onConflictDoNothing()
+        .returning({ id: schema.webhookEvents.eventId })
+    ).length
+  }
+
+  async claimWebhookEvents(nowMs: number, leaseMs: number, limit: number): Promise<WebhookDeliveryJob[]> {
+    // SKIP LOCKED: nodes claiming at once each take other rows; the lease keeps a row with the
+    // node delivering it until the attempt ends (or the node dies and the lease runs out).
+    const rows = (await this.client`
+      UPDATE webhook_events e SET lease_until_ms = ${nowMs + leaseMs}, attempts = e.attempts + 1
+      FROM (
+        SELECT x.webhook_id, x.event_id, w.url, w.secret FROM webhook_events x JOIN webhooks w ON w.id = x.webhook_id
+        WHERE x.status = 'pending' AND x.next_attempt_at_ms <= ${nowMs} AND w.enabled = 1
+          AND (x.lease_until_ms IS NULL OR x.lease_until_ms < ${nowMs})
+        ORDER BY x.next_attempt_at_ms
+        LIMIT ${limit}
+        FOR UPDATE OF x SKIP LOCKED
+      ) s
+      WHERE e.webhook_id = s.webhook_id AND e.event_id = s.event_id
+      RETURNING e.*, s.url, s.secret`) as Record<string, unknown>[]
+    return rows.map((r) => ({ ...webhookEventRow(r), url: String(r.url), secret: String(r.secret) }))
+  }
+
+  async finishWebhookEvent(webhookId: string, eventId: string, a: WebhookAttempt) {
+    const e = schema.webhookEvents
+    await this.db
+      .update(e)
+      .set(
+        a.status === 'delivered'
+          ? { status: 'delivered', deliveredAtMs: a.atMs, lastStatus: a.httpStatus, leaseUntilMs: null }
+          : {
+              status: a.status,
+              nextAttemptAtMs: a.nextAttemptAtMs,
+              lastError: a.error,
+              lastStatus: a.httpStatus,
+              leaseUntilMs: null,
+            },
+      )
+      .where(and(eq(e.webhookId, webhookId), eq(e.eventId, eventId), eq(e.status, 'pending')))
+  }
+
+  async releaseWebhookLeases() {
+    const e = schema.webhookEvents
+    return (
+      await this.db
+        .update(e)
+        .set({ leaseUntilMs: null })
+        .where(and(eq(e.status, 'pending'), sql`${e.leaseUntilMs} IS NOT NULL`))
+        .returning({ id: e.eventId })
+    ).length
+  }
+
+  async listWebhookEvents(webhookId: string, limit: number): Promise<WebhookEventRecord[]> {
+    const rows = (await this.client`
+      SELECT * FROM webhook_events WHERE webhook_id = ${webhookId}
+      ORDER BY created_at_ms DESC, event_id DESC LIMIT ${limit}`) as Record<string, unknown>[]
+    return rows.map(webhookEventRow)
+  }
+
+  async pruneWebhookEvents(beforeMs: number, limit: number) {
+    const rows = await this.client`
+      DELETE FROM webhook_events WHERE (webhook_id, event_id) IN (
+        SELECT webhook_id, event_id FROM webhook_events
+        WHERE status <> 'pending' AND created_at_ms < ${beforeMs} LIMIT ${limit})
+      RETURNING event_id`
+    return (rows as unknown[]).length
+  }
+
   async close() {
     await this.client.close()
   }
+}
+
+/** An event as the outbox first holds it: pending, due at once. */
+function newEventRow(e: NewWebhookEvent) {
+  return { ...e, status: 'pending' as const, attempts: 0, nextAttemptAtMs: e.createdAtMs }
 }

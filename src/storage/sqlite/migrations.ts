@@ -7,6 +7,7 @@ import m0005 from './migrations/0005_console_sessions.sql' with { type: 'text' }
 import m0006 from './migrations/0006_key_scopes.sql' with { type: 'text' }
 import m0007 from './migrations/0007_ledger_notes.sql' with { type: 'text' }
 import m0008 from './migrations/0008_usage_rollups.sql' with { type: 'text' }
+import m0009 from './migrations/0009_webhooks.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // Migrations travel inside the executable: each SQL file is imported as text here (a test
@@ -21,6 +22,7 @@ const SQL: Record<string, string> = {
   '0006_key_scopes': m0006,
   '0007_ledger_notes': m0007,
   '0008_usage_rollups': m0008,
+  '0009_webhooks': m0009,
 }
 
 export interface Migration {

@@ -244,3 +244,50 @@ export const consoleSessions = sqliteTable(
   },
   (t) => [index('console_sessions_seen').on(t.lastSeenAt)],
 )
+
+/** Organizations' webhooks (POST /v1/webhooks); `events` is a JSON list of event types. */
+export const webhooks = sqliteTable(
+  'webhooks',
+  {
+    id: text('id').primaryKey(),
+    orgId: text('org_id').notNull(),
+    url: text('url').notNull(),
+    /** The signing secret: kept, since every delivery is signed with it. */
+    secret: text('secret').notNull(),
+    events: text('events', { mode: 'json' }).$type<readonly string[]>().notNull(),
+    balanceThresholdNano: money('balance_threshold_nano'),
+    enabled: count('enabled').notNull().default(sql`1`),
+    /** 1 once balance.below_threshold was sent; a credit above the threshold sets it back to 0. */
+    balanceBelow: count('balance_below').notNull().default(sql`0`),
+    createdAt: epoch('created_at').notNull(),
+  },
+  (t) => [index('webhooks_org').on(t.orgId, t.id)],
+)
+
+/**
+ * The webhook outbox: one row per event and webhook, written before any delivery attempt (a
+ * kill -9 loses none). `pending` rows are leased by a node (`lease_until_ms`) while it delivers.
+ */
+export const webhookEvents = sqliteTable(
+  'webhook_events',
+  {
+    webhookId: text('webhook_id').notNull(),
+    eventId: text('event_id').notNull(),
+    orgId: text('org_id').notNull(),
+    type: text('type').notNull(),
+    payload: text('payload').notNull(),
+    createdAtMs: epoch('created_at_ms').notNull(),
+    status: text('status', { enum: ['pending', 'delivered', 'failed'] }).notNull(),
+    attempts: count('attempts').notNull().default(sql`0`),
+    nextAttemptAtMs: epoch('next_attempt_at_ms').notNull(),
+    leaseUntilMs: epoch('lease_until_ms'),
+    deliveredAtMs: epoch('delivered_at_ms'),
+    lastError: text('last_error'),
+    lastStatus: count('last_status'),
+  },
+  (t) => [
+    primaryKey({ columns: [t.webhookId, t.eventId] }),
+    index('webhook_events_due').on(t.status, t.nextAttemptAtMs),
+    index('webhook_events_created').on(t.webhookId, t.createdAtMs),
+  ],
+)

@@ -27,6 +27,11 @@ import type {
   ResponseRecord,
   Store,
   UsageHoursQuery,
+  WebhookAttempt,
+  WebhookDeliveryJob,
+  WebhookEventRecord,
+  WebhookPatch,
+  WebhookRecord,
 } from '../store.ts'
 import {
   HOUR_TABLES,
@@ -37,6 +42,7 @@ import {
   sqlitePlaceholder,
   usageHoursQuery,
 } from '../usage-hours.ts'
+import { type NewWebhookEvent, webhookEventRow, webhookRow } from '../webhook-rows.ts'
 
 import { describe, integrityProblems, isDamage, type SqliteCheck, SqliteStoreUnusable } from './check.ts'
 import { embeddedMigrations, schemaNotAhead } from './migrations.ts'
@@ -679,7 +685,144 @@ export class SqliteStore implements Store {
     return ids.length
   }
 
+  async insertWebhook(w: WebhookRecord) {
+    this.db
+      .insert(schema.webhooks)
+      .values({ ...w, enabled: w.enabled ? 1 : 0, balanceBelow: w.balanceBelow ? 1 : 0 })
+      .run()
+  }
+
+  async getWebhook(id: string) {
+    const w = schema.webhooks
+    const row = this.db.select().from(w).where(eq(w.id, id)).get()
+    return row && webhookRow(row)
+  }
+
+  async listWebhooks(orgId?: string) {
+    const w = schema.webhooks
+    const q = this.db.select().from(w)
+    const rows = (orgId === undefined ? q : q.where(eq(w.orgId, orgId)))
+      .orderBy(asc(w.createdAt), asc(w.id))
+      .all()
+    return rows.map(webhookRow)
+  }
+
+  async updateWebhook(id: string, patch: WebhookPatch) {
+    const w = schema.webhooks
+    const { enabled, balanceBelow, ...rest } = patch
+    const set = {
+      ...rest,
+      ...(enabled !== undefined && { enabled: enabled ? 1 : 0 }),
+      ...(balanceBelow !== undefined && { balanceBelow: balanceBelow ? 1 : 0 }),
+    }
+    if (Object.keys(set).length > 0) this.db.update(w).set(set).where(eq(w.id, id)).run()
+    return this.getWebhook(id)
+  }
+
+  async deleteWebhook(id: string) {
+    return this.db.transaction((tx) => {
+      tx.delete(schema.webhookEvents).where(eq(schema.webhookEvents.webhookId, id)).run()
+      const w = schema.webhooks
+      return tx.delete(w).where(eq(w.id, id)).returning({ id: w.id }).all().length > 0
+    })
+  }
+
+  async setWebhookBalanceBelow(id: string, below: boolean, event?: NewWebhookEvent) {
+    const w = schema.webhooks
+    return this.db.transaction((tx) => {
+      const changed =
+        tx
+          .update(w)
+          .set({ balanceBelow: below ? 1 : 0 })
+          .where(and(eq(w.id, id), eq(w.balanceBelow, below ? 0 : 1)))
+          .returning({ id: w.id })
+          .all().length > 0
+      if (changed && event)
+        tx.insert(schema.webhookEvents).values(newEventRow(event)).onConflictDoNothing().run()
+      return changed
+    })
+  }
+
+  async enqueueWebhookEvents(events: readonly NewWebhookEvent[]) {
+    if (events.length === 0) return 0
+    return this.db
+      .insert(schema.webhookEvents)
+      .values(events.map(newEventRow))
+      .onConflictDoNothing()
+      .returning({ id: schema.webhookEvents.eventId })
+      .all().length
+  }
+
+  async claimWebhookEvents(nowMs: number, leaseMs: number, limit: number): Promise<WebhookDeliveryJob[]> {
+    const rows = this.client
+      .query(
+        `UPDATE webhook_events SET lease_until_ms = ?1 + ?2, attempts = attempts + 1
+         WHERE rowid IN (
+           SELECT e.rowid FROM webhook_events e JOIN webhooks w ON w.id = e.webhook_id
+           WHERE e.status = 'pending' AND e.next_attempt_at_ms <= ?1 AND w.enabled = 1
+             AND (e.lease_until_ms IS NULL OR e.lease_until_ms < ?1)
+           ORDER BY e.next_attempt_at_ms LIMIT ?3)
+         RETURNING *, (SELECT url FROM webhooks WHERE id = webhook_id) AS url,
+           (SELECT secret FROM webhooks WHERE id = webhook_id) AS secret`,
+      )
+      .all(nowMs, leaseMs, limit) as Record<string, unknown>[]
+    return rows.map((r) => ({ ...webhookEventRow(r), url: String(r.url), secret: String(r.secret) }))
+  }
+
+  async finishWebhookEvent(webhookId: string, eventId: string, a: WebhookAttempt) {
+    const e = schema.webhookEvents
+    this.db
+      .update(e)
+      .set(
+        a.status === 'delivered'
+          ? { status: 'delivered', deliveredAtMs: a.atMs, lastStatus: a.httpStatus, leaseUntilMs: null }
+          : {
+              status: a.status,
+              nextAttemptAtMs: a.nextAttemptAtMs,
+              lastError: a.error,
+              lastStatus: a.httpStatus,
+              leaseUntilMs: null,
+            },
+      )
+      .where(and(eq(e.webhookId, webhookId), eq(e.eventId, eventId), eq(e.status, 'pending')))
+      .run()
+  }
+
+  async releaseWebhookLeases() {
+    const e = schema.webhookEvents
+    return this.db
+      .update(e)
+      .set({ leaseUntilMs: null })
+      .where(and(eq(e.status, 'pending'), sql`${e.leaseUntilMs} IS NOT NULL`))
+      .returning({ id: e.eventId })
+      .all().length
+  }
+
+  async listWebhookEvents(webhookId: string, limit: number): Promise<WebhookEventRecord[]> {
+    const rows = this.client
+      .query(
+        'SELECT * FROM webhook_events WHERE webhook_id = ?1 ORDER BY created_at_ms DESC, event_id DESC LIMIT ?2',
+      )
+      .all(webhookId, limit) as Record<string, unknown>[]
+    return rows.map(webhookEventRow)
+  }
+
+  async pruneWebhookEvents(beforeMs: number, limit: number) {
+    return this.client
+      .query(
+        `DELETE FROM webhook_events WHERE rowid IN (
+           SELECT rowid FROM webhook_events WHERE status <> 'pending' AND created_at_ms < ?1 LIMIT ?2)
+         RETURNING event_id`,
+      )
+      .all(beforeMs, limit).length
+  }
+
   async close() {
     this.client.close()
   }
+}
+
+/** An event as the outbox first holds it: pending, due at once. */
+function newEventRow(e: NewWebhookEvent) {
+  return { ...e, status: 'pending' as const, attempts: 0, nextAttemptAtMs: e.createdAtMs }
 }
