@@ -29,3 +29,12 @@ export interface LedgerEntry {
    */
   readonly ttftMs?: number | null
 }
+
+/** One model's (or pattern's) limits within an organization: requests and tokens per minute. */
+export interface ModelLimit {
+  readonly rpm: number | null
+  readonly tpm: number | null
+}
+
+/** An organization's per-model limits, by model id or pattern (`anthropic/*`). */
+export type ModelLimits = Readonly<Record<string, ModelLimit>>

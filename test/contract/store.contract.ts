@@ -33,6 +33,7 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       models: null,
       rpmLimit: null,
       tpmLimit: null,
+      maxConcurrency: null,
       ...extra,
     })
     const usage = (
