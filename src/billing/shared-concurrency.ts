@@ -92,6 +92,7 @@ export class SharedConcurrency implements ConcurrencyLimiter {
   private seq = 0
   private timer: ReturnType<typeof setInterval> | undefined
   private beating: Promise<void> | undefined
+  private closed = false
 
   constructor(
     url: string,
@@ -105,6 +106,10 @@ export class SharedConcurrency implements ConcurrencyLimiter {
     this.log = o.log ?? (() => {})
     this.alivePrefix = `${prefix}cc-alive:`
     this.alive = `${this.alivePrefix}${this.nodeId}`
+  }
+
+  /** The heartbeat starts with the first acquire: a cluster whose keys have no bound never beats. */
+  private start() {
     this.timer = setInterval(() => void this.tick(), Math.max(50, Math.floor(this.leaseMs / 4)))
     this.timer.unref?.()
   }
@@ -112,6 +117,7 @@ export class SharedConcurrency implements ConcurrencyLimiter {
   private setOf = (keyId: string) => `${this.prefix}cc:${keyId}`
 
   async acquire(key: LiveKey): Promise<Slot> {
+    if (!this.timer && !this.closed) this.start()
     const set = this.setOf(key.id)
     for (let attempt = 0; attempt < 3; attempt++) {
       const member = `${this.nodeId}/${(++this.seq).toString(36)}`
@@ -208,6 +214,7 @@ export class SharedConcurrency implements ConcurrencyLimiter {
 
   /** Stops the heartbeat; slots still listed stop counting once it is gone. */
   close(): void {
+    this.closed = true
     if (this.timer) clearInterval(this.timer)
     this.timer = undefined
     const redis = this.scripts.redis
