@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, expect, test } from 'bun:test'
+import Anthropic from '@anthropic-ai/sdk'
 import OpenAI from 'openai'
 import { startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -151,6 +152,34 @@ test('a refused request frees nothing: with the one slot held, every other reque
   expect((await refused(quick(c))).code).toBe('key_concurrency_exceeded')
   held.abort()
   expect(await admittedSoon(c)).toBe(true)
+})
+
+test('messages, responses and completions take slots too: with the one slot held, each gets 429; each frees its slot when it ends', async () => {
+  const k = await keyWith({ max_concurrency: 1 })
+  const c = t.client(k.key)
+  const anthropic = new Anthropic({ baseURL: t.url, apiKey: k.key, maxRetries: 0, timeout: 20_000 })
+  const message = () =>
+    anthropic.messages.create({
+      model: 'test/chat',
+      max_tokens: 1,
+      messages: [{ role: 'user', content: 'hi' }],
+    })
+  const response = () => c.responses.create({ model: 'test/chat', input: 'hi', max_output_tokens: 16 })
+  const completion = () => c.completions.create({ model: 'test/chat', prompt: 'hi', max_tokens: 1 })
+
+  const held = await openStream(c, 3000)
+  expect((await refused(response())).code).toBe('key_concurrency_exceeded')
+  expect((await refused(completion())).code).toBe('key_concurrency_exceeded')
+  const err = await message().catch((e: unknown) => e)
+  expect(err).toBeInstanceOf(Anthropic.RateLimitError)
+  held.abort()
+  expect(await admittedSoon(c)).toBe(true)
+  // One after the other, each ends and frees its slot for the next.
+  expect((await message()).content.length).toBeGreaterThan(0)
+  // (the slow node writes until max_output_tokens: incomplete, but answered and billed)
+  expect(['completed', 'incomplete']).toContain((await response()).status)
+  expect((await completion()).choices).toHaveLength(1)
+  expect((await quick(c)).choices).toHaveLength(1)
 })
 
 test('PATCH max_concurrency: null clears the bound, a number sets it; a dry run says when it would refuse', async () => {
