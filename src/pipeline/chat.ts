@@ -309,10 +309,6 @@ export async function runModelCall(
       throw err
     }
   }
-  const release = () => {
-    slot?.release()
-    deps.meter.release(reservation)
-  }
 
   const prefix = call.prefix()
   const route = {
@@ -463,7 +459,8 @@ export async function runModelCall(
     if (won === KEEP_ALIVE)
       return new Response(
         keptAlive(deps, dispatched, relayFrom, requestId, (err) => {
-          release()
+          slot?.release()
+          deps.meter.release(reservation)
           trace?.end(undefined, err)
         }),
         { headers: { 'x-request-id': requestId, ...SSE_HEADERS } },
@@ -472,7 +469,8 @@ export async function runModelCall(
       headers: { ...headers(won.candidate), ...SSE_HEADERS },
     })
   } catch (err) {
-    release()
+    slot?.release()
+    deps.meter.release(reservation)
     throw err
   }
 }
