@@ -51,6 +51,7 @@ export async function measureEventLoopMoneyPath(
     tpmLimit: null,
     expiresAt: null,
     models: null,
+    maxConcurrency: null,
   })
   await store.insertKey({ ...key, revokedAt: null })
   const entry = resolve(import.meta.dir, '../src/billing/ledger-thread.ts')

@@ -143,8 +143,10 @@ export class RateLimited extends TropaError {
   constructor(
     message: string,
     readonly retryAfterSec: number,
+    /** `rate_limit_exceeded` (the key's), `org_rate_limited`, `model_rate_limited`, `key_concurrency_exceeded`. */
+    code = 'rate_limit_exceeded',
   ) {
-    super(message, 'rate_limit_exceeded')
+    super(message, code)
   }
   override get retryable() {
     return true

@@ -1,10 +1,12 @@
 import { isAbsolute } from 'node:path'
 import { BatchScheduler } from './batches/scheduler.ts'
 import { BatchService, LinkSigner } from './batches/service.ts'
+import { LocalConcurrency } from './billing/concurrency.ts'
 import { LedgerWriter, storeSink } from './billing/ledger.ts'
 import { ThreadLedgerSink } from './billing/ledger-sink.ts'
 import { Meter, type MoneyMeter } from './billing/meter.ts'
 import { LocalRateLimiter } from './billing/rate-limiter.ts'
+import { SharedConcurrency } from './billing/shared-concurrency.ts'
 import { SharedMeter } from './billing/shared-meter.ts'
 import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
@@ -149,6 +151,13 @@ export async function buildServices(
   const sharedLimiter = config.redis.url
     ? new SharedRateLimiter(config.redis.url, config.redis.prefix)
     : undefined
+  // And keys' max_concurrency: a dead node's slots stop counting after the same lease as its holds.
+  const sharedConcurrency = config.redis.url
+    ? new SharedConcurrency(config.redis.url, config.redis.prefix, {
+        leaseMs: config.redis.reservationLeaseMs,
+        log,
+      })
+    : undefined
   identity.useMeter(meter)
   // Alerts: told of settled charges only for organizations that have a webhook for them.
   const webhooks = await Webhooks.open(store, config.webhooks.allowPrivateUrls, log)
@@ -195,6 +204,7 @@ export async function buildServices(
     catalogue: new Catalogue(config.models),
     meter,
     limiter: sharedLimiter ?? new LocalRateLimiter(),
+    concurrency: sharedConcurrency ?? new LocalConcurrency(),
     pool,
     policy,
     adapter: providers,
@@ -326,6 +336,7 @@ export async function buildServices(
       await bus?.close()
       shared?.close()
       sharedLimiter?.close()
+      sharedConcurrency?.close()
       await accessLog?.stop()
       await tracing
         ?.shutdown()

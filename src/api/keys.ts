@@ -10,6 +10,22 @@ const KeyModels = T.Union([
   T.Null(),
 ])
 
+/** Requests of the key in flight at once across the cluster (429 key_concurrency_exceeded past it); null: no bound. */
+const MaxConcurrency = T.Union([T.Integer({ minimum: 1, maximum: 1_000_000 }), T.Null()])
+
+/**
+ * An organization's per-model limits: by catalogue model id or pattern (`*` matches any
+ * characters), requests and tokens per minute; null: none.
+ */
+const ModelLimitsBody = T.Union([
+  T.Record(
+    T.String({ pattern: '^[A-Za-z0-9._:/*-]{1,256}$' }),
+    T.Object({ rpm: T.Optional(PerMinute), tpm: T.Optional(PerMinute) }, { additionalProperties: false }),
+    { maxProperties: 256, additionalProperties: false },
+  ),
+  T.Null(),
+])
+
 export const CreateKeyBody = T.Object(
   {
     name: T.String({ minLength: 1, maxLength: 128 }),
@@ -18,6 +34,7 @@ export const CreateKeyBody = T.Object(
     tpm_limit: T.Optional(PerMinute),
     expires_at: T.Optional(ExpiresAt),
     models: T.Optional(KeyModels),
+    max_concurrency: T.Optional(MaxConcurrency),
     /** Only with the admin token: the organization to create the key in. */
     org_id: T.Optional(T.String()),
   },
@@ -34,6 +51,7 @@ export const PatchKeyBody = T.Object(
     tpm_limit: T.Optional(PerMinute),
     expires_at: T.Optional(ExpiresAt),
     models: T.Optional(KeyModels),
+    max_concurrency: T.Optional(MaxConcurrency),
   },
   { additionalProperties: false },
 )
@@ -43,6 +61,9 @@ export const CreateOrgBody = T.Object(
   {
     name: T.String({ minLength: 1, maxLength: 128 }),
     balance_rub: T.Optional(Rub),
+    rpm_limit: T.Optional(PerMinute),
+    tpm_limit: T.Optional(PerMinute),
+    model_limits: T.Optional(ModelLimitsBody),
   },
   { additionalProperties: false },
 )
@@ -50,6 +71,16 @@ export type CreateOrgBody = Static<typeof CreateOrgBody>
 
 /** Why an operator credits or debits: kept in the ledger beside the row (ledger_notes). */
 const Reason = T.String({ minLength: 1, maxLength: 500 })
+/** PATCH /v1/admin/organizations/{id}: the rate limits; an absent field stays, null clears it. */
+export const PatchOrgBody = T.Object(
+  {
+    rpm_limit: T.Optional(PerMinute),
+    tpm_limit: T.Optional(PerMinute),
+    model_limits: T.Optional(ModelLimitsBody),
+  },
+  { additionalProperties: false },
+)
+export type PatchOrgBody = Static<typeof PatchOrgBody>
 
 export const CreditBody = T.Object(
   { amount_rub: T.Number({ exclusiveMinimum: 0 }), reason: T.Optional(Reason) },

@@ -1,39 +1,59 @@
 import { RedisScripts } from '../cluster/redis-scripts.ts'
-import { SharedStateUnavailable } from '../errors.ts'
-import type { LiveKey } from '../identity/live.ts'
-import { type RateLimiter, rpmReached, tpmReached, WINDOW_MS, windowWeight } from './rate-limiter.ts'
+import { type RateLimited, SharedStateUnavailable } from '../errors.ts'
+import type { LiveKey, LiveOrg } from '../identity/live.ts'
+import {
+  type Bucket,
+  bucketsOf,
+  hasRateLimits,
+  type RateLimiter,
+  WINDOW_MS,
+  windowWeight,
+} from './rate-limiter.ts'
 
-// The same sliding minute as the local limiter, with the counts in Redis so that a key's
-// limits hold whichever nodes its requests hit. One hash per key and minute ({r, t}); the
-// check and the count are one script, so concurrent requests on several nodes cannot both take
-// the last unit. Counts are small integers, exact in Lua's doubles.
-// KEYS: this minute's hash, the previous minute's. ARGV: rpm ('' = none), tpm ('' = none),
-// prompt tokens, weight of the previous minute, time to live (ms).
+// The same sliding minute as the local limiter, with the counts in Redis so that the limits hold
+// whichever nodes the requests hit. One hash per bucket (a key, an organization, an
+// organization's model) and minute ({r, t}); every bucket is checked and then counted in one
+// script, so concurrent requests on several nodes cannot both take the last unit, and a request
+// refused by one bucket is counted in none. Counts are small integers, exact in Lua's doubles.
+// KEYS: per bucket, this minute's hash and the previous minute's. ARGV: weight of the previous
+// minute, time to live (ms), prompt tokens, count ('1', or '0' to only check), then per bucket
+// rpm and tpm ('' = none). Returns 'OK' or 'RPM <i>' / 'TPM <i>' (i: the bucket, from 0).
 const ADMIT = `
-local c = redis.call('HMGET', KEYS[1], 'r', 't')
-local p = redis.call('HMGET', KEYS[2], 'r', 't')
-local w = tonumber(ARGV[4])
-local cr, ct = tonumber(c[1] or '0'), tonumber(c[2] or '0')
-local pr, pt = tonumber(p[1] or '0'), tonumber(p[2] or '0')
-if ARGV[1] ~= '' and cr + pr * w + 1 > tonumber(ARGV[1]) then return 'RPM' end
-if ARGV[2] ~= '' and ct + pt * w + tonumber(ARGV[3]) > tonumber(ARGV[2]) then return 'TPM' end
-redis.call('HINCRBY', KEYS[1], 'r', 1)
-redis.call('HINCRBY', KEYS[1], 't', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
+local w = tonumber(ARGV[1])
+local tokens = tonumber(ARGV[3])
+local n = #KEYS / 2
+for i = 0, n - 1 do
+  local c = redis.call('HMGET', KEYS[2 * i + 1], 'r', 't')
+  local p = redis.call('HMGET', KEYS[2 * i + 2], 'r', 't')
+  local cr, ct = tonumber(c[1] or '0'), tonumber(c[2] or '0')
+  local pr, pt = tonumber(p[1] or '0'), tonumber(p[2] or '0')
+  local rpm, tpm = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  if rpm ~= '' and cr + pr * w + 1 > tonumber(rpm) then return 'RPM ' .. i end
+  if tpm ~= '' and ct + pt * w + tokens > tonumber(tpm) then return 'TPM ' .. i end
+end
+if ARGV[4] == '1' then
+  for i = 0, n - 1 do
+    redis.call('HINCRBY', KEYS[2 * i + 1], 'r', 1)
+    redis.call('HINCRBY', KEYS[2 * i + 1], 't', ARGV[3])
+    redis.call('PEXPIRE', KEYS[2 * i + 1], ARGV[2])
+  end
+end
 return 'OK'
 `
-// KEYS: this minute's hash. ARGV: tokens, time to live (ms).
+// KEYS: this minute's hash of each bucket with a token limit. ARGV: tokens, time to live (ms).
 const USED = `
-redis.call('HINCRBY', KEYS[1], 't', ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+for i = 1, #KEYS do
+  redis.call('HINCRBY', KEYS[i], 't', ARGV[1])
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
 return 'OK'
 `
 const SCRIPTS = { ADMIT, USED }
 
 /**
  * Rate limits of a cluster, counted in Redis. Nodes compute the minute from their own clocks,
- * which must agree (NTP). If Redis cannot be reached, a key with limits is refused with 503 (as
- * its money would be); completion tokens that could not be added are dropped.
+ * which must agree (NTP). If Redis cannot be reached, a request with limits is refused with 503
+ * (as its money would be); completion tokens that could not be added are dropped.
  */
 export class SharedRateLimiter implements RateLimiter {
   private readonly scripts: RedisScripts<keyof typeof SCRIPTS>
@@ -45,42 +65,70 @@ export class SharedRateLimiter implements RateLimiter {
     this.scripts = new RedisScripts(url, SCRIPTS)
   }
 
-  private hash = (keyId: string, startMs: number) => `${this.prefix}rl:${keyId}:${startMs / WINDOW_MS}`
+  private hash = (bucketId: string, startMs: number) => `${this.prefix}rl:${bucketId}:${startMs / WINDOW_MS}`
 
-  admit(key: LiveKey, promptTokens: number, nowMs = Date.now()): undefined | Promise<void> {
-    if (key.rpmLimit === null && key.tpmLimit === null) return
-    return this.check(key, promptTokens, nowMs)
+  admit(
+    key: LiveKey,
+    org: LiveOrg,
+    modelId: string,
+    promptTokens: number,
+    nowMs = Date.now(),
+  ): undefined | Promise<void> {
+    if (key.rpmLimit === null && key.tpmLimit === null && org.rates === null) return
+    const buckets = bucketsOf(key, org, modelId)
+    if (buckets.length === 0) return
+    return this.check(buckets, promptTokens, nowMs, true).then((err) => {
+      if (err) throw err
+    })
   }
 
-  private async check(key: LiveKey, promptTokens: number, nowMs: number): Promise<void> {
+  async refusal(
+    key: LiveKey,
+    org: LiveOrg,
+    modelId: string,
+    promptTokens: number,
+  ): Promise<RateLimited | null> {
+    if (!hasRateLimits(key, org)) return null
+    const buckets = bucketsOf(key, org, modelId)
+    if (buckets.length === 0) return null
+    return (await this.check(buckets, promptTokens, Date.now(), false)) ?? null
+  }
+
+  private async check(
+    buckets: readonly Bucket[],
+    promptTokens: number,
+    nowMs: number,
+    count: boolean,
+  ): Promise<RateLimited | undefined> {
     const { startMs, weight, retryAfterS } = windowWeight(nowMs)
+    const keys: string[] = []
+    const args = [weight.toFixed(6), String(2 * WINDOW_MS), String(promptTokens), count ? '1' : '0']
+    for (const b of buckets) {
+      keys.push(this.hash(b.id, startMs), this.hash(b.id, startMs - WINDOW_MS))
+      args.push(b.rpm === null ? '' : String(b.rpm), b.tpm === null ? '' : String(b.tpm))
+    }
     let verdict: string
     try {
       this.scripts.poke()
-      verdict = await this.scripts.run(
-        'ADMIT',
-        [this.hash(key.id, startMs), this.hash(key.id, startMs - WINDOW_MS)],
-        [
-          key.rpmLimit === null ? '' : String(key.rpmLimit),
-          key.tpmLimit === null ? '' : String(key.tpmLimit),
-          String(promptTokens),
-          weight.toFixed(6),
-          String(2 * WINDOW_MS),
-        ],
-      )
+      verdict = await this.scripts.run('ADMIT', keys, args)
     } catch {
       throw new SharedStateUnavailable()
     }
-    if (verdict === 'RPM') throw rpmReached(key, retryAfterS)
-    if (verdict === 'TPM') throw tpmReached(key, retryAfterS)
+    if (verdict === 'OK') return undefined
+    const [which, at] = verdict.split(' ')
+    const b = buckets[Number(at)]
+    if (!b) throw new SharedStateUnavailable()
+    return b.reached(which === 'RPM' ? 'rpm' : 'tpm', retryAfterS)
   }
 
-  used(key: LiveKey, completionTokens: number, nowMs = Date.now()): void {
-    if (key.tpmLimit === null || completionTokens <= 0) return
+  used(key: LiveKey, org: LiveOrg, modelId: string, completionTokens: number, nowMs = Date.now()): void {
+    if (completionTokens <= 0 || (key.tpmLimit === null && org.rates === null)) return
     const { startMs } = windowWeight(nowMs)
-    void this.scripts
-      .run('USED', [this.hash(key.id, startMs)], [String(completionTokens), String(2 * WINDOW_MS)])
-      .catch(() => {})
+    const keys = bucketsOf(key, org, modelId)
+      .filter((b) => b.tpm !== null)
+      .map((b) => this.hash(b.id, startMs))
+    if (keys.length === 0) return
+    void this.scripts.run('USED', keys, [String(completionTokens), String(2 * WINDOW_MS)]).catch(() => {})
   }
 
   close(): void {

@@ -6,6 +6,8 @@ export type ClusterEvent = {
   readonly id: string
   readonly from: string
   readonly status?: 'active' | 'disabled' | 'revoked'
+  /** An organization's rate limits changed (only they are read again, not its balance). */
+  readonly limits?: true
 }
 
 type Wire =

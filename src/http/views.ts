@@ -20,6 +20,7 @@ export function keyView(k: LiveKey) {
     tpm_limit: k.tpmLimit,
     expires_at: k.expiresAt,
     models: k.models,
+    max_concurrency: k.maxConcurrency,
   }
 }
 
@@ -32,6 +33,9 @@ export function orgView(o: LiveOrg, now: { balanceNano: NanoRub; reservedNano: N
     balance_rub: nanoToRubNumber(now.balanceNano),
     reserved_rub: nanoToRubNumber(now.reservedNano),
     created_at: o.createdAt,
+    rpm_limit: o.rpmLimit,
+    tpm_limit: o.tpmLimit,
+    model_limits: o.modelLimits,
   }
 }
 

@@ -1,5 +1,5 @@
 import type { NanoRub } from '../billing/money.ts'
-import type { KeyKind, KeyRecord, KeyStatus, OrgRecord } from '../storage/store.ts'
+import type { KeyKind, KeyRecord, KeyStatus, ModelLimits, OrgRecord } from '../storage/store.ts'
 
 /**
  * The in-memory state of a key on this node: what the store holds plus money reserved by
@@ -27,6 +27,8 @@ export class LiveKey {
   expiresAt: number | null
   /** The model ids or patterns the key may use; null: every model. */
   models: readonly string[] | null
+  /** Requests of this key in flight at once across the cluster; null: no bound. */
+  maxConcurrency: number | null
   /** `models` as one expression (a trailing or inner `*` matches any characters). */
   private allowed: RegExp | null
 
@@ -47,6 +49,7 @@ export class LiveKey {
     this.tpmLimit = r.tpmLimit
     this.expiresAt = r.expiresAt
     this.models = r.models
+    this.maxConcurrency = r.maxConcurrency ?? null
     this.allowed = modelPattern(r.models)
   }
 
@@ -86,12 +89,78 @@ export class LiveOrg {
   readonly createdAt: number
   balanceNano: NanoRub
   reservedNano: NanoRub = 0n
+  /** Requests and tokens per minute over all the organization's keys; null: none. */
+  rpmLimit: number | null = null
+  tpmLimit: number | null = null
+  /** Per-model limits by model id or pattern; null: none. */
+  modelLimits: ModelLimits | null = null
+  /** The limits above, ready for admission; null when there are none (the hot path reads only this). */
+  rates: OrgRates | null = null
 
   constructor(r: OrgRecord) {
     this.id = r.id
     this.name = r.name
     this.createdAt = r.createdAt
     this.balanceNano = r.balanceNano
+    this.setLimits(r)
+  }
+
+  /** Takes the record's rate limits. */
+  setLimits(r: Pick<OrgRecord, 'rpmLimit' | 'tpmLimit' | 'modelLimits'>): void {
+    this.rpmLimit = r.rpmLimit ?? null
+    this.tpmLimit = r.tpmLimit ?? null
+    const models = r.modelLimits ?? null
+    this.modelLimits = models !== null && Object.keys(models).length > 0 ? models : null
+    this.rates =
+      this.rpmLimit === null && this.tpmLimit === null && this.modelLimits === null
+        ? null
+        : new OrgRates(this.rpmLimit, this.tpmLimit, this.modelLimits)
+  }
+}
+
+/** A per-model limit that applies to one model: the entry (its id or pattern) and its bounds. */
+export interface AppliedModelLimit {
+  readonly entry: string
+  readonly rpm: number | null
+  readonly tpm: number | null
+}
+
+/**
+ * An organization's rate limits as admission reads them. A model's limit is the entry naming it
+ * exactly, else the most specific pattern matching it (the one with the most characters besides
+ * `*`; equal ones by the entry's text); each model is counted on its own.
+ */
+export class OrgRates {
+  private readonly patterns: { entry: string; re: RegExp; rpm: number | null; tpm: number | null }[]
+  /** The limit that applies, per model id asked about (a catalogue's worth at most). */
+  private readonly memo = new Map<string, AppliedModelLimit | null>()
+
+  constructor(
+    readonly rpm: number | null,
+    readonly tpm: number | null,
+    private readonly models: ModelLimits | null,
+  ) {
+    this.patterns = Object.entries(models ?? {})
+      .filter(([entry]) => entry.includes('*'))
+      .sort(([a], [b]) => b.replaceAll('*', '').length - a.replaceAll('*', '').length || (a < b ? -1 : 1))
+      .map(([entry, l]) => ({ entry, re: modelPattern([entry])!, rpm: l.rpm, tpm: l.tpm }))
+  }
+
+  /** The per-model limit that applies to `modelId`, or null. */
+  forModel(modelId: string): AppliedModelLimit | null {
+    if (this.models === null) return null
+    let hit = this.memo.get(modelId)
+    if (hit !== undefined) return hit
+    const exact = Object.hasOwn(this.models, modelId) ? this.models[modelId] : undefined
+    const p = exact ? undefined : this.patterns.find((x) => x.re.test(modelId))
+    hit = exact
+      ? { entry: modelId, rpm: exact.rpm, tpm: exact.tpm }
+      : p
+        ? { entry: p.entry, rpm: p.rpm, tpm: p.tpm }
+        : null
+    if (this.memo.size >= 10_000) this.memo.clear()
+    this.memo.set(modelId, hit)
+    return hit
   }
 }
 

@@ -15,7 +15,7 @@ import {
   TropaError,
 } from '../errors.ts'
 import { requestId, sortableId } from '../ids.ts'
-import type { KeyKind, KeyPatch, KeyRecord, KeyStatus, Store } from '../storage/store.ts'
+import type { KeyKind, KeyPatch, KeyRecord, KeyStatus, OrgPatch, Store } from '../storage/store.ts'
 import { LiveKey, LiveOrg, type Principal } from './live.ts'
 import { hashSecret, newSecret, secretHint } from './secrets.ts'
 
@@ -26,6 +26,7 @@ export interface NewKey {
   readonly tpmLimit?: number | null
   readonly expiresAt?: number | null
   readonly models?: readonly string[] | null
+  readonly maxConcurrency?: number | null
 }
 
 export interface KeyChanges {
@@ -36,6 +37,7 @@ export interface KeyChanges {
   readonly tpmLimit?: number | null
   readonly expiresAt?: number | null
   readonly models?: readonly string[] | null
+  readonly maxConcurrency?: number | null
 }
 
 /**
@@ -85,8 +87,9 @@ export class IdentityService {
         void store.getOrg(e.id).then((o) => {
           if (!o) return
           const live = svc.orgs.get(o.id)
-          if (live) live.balanceNano = o.balanceNano
-          else svc.orgs.set(o.id, new LiveOrg(o))
+          if (!live) svc.orgs.set(o.id, new LiveOrg(o))
+          else if (e.limits) live.setLimits(o)
+          else live.balanceNano = o.balanceNano
         })
         return
       }
@@ -202,6 +205,7 @@ export class IdentityService {
     key.rpmLimit = rec.rpmLimit
     key.tpmLimit = rec.tpmLimit
     key.expiresAt = rec.expiresAt
+    key.maxConcurrency = rec.maxConcurrency
     key.setModels(rec.models)
   }
 
@@ -224,14 +228,31 @@ export class IdentityService {
     return org
   }
 
-  async createOrg(name: string, nowSec = Math.floor(Date.now() / 1000)): Promise<LiveOrg> {
+  async createOrg(
+    name: string,
+    nowSec = Math.floor(Date.now() / 1000),
+    limits: OrgPatch = {},
+  ): Promise<LiveOrg> {
     if (await this.store.findOrgByName(name))
       throw new Conflict(`an organization named ${JSON.stringify(name)} exists`, 'org_exists')
-    const rec = { id: `org_${sortableId()}`, name, balanceNano: 0n, createdAt: nowSec }
+    const rec = { id: `org_${sortableId()}`, name, balanceNano: 0n, createdAt: nowSec, ...limits }
     await this.store.insertOrg(rec)
     const org = new LiveOrg(rec)
     this.orgs.set(org.id, org)
     if (this.bus) void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId }).catch(() => {})
+    return org
+  }
+
+  /**
+   * Changes an organization's rate limits (null clears one); every node takes them from the
+   * store on the organization's event.
+   */
+  async updateOrg(org: LiveOrg, patch: OrgPatch): Promise<LiveOrg> {
+    const rec = await this.store.updateOrg(org.id, patch)
+    if (!rec) throw orgNotFound(org.id)
+    org.setLimits(rec)
+    if (this.bus)
+      void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId, limits: true }).catch(() => {})
     return org
   }
 
@@ -331,6 +352,7 @@ export class IdentityService {
       tpmLimit: k.tpmLimit ?? null,
       expiresAt: k.expiresAt ?? null,
       models: k.models ?? null,
+      maxConcurrency: k.maxConcurrency ?? null,
     }
     await this.store.insertKey(rec)
     const key = new LiveKey(rec)
@@ -414,6 +436,7 @@ export class IdentityService {
       ...(c.tpmLimit !== undefined && { tpmLimit: c.tpmLimit }),
       ...(c.expiresAt !== undefined && { expiresAt: c.expiresAt }),
       ...(c.models !== undefined && { models: c.models }),
+      ...(c.maxConcurrency !== undefined && { maxConcurrency: c.maxConcurrency }),
     }
     const limitBefore = key.limitNano
     await this.store.updateKey(key.id, patch)

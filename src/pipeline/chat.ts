@@ -1,7 +1,8 @@
 import type { ChatMessage, ChatRequest } from '../api/chat.ts'
+import type { ConcurrencyLimiter, Slot } from '../billing/concurrency.ts'
 import type { MoneyMeter, Reservation } from '../billing/meter.ts'
 import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
-import type { RateLimiter } from '../billing/rate-limiter.ts'
+import { hasRateLimits, type RateLimiter } from '../billing/rate-limiter.ts'
 import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
 import {
@@ -49,6 +50,8 @@ export interface ChatDeps extends UpstreamDeps {
   readonly catalogue: Catalogue
   readonly meter: MoneyMeter
   readonly limiter: RateLimiter
+  /** Keys' max_concurrency: requests in flight at once. */
+  readonly concurrency: ConcurrencyLimiter
   /** A stream whose client takes no bytes for this long is cut (server.stream_write_timeout_ms). */
   readonly streamWriteTimeoutMs: number
   /** Each request's record (metrics, access log), found by its request id. */
@@ -295,13 +298,16 @@ export async function runModelCall(
   } finally {
     reserving?.end()
   }
-  // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
-  try {
-    const limited = deps.limiter.admit(payer.key, promptTokens)
-    if (limited) await limited
-  } catch (err) {
-    deps.meter.release(reservation)
-    throw err
+  // Counted only once the money is reserved, so a 402 does not eat into the limits below. The
+  // slot, when the key has max_concurrency, is held until the reservation is settled or released.
+  let slot: Slot | undefined
+  if (payer.key.maxConcurrency !== null || hasRateLimits(payer.key, payer.org)) {
+    try {
+      slot = await admit(deps, payer, model.id, promptTokens)
+    } catch (err) {
+      deps.meter.release(reservation)
+      throw err
+    }
   }
 
   const prefix = call.prefix()
@@ -333,7 +339,8 @@ export async function runModelCall(
     const p = u.prompt_tokens
     const cTokens = u.completion_tokens
     const cached = cachedOf(u)
-    deps.limiter.used(payer.key, cTokens)
+    slot?.release()
+    deps.limiter.used(payer.key, payer.org, model.id, cTokens)
     const charged = deps.meter.settle(reservation, {
       requestId,
       model: model.id,
@@ -428,6 +435,7 @@ export async function runModelCall(
         attempt,
         reservation,
         (usage, outcome) => {
+          slot?.release()
           const text = relay.generated
           if (usage || text.length <= COUNT_SLICE_CHARS)
             return void settle(candidate, usage, () => countTokens(text), outcome)
@@ -451,6 +459,7 @@ export async function runModelCall(
     if (won === KEEP_ALIVE)
       return new Response(
         keptAlive(deps, dispatched, relayFrom, requestId, (err) => {
+          slot?.release()
           deps.meter.release(reservation)
           trace?.end(undefined, err)
         }),
@@ -460,9 +469,36 @@ export async function runModelCall(
       headers: { ...headers(won.candidate), ...SSE_HEADERS },
     })
   } catch (err) {
+    slot?.release()
     deps.meter.release(reservation)
     throw err
   }
+}
+
+/**
+ * Admission past the money, in this order: the key's max_concurrency (a slot, returned), then the
+ * rate limits (the key's, the organization's, the organization's for the model); a refusal gives
+ * the slot back. A key and organization with none of them cost two field checks.
+ */
+export async function admit(
+  deps: Pick<ChatDeps, 'limiter' | 'concurrency'>,
+  payer: Payer,
+  modelId: string,
+  promptTokens: number,
+): Promise<Slot | undefined> {
+  let slot: Slot | undefined
+  if (payer.key.maxConcurrency !== null) {
+    const s = deps.concurrency.acquire(payer.key)
+    slot = s instanceof Promise ? await s : s
+  }
+  try {
+    const limited = deps.limiter.admit(payer.key, payer.org, modelId, promptTokens)
+    if (limited) await limited
+  } catch (err) {
+    slot?.release()
+    throw err
+  }
+  return slot
 }
 
 /** The settle span, and the root's GenAI attributes (OpenTelemetry's semantic conventions). */

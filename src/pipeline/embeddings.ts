@@ -1,5 +1,7 @@
 import { type EmbeddingRequest, MAX_EMBEDDING_INPUTS } from '../api/embeddings.ts'
+import type { Slot } from '../billing/concurrency.ts'
 import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
+import { hasRateLimits } from '../billing/rate-limiter.ts'
 import {
   ContextLengthExceeded,
   InvalidValue,
@@ -7,7 +9,7 @@ import {
   TooManyInputs,
   UpstreamFailed,
 } from '../errors.ts'
-import type { ChatDeps, Payer } from './chat.ts'
+import { admit, type ChatDeps, type Payer } from './chat.ts'
 import { dispatch, finishAttempt, readBody } from './dispatch.ts'
 import { loadTokenizer, PromptCounter, reservedPromptTokens } from './tokens.ts'
 
@@ -57,10 +59,11 @@ export async function createEmbeddings(
     payer.org,
     costNano(reservedPromptTokens(promptTokens), 0, model.price),
   )
+  // Counted only once the money is reserved, so a 402 does not eat into the limits (chat.ts admit).
+  let slot: Slot | undefined
   try {
-    // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
-    const limited = deps.limiter.admit(payer.key, promptTokens)
-    if (limited) await limited
+    if (payer.key.maxConcurrency !== null || hasRateLimits(payer.key, payer.org))
+      slot = await admit(deps, payer, model.id, promptTokens)
     const answer = await dispatch(
       deps,
       {
@@ -100,6 +103,7 @@ export async function createEmbeddings(
     const ttftMs = Date.now() - startedAtMs
     finishAttempt(deps, attempt, 'ok')
     const tokens = value.tokens ?? promptTokens
+    slot?.release()
     const charged = deps.meter.settle(reservation, {
       requestId,
       model: model.id,
@@ -135,6 +139,7 @@ export async function createEmbeddings(
     if (rec) deps.telemetry.stamp(rec, headers)
     return new Response(shown, { headers })
   } catch (err) {
+    slot?.release()
     deps.meter.release(reservation)
     throw err
   }

@@ -1,5 +1,7 @@
+import { type ConcurrencyLimiter, concurrencyReached } from '../billing/concurrency.ts'
 import type { MoneyMeter } from '../billing/meter.ts'
 import { formatRub, type NanoRub } from '../billing/money.ts'
+import { hasRateLimits, type RateLimiter } from '../billing/rate-limiter.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { insufficientBalance, keyLimitReached, type TropaError } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
@@ -20,9 +22,12 @@ export interface Quote {
   readonly max_output_tokens: number
   /** The worst case held before the call, roubles (what is released at settlement is not known). */
   readonly reserve_rub: number
-  /** Whether the key's limit and the organization's balance would admit it now. */
+  /**
+   * Whether admission would pass now: the key's limit and the organization's balance, the key's
+   * max_concurrency, and the rate limits (the key's, the organization's, the model's).
+   */
   readonly admitted: boolean
-  /** Why not, as the 402 would say it. */
+  /** Why not, as the 402 or 429 would say it (the first check that refuses, in admission's order). */
   readonly refusal: { readonly code: string; readonly message: string } | null
   /** The node the routing policy would choose now, and its predicted time to first token. */
   readonly node: string | null
@@ -36,7 +41,11 @@ export interface Quote {
  * after it may find the money or the node taken.
  */
 export async function quoteCall(
-  deps: Pick<UpstreamDeps, 'pool' | 'policy'> & { readonly meter: MoneyMeter },
+  deps: Pick<UpstreamDeps, 'pool' | 'policy'> & {
+    readonly meter: MoneyMeter
+    readonly limiter: RateLimiter
+    readonly concurrency: ConcurrencyLimiter
+  },
   payer: { readonly key: LiveKey; readonly org: LiveOrg },
   call: {
     readonly model: ModelConfig
@@ -49,7 +58,9 @@ export async function quoteCall(
   worstNano: NanoRub,
   requestId: string,
 ): Promise<Response> {
-  const refusal = await refusalOf(deps.meter, payer.key, payer.org, worstNano)
+  const refusal =
+    (await refusalOf(deps.meter, payer.key, payer.org, worstNano)) ??
+    (await admissionRefusal(deps, payer.key, payer.org, call.model.id, call.promptTokens))
   const prefix = call.prefix()
   const req: RouteRequest = {
     modelId: call.model.id,
@@ -76,6 +87,19 @@ export async function quoteCall(
     predicted_ttft_ms: ttft === undefined ? null : Math.round(ttft * 10) / 10,
   }
   return Response.json(quote, { headers: { 'x-request-id': requestId, [DRY_RUN_HEADER]: '1' } })
+}
+
+/** The 429 the key's max_concurrency or the rate limits would answer now, or null; nothing is counted. */
+async function admissionRefusal(
+  deps: { readonly limiter: RateLimiter; readonly concurrency: ConcurrencyLimiter },
+  key: LiveKey,
+  org: LiveOrg,
+  modelId: string,
+  promptTokens: number,
+): Promise<TropaError | null> {
+  if (key.maxConcurrency !== null && (await deps.concurrency.inFlight(key)) >= key.maxConcurrency)
+    return concurrencyReached(key)
+  return hasRateLimits(key, org) ? deps.limiter.refusal(key, org, modelId, promptTokens) : null
 }
 
 /** The 402 that reserving `amountNano` would meet now, or null. */

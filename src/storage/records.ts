@@ -31,3 +31,12 @@ export interface LedgerEntry {
   /** Credits and debits only: the operator's reason (kept in ledger_notes). */
   readonly reason?: string | null
 }
+
+/** One model's (or pattern's) limits within an organization: requests and tokens per minute. */
+export interface ModelLimit {
+  readonly rpm: number | null
+  readonly tpm: number | null
+}
+
+/** An organization's per-model limits, by model id or pattern (`anthropic/*`). */
+export type ModelLimits = Readonly<Record<string, ModelLimit>>

@@ -1,6 +1,6 @@
 import type { NanoRub } from '../billing/money.ts'
 import type { LedgerRows } from './ledger-rows.ts'
-import type { LedgerEntry } from './records.ts'
+import type { LedgerEntry, ModelLimits } from './records.ts'
 
 export type KeyKind = 'api' | 'master'
 export type KeyStatus = 'active' | 'disabled' | 'revoked'
@@ -10,7 +10,15 @@ export interface OrgRecord {
   readonly name: string
   readonly balanceNano: NanoRub
   readonly createdAt: number
+  /** Requests per minute over all the organization's keys; null or absent: none. */
+  readonly rpmLimit?: number | null
+  /** Tokens per minute over all the organization's keys; null or absent: none. */
+  readonly tpmLimit?: number | null
+  /** Requests and tokens per minute per model (id or pattern); null or absent: none. */
+  readonly modelLimits?: ModelLimits | null
 }
+
+export type OrgPatch = Partial<Pick<OrgRecord, 'rpmLimit' | 'tpmLimit' | 'modelLimits'>>
 
 export interface KeyRecord {
   readonly id: string
@@ -34,16 +42,26 @@ export interface KeyRecord {
   readonly expiresAt: number | null
   /** Model ids or patterns (`anthropic/*`) the key may use; null: every model. */
   readonly models: readonly string[] | null
+  /** Requests in flight at once across the cluster; null: no bound. */
+  readonly maxConcurrency: number | null
 }
 
 export type KeyPatch = Partial<
   Pick<
     KeyRecord,
-    'name' | 'limitNano' | 'status' | 'revokedAt' | 'rpmLimit' | 'tpmLimit' | 'expiresAt' | 'models'
+    | 'name'
+    | 'limitNano'
+    | 'status'
+    | 'revokedAt'
+    | 'rpmLimit'
+    | 'tpmLimit'
+    | 'expiresAt'
+    | 'models'
+    | 'maxConcurrency'
   >
 >
 
-export type { LedgerEntry }
+export type { LedgerEntry, ModelLimits }
 
 /** Usage of one key on one model on one UTC day. */
 export interface UsageRow {
@@ -269,6 +287,8 @@ export interface Store {
   insertOrg(org: OrgRecord): Promise<void>
   getOrg(id: string): Promise<OrgRecord | undefined>
   findOrgByName(name: string): Promise<OrgRecord | undefined>
+  /** Changes an organization's rate limits; the record after, or undefined when there is none. */
+  updateOrg(id: string, patch: OrgPatch): Promise<OrgRecord | undefined>
 
   insertKey(key: KeyRecord): Promise<void>
   getKey(id: string): Promise<KeyRecord | undefined>

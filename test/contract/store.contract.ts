@@ -33,6 +33,7 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       models: null,
       rpmLimit: null,
       tpmLimit: null,
+      maxConcurrency: null,
       ...extra,
     })
     const usage = (
@@ -93,6 +94,32 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       await store.updateKey('k1', { models: null })
       expect((await store.getKey('k1'))!.models).toBeNull()
       expect((await store.loadKeys()).find((x) => x.id === 'k1')!.models).toBeNull()
+    })
+
+    test("a key's max_concurrency and an organization's rate limits round-trip; patches change and clear them", async () => {
+      await store.insertOrg(org('o1'))
+      expect(await store.getOrg('o1')).toMatchObject({ rpmLimit: null, tpmLimit: null, modelLimits: null })
+      await store.insertKey(key('k1', 'o1', { maxConcurrency: 3 }))
+      expect((await store.getKey('k1'))!.maxConcurrency).toBe(3)
+      await store.updateKey('k1', { maxConcurrency: null })
+      expect((await store.getKey('k1'))!.maxConcurrency).toBeNull()
+
+      const modelLimits = { 'anthropic/*': { rpm: 10, tpm: null }, 'sim/chat': { rpm: null, tpm: 5000 } }
+      const after = await store.updateOrg('o1', { rpmLimit: 100, tpmLimit: 20_000, modelLimits })
+      expect(after).toMatchObject({ id: 'o1', rpmLimit: 100, tpmLimit: 20_000, modelLimits })
+      expect((await store.loadOrgs()).find((o) => o.id === 'o1')).toMatchObject({
+        rpmLimit: 100,
+        modelLimits,
+      })
+      // A patch leaves the fields it does not name, and the balance.
+      await store.updateOrg('o1', { tpmLimit: null, modelLimits: null })
+      expect(await store.getOrg('o1')).toMatchObject({
+        rpmLimit: 100,
+        tpmLimit: null,
+        modelLimits: null,
+        balanceNano: 0n,
+      })
+      expect(await store.updateOrg('o-missing', { rpmLimit: 1 })).toBeUndefined()
     })
 
     test('listKeys pages by id within one org and kind, and filters by status', async () => {

@@ -1,7 +1,8 @@
 import { Elysia, t } from 'elysia'
-import { CreateOrgBody, CreditBody, DebitBody, MasterKeyBody } from '../../api/keys.ts'
+import { CreateOrgBody, CreditBody, DebitBody, MasterKeyBody, PatchOrgBody } from '../../api/keys.ts'
 import { PredictedTtft } from '../../routing/predicted.ts'
 import type { Services } from '../../services.ts'
+import type { ModelLimits, OrgPatch } from '../../storage/store.ts'
 import { authenticate, authenticateFirst, requireAdmin } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
 import { keyView, orgView } from '../views.ts'
@@ -55,6 +56,22 @@ function fleetView(svc: Services) {
   return { object: 'list', policy: svc.config.routing.policy, at_ms: now, data }
 }
 
+/** The rate limits of an organization's create or PATCH body, as the store keeps them. */
+function orgLimits(body: PatchOrgBody): OrgPatch {
+  const asked = body.model_limits
+  let models: ModelLimits | null | undefined = asked === null ? null : undefined
+  if (asked) {
+    const out: Record<string, { rpm: number | null; tpm: number | null }> = {}
+    for (const [entry, l] of Object.entries(asked)) out[entry] = { rpm: l.rpm ?? null, tpm: l.tpm ?? null }
+    models = Object.keys(out).length > 0 ? out : null
+  }
+  return {
+    ...(body.rpm_limit !== undefined && { rpmLimit: body.rpm_limit }),
+    ...(body.tpm_limit !== undefined && { tpmLimit: body.tpm_limit }),
+    ...(models !== undefined && { modelLimits: models }),
+  }
+}
+
 /** Operator endpoints: organizations, balances, master keys. Admin token only. */
 export const adminRoutes = (svc: Services) => {
   const auth = authenticateFirst(svc)
@@ -83,7 +100,7 @@ export const adminRoutes = (svc: Services) => {
       async ({ body: raw, set }) => {
         const body = raw as CreateOrgBody
         const balance = limitOf(body.balance_rub, 'balance_rub') ?? 0n
-        const org = await svc.identity.createOrg(body.name)
+        const org = await svc.identity.createOrg(body.name, undefined, orgLimits(body))
         if (balance > 0n) await svc.identity.credit(org, balance)
         const { key, secret } = await svc.identity.createKey(org, 'master', {
           name: 'master',
@@ -110,6 +127,24 @@ export const adminRoutes = (svc: Services) => {
       {
         params: OrgParams,
         detail: { tags, summary: 'An organization and its balance' },
+      },
+    )
+    .patch(
+      '/v1/admin/organizations/:org_id',
+      async ({ params, body }) => {
+        const org = svc.identity.org(params.org_id)
+        await svc.identity.updateOrg(org, orgLimits(body as PatchOrgBody))
+        return orgView(org, await svc.identity.orgNow(org))
+      },
+      {
+        parse: jsonBody(64 * 1024, PatchOrgBody, auth),
+        params: OrgParams,
+        detail: {
+          tags,
+          summary:
+            "Set or clear an organization's rate limits: rpm_limit, tpm_limit, model_limits (null clears one)",
+          requestBody: jsonRequestBody(PatchOrgBody),
+        },
       },
     )
     .post(

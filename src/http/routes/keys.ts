@@ -47,6 +47,7 @@ export const keyRoutes = (svc: Services) => {
           tpmLimit: body.tpm_limit ?? null,
           expiresAt: body.expires_at ?? null,
           models: body.models ?? null,
+          maxConcurrency: body.max_concurrency ?? null,
         })
         set.status = 201
         return { ...keyView(key), key: secret }
@@ -113,6 +114,7 @@ export const keyRoutes = (svc: Services) => {
             ...(body.tpm_limit !== undefined && { tpmLimit: body.tpm_limit }),
             ...(body.expires_at !== undefined && { expiresAt: body.expires_at }),
             ...(body.models !== undefined && { models: body.models }),
+            ...(body.max_concurrency !== undefined && { maxConcurrency: body.max_concurrency }),
           }),
         )
       },

@@ -8,6 +8,7 @@ import m0005 from './migrations/0005_key_scopes.sql' with { type: 'text' }
 import m0006 from './migrations/0006_ledger_notes.sql' with { type: 'text' }
 import m0007 from './migrations/0007_usage_rollups.sql' with { type: 'text' }
 import m0008 from './migrations/0008_webhooks.sql' with { type: 'text' }
+import m0009 from './migrations/0009_rate_limits.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // As for SQLite: the SQL travels inside the executable (a test checks every file is listed).
@@ -21,6 +22,7 @@ const SQL: Record<string, string> = {
   '0006_ledger_notes': m0006,
   '0007_usage_rollups': m0007,
   '0008_webhooks': m0008,
+  '0009_rate_limits': m0009,
 }
 
 export function embeddedPgMigrations(): Migration[] {

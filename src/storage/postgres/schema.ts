@@ -9,6 +9,7 @@ import {
   text,
   uniqueIndex,
 } from 'drizzle-orm/pg-core'
+import type { ModelLimits } from '../records.ts'
 
 // The same tables as storage/sqlite/schema.ts, column for column: money is bigint nano-roubles,
 // times are Unix seconds or milliseconds as the column names say.
@@ -19,6 +20,12 @@ const jsonText = customType<{ data: readonly string[]; driverData: string }>({
   dataType: () => 'text',
   toDriver: (v) => JSON.stringify(v),
   fromDriver: (v) => JSON.parse(v) as readonly string[],
+})
+/** An organization's per-model limits, as JSON text too. */
+const modelLimitsText = customType<{ data: ModelLimits; driverData: string }>({
+  dataType: () => 'text',
+  toDriver: (v) => JSON.stringify(v),
+  fromDriver: (v) => JSON.parse(v) as ModelLimits,
 })
 
 export const meta = pgTable('meta', {
@@ -31,6 +38,9 @@ export const orgs = pgTable('orgs', {
   name: text('name').notNull().unique(),
   balanceNano: money('balance_nano').notNull().default(sql`0`),
   createdAt: integer('created_at').notNull(),
+  rpmLimit: integer('rpm_limit'),
+  tpmLimit: integer('tpm_limit'),
+  modelLimits: modelLimitsText('model_limits'),
 })
 
 export const keys = pgTable(
@@ -54,6 +64,7 @@ export const keys = pgTable(
     tpmLimit: integer('tpm_limit'),
     expiresAt: integer('expires_at'),
     models: jsonText('models'),
+    maxConcurrency: integer('max_concurrency'),
   },
   (t) => [uniqueIndex('keys_secret_hash').on(t.secretHash), index('keys_org').on(t.orgId, t.kind, t.id)],
 )

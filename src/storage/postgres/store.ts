@@ -37,6 +37,7 @@ import type {
   KeyPatch,
   KeyRecord,
   LedgerEntry,
+  OrgPatch,
   OrgRecord,
   ResponseRecord,
   Store,
@@ -190,6 +191,12 @@ export class PostgresStore implements Store {
 
   async findOrgByName(name: string) {
     const [row] = await this.db.select().from(schema.orgs).where(eq(schema.orgs.name, name))
+    return row
+  }
+
+  async updateOrg(id: string, patch: OrgPatch) {
+    if (Object.keys(patch).length === 0) return this.getOrg(id)
+    const [row] = await this.db.update(schema.orgs).set(patch).where(eq(schema.orgs.id, id)).returning()
     return row
   }
 

@@ -1,5 +1,6 @@
 import { sql } from 'drizzle-orm'
 import { index, primaryKey, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core'
+import type { ModelLimits } from '../records.ts'
 import { count, epoch, money } from './columns.ts'
 
 export const meta = sqliteTable('meta', {
@@ -12,6 +13,11 @@ export const orgs = sqliteTable('orgs', {
   name: text('name').notNull().unique(),
   balanceNano: money('balance_nano').notNull().default(sql`0`),
   createdAt: epoch('created_at').notNull(),
+  /** The organization's requests and tokens per minute, over all its keys; null: none. */
+  rpmLimit: count('rpm_limit'),
+  tpmLimit: count('tpm_limit'),
+  /** Per-model limits as JSON (`{"<model or pattern>": {"rpm": n, "tpm": n}}`); null: none. */
+  modelLimits: text('model_limits', { mode: 'json' }).$type<ModelLimits>(),
 })
 
 export const keys = sqliteTable(
@@ -37,6 +43,8 @@ export const keys = sqliteTable(
     expiresAt: epoch('expires_at'),
     /** The model ids or patterns (`anthropic/*`) the key may use, as JSON; null: every model. */
     models: text('models', { mode: 'json' }).$type<readonly string[]>(),
+    /** Requests in flight at once across the cluster; null: no bound. */
+    maxConcurrency: count('max_concurrency'),
   },
   (t) => [uniqueIndex('keys_secret_hash').on(t.secretHash), index('keys_org').on(t.orgId, t.kind, t.id)],
 )

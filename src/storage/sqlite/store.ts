@@ -23,6 +23,7 @@ import type {
   KeyPatch,
   KeyRecord,
   LedgerEntry,
+  OrgPatch,
   OrgRecord,
   ResponseRecord,
   Store,
@@ -176,6 +177,11 @@ export class SqliteStore implements Store {
 
   async findOrgByName(name: string) {
     return this.db.select().from(schema.orgs).where(eq(schema.orgs.name, name)).get()
+  }
+
+  async updateOrg(id: string, patch: OrgPatch) {
+    if (Object.keys(patch).length === 0) return this.getOrg(id)
+    return this.db.update(schema.orgs).set(patch).where(eq(schema.orgs.id, id)).returning().get()
   }
 
   async insertKey(key: KeyRecord) {
