@@ -1,3 +1,4 @@
+import type { Budget } from '../billing/budgets.ts'
 import type { NanoRub } from '../billing/money.ts'
 import type { KeyKind, KeyRecord, KeyStatus, OrgRecord } from '../storage/store.ts'
 
@@ -27,6 +28,10 @@ export class LiveKey {
   expiresAt: number | null
   /** The model ids or patterns the key may use; null: every model. */
   models: readonly string[] | null
+  /** A budget that resets every period (day, week, month in a zone); null: none. */
+  budget: Budget | null
+  /** The budget each end user of the key gets every period; null: none. */
+  endUserBudget: Budget | null
   /** `models` as one expression (a trailing or inner `*` matches any characters). */
   private allowed: RegExp | null
 
@@ -47,6 +52,8 @@ export class LiveKey {
     this.tpmLimit = r.tpmLimit
     this.expiresAt = r.expiresAt
     this.models = r.models
+    this.budget = r.budget ?? null
+    this.endUserBudget = r.endUserBudget ?? null
     this.allowed = modelPattern(r.models)
   }
 

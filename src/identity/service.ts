@@ -1,4 +1,5 @@
-import type { MoneyMeter } from '../billing/meter.ts'
+import type { Budget } from '../billing/budgets.ts'
+import type { BudgetNow, MoneyMeter } from '../billing/meter.ts'
 import { MAX_AMOUNT_NANO, MAX_AMOUNT_RUB, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import type { ClusterBus } from '../cluster/bus.ts'
 import {
@@ -26,6 +27,8 @@ export interface NewKey {
   readonly tpmLimit?: number | null
   readonly expiresAt?: number | null
   readonly models?: readonly string[] | null
+  readonly budget?: Budget | null
+  readonly endUserBudget?: Budget | null
 }
 
 export interface KeyChanges {
@@ -36,6 +39,8 @@ export interface KeyChanges {
   readonly tpmLimit?: number | null
   readonly expiresAt?: number | null
   readonly models?: readonly string[] | null
+  readonly budget?: Budget | null
+  readonly endUserBudget?: Budget | null
 }
 
 /**
@@ -203,6 +208,8 @@ export class IdentityService {
     key.tpmLimit = rec.tpmLimit
     key.expiresAt = rec.expiresAt
     key.setModels(rec.models)
+    key.budget = rec.budget ?? null
+    key.endUserBudget = rec.endUserBudget ?? null
   }
 
   /** Another node changed a key: take the store's version. */
@@ -319,6 +326,8 @@ export class IdentityService {
       tpmLimit: k.tpmLimit ?? null,
       expiresAt: k.expiresAt ?? null,
       models: k.models ?? null,
+      budget: k.budget ?? null,
+      endUserBudget: k.endUserBudget ?? null,
     }
     await this.store.insertKey(rec)
     const key = new LiveKey(rec)
@@ -381,6 +390,12 @@ export class IdentityService {
     return this.meter?.standing ? this.meter.standing(org, []) : org
   }
 
+  /** Where a key's period budget stands now (every node's charges and holds); undefined without one. */
+  async budgetNow(key: LiveKey): Promise<BudgetNow | undefined> {
+    if (key.budget === null || !this.meter) return undefined
+    return this.meter.budgetNow(key)
+  }
+
   /** Sets shown copies' spend to the cluster's (unflushed charges of every node included). */
   private async withClusterSpend(orgId: string, keys: LiveKey[]): Promise<void> {
     const org = this.orgs.get(orgId)
@@ -402,6 +417,8 @@ export class IdentityService {
       ...(c.tpmLimit !== undefined && { tpmLimit: c.tpmLimit }),
       ...(c.expiresAt !== undefined && { expiresAt: c.expiresAt }),
       ...(c.models !== undefined && { models: c.models }),
+      ...(c.budget !== undefined && { budget: c.budget }),
+      ...(c.endUserBudget !== undefined && { endUserBudget: c.endUserBudget }),
     }
     const limitBefore = key.limitNano
     await this.store.updateKey(key.id, patch)

@@ -56,6 +56,7 @@ export async function createEmbeddings(
     payer.key,
     payer.org,
     costNano(reservedPromptTokens(promptTokens), 0, model.price),
+    payer.endUser,
   )
   try {
     // Counted only once the request is admitted, so a 402 does not eat into the rate limit.
@@ -113,6 +114,7 @@ export async function createEmbeddings(
       outcome: 'ok',
       estimated: value.tokens === undefined,
       ttftMs,
+      endUser: payer.endUser ?? null,
     })
     rec?.settled(tokens, 0, 0, charged)
     const costRub = nanoToRubNumber(charged)

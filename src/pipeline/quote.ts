@@ -1,7 +1,14 @@
 import type { MoneyMeter } from '../billing/meter.ts'
 import { formatRub, type NanoRub } from '../billing/money.ts'
 import type { ModelConfig } from '../config/load.ts'
-import { insufficientBalance, keyLimitReached, type TropaError } from '../errors.ts'
+import {
+  BudgetExhausted,
+  endUserBudgetExhausted,
+  insufficientBalance,
+  keyBudgetExhausted,
+  keyLimitReached,
+  type TropaError,
+} from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { RouteRequest } from '../routing/policy.ts'
 import type { UpstreamDeps } from './dispatch.ts'
@@ -20,10 +27,15 @@ export interface Quote {
   readonly max_output_tokens: number
   /** The worst case held before the call, roubles (what is released at settlement is not known). */
   readonly reserve_rub: number
-  /** Whether the key's limit and the organization's balance would admit it now. */
+  /** Whether the key's limit, its period budgets (its own, its end user's) and the organization's balance would admit it now. */
   readonly admitted: boolean
   /** Why not, as the 402 would say it. */
-  readonly refusal: { readonly code: string; readonly message: string } | null
+  readonly refusal: {
+    readonly code: string
+    readonly message: string
+    /** A spent period budget: when it resets, Unix seconds (as the 402's x-tropa-budget-resets-at). */
+    readonly resets_at?: number
+  } | null
   /** The node the routing policy would choose now, and its predicted time to first token. */
   readonly node: string | null
   readonly predicted_ttft_ms: number | null
@@ -37,7 +49,7 @@ export interface Quote {
  */
 export async function quoteCall(
   deps: Pick<UpstreamDeps, 'pool' | 'policy'> & { readonly meter: MoneyMeter },
-  payer: { readonly key: LiveKey; readonly org: LiveOrg },
+  payer: { readonly key: LiveKey; readonly org: LiveOrg; readonly endUser?: string | undefined },
   call: {
     readonly model: ModelConfig
     readonly promptTokens: number
@@ -49,7 +61,7 @@ export async function quoteCall(
   worstNano: NanoRub,
   requestId: string,
 ): Promise<Response> {
-  const refusal = await refusalOf(deps.meter, payer.key, payer.org, worstNano)
+  const refusal = await refusalOf(deps.meter, payer.key, payer.org, worstNano, payer.endUser)
   const prefix = call.prefix()
   const req: RouteRequest = {
     modelId: call.model.id,
@@ -71,19 +83,24 @@ export async function quoteCall(
     max_output_tokens: call.worstOutputTokens,
     reserve_rub: Number(formatRub(worstNano)),
     admitted: refusal === null,
-    refusal: refusal && { code: refusal.code, message: refusal.message },
+    refusal: refusal && {
+      code: refusal.code,
+      message: refusal.message,
+      ...(refusal instanceof BudgetExhausted && { resets_at: refusal.resetsAtSec }),
+    },
     node: chosen?.node.name ?? null,
     predicted_ttft_ms: ttft === undefined ? null : Math.round(ttft * 10) / 10,
   }
   return Response.json(quote, { headers: { 'x-request-id': requestId, [DRY_RUN_HEADER]: '1' } })
 }
 
-/** The 402 that reserving `amountNano` would meet now, or null. */
+/** The 402 that reserving `amountNano` would meet now, or null (checked in the order reserve checks). */
 async function refusalOf(
   meter: MoneyMeter,
   key: LiveKey,
   org: LiveOrg,
   amountNano: NanoRub,
+  endUser: string | undefined,
 ): Promise<TropaError | null> {
   // In a cluster the shared rooms say what every node charged and holds; on one node the live
   // objects are the truth.
@@ -91,6 +108,16 @@ async function refusalOf(
   const spent = standing?.spentNano.get(key.id) ?? key.spentNano
   if (key.limitNano !== null && spent + key.reservedNano + amountNano > key.limitNano)
     return keyLimitReached()
+  // Period budgets: what the current period holds (every node's charges and holds in a cluster).
+  if (key.budget !== null) {
+    const b = await meter.budgetNow(key)
+    if (b && b.committedNano + amountNano > key.budget.amountNano) return keyBudgetExhausted(b.span.endMs)
+  }
+  if (endUser !== undefined && key.endUserBudget !== null) {
+    const b = await meter.budgetNow(key, endUser)
+    if (b && b.committedNano + amountNano > key.endUserBudget.amountNano)
+      return endUserBudgetExhausted(b.span.endMs)
+  }
   const balance = standing?.balanceNano ?? org.balanceNano
   const reserved = standing?.reservedNano ?? org.reservedNano
   if (reserved + amountNano > balance) return insufficientBalance()

@@ -33,6 +33,8 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       models: null,
       rpmLimit: null,
       tpmLimit: null,
+      budget: null,
+      endUserBudget: null,
       ...extra,
     })
     const usage = (
