@@ -10,7 +10,7 @@ import os from 'node:os'
 import { join, resolve } from 'node:path'
 import { LedgerWriter } from '../src/billing/ledger.ts'
 import { ThreadLedgerSink } from '../src/billing/ledger-sink.ts'
-import { Meter } from '../src/billing/meter.ts'
+import { Meter, type Reservation } from '../src/billing/meter.ts'
 import { costNano, formatRub } from '../src/billing/money.ts'
 import { LiveKey, LiveOrg } from '../src/identity/live.ts'
 import { requestId } from '../src/ids.ts'
@@ -52,6 +52,8 @@ export async function measureEventLoopMoneyPath(
     expiresAt: null,
     models: null,
     maxConcurrency: null,
+    budget: null,
+    endUserBudget: null,
   })
   await store.insertKey({ ...key, revokedAt: null })
   const entry = resolve(import.meta.dir, '../src/billing/ledger-thread.ts')
@@ -62,7 +64,8 @@ export async function measureEventLoopMoneyPath(
   // One request's money calls, as chat.ts makes them (the parts billing off skips included).
   const request = (meter: Meter) => {
     const started = Date.now()
-    const r = meter.reserve(key, org, costNano(12, 4084, price))
+    // A key without a budget: the meter answers at once (no promise).
+    const r = meter.reserve(key, org, costNano(12, 4084, price)) as Reservation
     const charged = meter.settle(r, {
       requestId: requestId(),
       model: 'sim/chat-small',

@@ -110,6 +110,27 @@ export const keyLimitReached = () =>
   new QuotaExceeded('the spending limit of this API key is reached', 'key_limit_reached')
 export const insufficientBalance = () =>
   new QuotaExceeded('the organization balance is too low for this request', 'insufficient_balance')
+/** A period budget is spent: 402 with `x-tropa-budget-resets-at` (Unix seconds of the next period's start). */
+export class BudgetExhausted extends QuotaExceeded {
+  /** Unix seconds when the period ends and the budget starts again from zero. */
+  readonly resetsAtSec: number
+  constructor(message: string, code: string, resetsAtMs: number) {
+    super(message, code)
+    this.resetsAtSec = Math.ceil(resetsAtMs / 1000)
+  }
+}
+export const keyBudgetExhausted = (resetsAtMs: number) =>
+  new BudgetExhausted(
+    "this API key's budget for the current period is spent; it resets at the time in x-tropa-budget-resets-at",
+    'key_budget_exhausted',
+    resetsAtMs,
+  )
+export const endUserBudgetExhausted = (resetsAtMs: number) =>
+  new BudgetExhausted(
+    "this end user's budget for the current period is spent; it resets at the time in x-tropa-budget-resets-at",
+    'end_user_budget_exhausted',
+    resetsAtMs,
+  )
 
 export class PermissionDenied extends TropaError {
   readonly status = 403

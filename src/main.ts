@@ -5,7 +5,7 @@ import { parseArgs } from 'node:util'
 import { createApp } from './app.ts'
 import { runBatchesCommand } from './cli/batches.ts'
 import { runStoreCommand } from './cli/store.ts'
-import { type Config, ConfigError, loadConfig } from './config/load.ts'
+import { type Config, ConfigError, loadConfig, TEST_CLOCK_ENV } from './config/load.ts'
 import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
 import { randomBase62 } from './ids.ts'
 import { loadTokenizer } from './pipeline/tokens.ts'
@@ -118,7 +118,17 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
   const models = fleet ? demoModels(fleet.nodes) : base.models
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
-  const svc = await buildServices(config, store, log, threadEntries())
+  // Tests only: a clock ahead of (or behind) the real one for period budgets, so a test of a
+  // kill -9 crosses a budget's period boundary in seconds (docs/billing.md).
+  const offset = Number(process.env[TEST_CLOCK_ENV] ?? 0)
+  const svc = await buildServices(
+    config,
+    store,
+    log,
+    threadEntries(),
+    undefined,
+    Number.isFinite(offset) && offset !== 0 ? { clock: () => Date.now() + offset } : {},
+  )
   svc.loadConfig = () => {
     // The demo's models are generated for its in-process fleet; only a config file's reload.
     if (fleet)

@@ -82,6 +82,15 @@ export interface ThreadEntries {
   readonly ledgerThread?: string | URL
 }
 
+/** For tests only, never set in production: main.ts sets `clock` from TROPA_TEST_CLOCK_OFFSET_MS. */
+export interface TestHooks {
+  /**
+   * Unix ms now for period budgets (which period a request is admitted in, when it resets), so
+   * a test crosses a period's boundary without waiting for one. Default Date.now.
+   */
+  readonly clock?: () => number
+}
+
 export async function buildServices(
   config: Config,
   store: Store,
@@ -89,6 +98,8 @@ export async function buildServices(
   threads: ThreadEntries = {},
   /** A routing policy instead of the configured one (the HTTP routing benchmark runs peers' policies). */
   policyOverride?: RoutingPolicy,
+  /** For tests only: what stands in for the world (see TestHooks). */
+  hooks: TestHooks = {},
 ): Promise<Services> {
   // The OpenTelemetry SDK is loaded only when tracing is configured.
   const tracing = config.tracing
@@ -144,9 +155,23 @@ export async function buildServices(
           leaseMs: config.redis.reservationLeaseMs,
           flushIntervalMs: config.storage.flushIntervalMs,
           log,
+          ...(hooks.clock && { clock: hooks.clock }),
         })
       : undefined
-  const meter: MoneyMeter = shared ?? new Meter(ledger, config.server.billing)
+  const meter: MoneyMeter =
+    shared ??
+    new Meter(ledger, config.server.billing, {
+      ...(hooks.clock && { clock: hooks.clock }),
+      // A budget counter this node does not hold is read back from the ledger.
+      periodSpend: (key, endUser, span) =>
+        store.periodSpend({
+          orgId: key.orgId,
+          keyId: key.id,
+          endUser,
+          fromMs: span.startMs,
+          toMs: span.endMs,
+        }),
+    })
   // Rate limits are counted in Redis too when there is one, so they hold across nodes.
   const sharedLimiter = config.redis.url
     ? new SharedRateLimiter(config.redis.url, config.redis.prefix)

@@ -25,6 +25,22 @@ const ModelLimitsBody = T.Union([
   ),
   T.Null(),
 ])
+/**
+ * A budget that resets every period: `amount_rub` per `period` (day, week from Monday, month),
+ * periods in `timezone` (an IANA name; default UTC). null clears it.
+ */
+const BudgetBody = T.Union([
+  T.Object(
+    {
+      amount_rub: Rub,
+      period: T.Union([T.Literal('day'), T.Literal('week'), T.Literal('month')]),
+      timezone: T.Optional(T.String({ minLength: 1, maxLength: 64 })),
+    },
+    { additionalProperties: false },
+  ),
+  T.Null(),
+])
+export type BudgetBody = Static<typeof BudgetBody>
 
 export const CreateKeyBody = T.Object(
   {
@@ -35,6 +51,8 @@ export const CreateKeyBody = T.Object(
     expires_at: T.Optional(ExpiresAt),
     models: T.Optional(KeyModels),
     max_concurrency: T.Optional(MaxConcurrency),
+    budget: T.Optional(BudgetBody),
+    end_user_budget: T.Optional(BudgetBody),
     /** Only with the admin token: the organization to create the key in. */
     org_id: T.Optional(T.String()),
   },
@@ -52,6 +70,8 @@ export const PatchKeyBody = T.Object(
     expires_at: T.Optional(ExpiresAt),
     models: T.Optional(KeyModels),
     max_concurrency: T.Optional(MaxConcurrency),
+    budget: T.Optional(BudgetBody),
+    end_user_budget: T.Optional(BudgetBody),
   },
   { additionalProperties: false },
 )

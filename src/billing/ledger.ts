@@ -62,8 +62,15 @@ export class LedgerWriter {
   }
 
   /** Queues a settled request's usage row: its fields are copied into the queue's columns (LedgerRows.pushRow). */
-  pushUsage(s: LedgerRowBase, orgId: string, keyId: string, costNano: bigint, outcome: string): void {
-    this.queue.pushRow(s, 'usage', orgId, keyId, costNano, outcome)
+  pushUsage(
+    s: LedgerRowBase,
+    orgId: string,
+    keyId: string,
+    costNano: bigint,
+    outcome: string,
+    admittedAtMs?: number,
+  ): void {
+    this.queue.pushRow(s, 'usage', orgId, keyId, costNano, outcome, admittedAtMs)
   }
 
   /** Writes everything queued so far; concurrent calls are serialised. */

@@ -1,6 +1,13 @@
-import { insufficientBalance, keyLimitReached } from '../errors.ts'
+import {
+  endUserBudgetExhausted,
+  insufficientBalance,
+  keyBudgetExhausted,
+  keyLimitReached,
+  SharedStateUnavailable,
+} from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { LedgerEntry } from '../storage/store.ts'
+import { CounterLru, PeriodCache, PeriodCounter, type PeriodSpan } from './budgets.ts'
 import { type LedgerWriter, ledgerFullError } from './ledger.ts'
 import type { NanoRub } from './money.ts'
 
@@ -12,6 +19,15 @@ export interface Reservation {
   done: boolean
   /** Cluster meter: the reservation's field in this node's hash of holds in Redis. */
   hold?: string
+  /**
+   * When the request was admitted (the meter's clock), for a key with a budget: its money counts
+   * into the periods containing this instant, and its ledger row carries it (`admitted_at_ms`).
+   */
+  admittedAtMs?: number
+  /** One node: the period counters (key budget, end-user budget) this reservation holds in. */
+  counters?: PeriodCounter[]
+  /** Cluster meter: the budget rooms in Redis this reservation holds in. */
+  budgetRooms?: string[]
 }
 
 export type Settlement = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'costNano'> & {
@@ -20,8 +36,16 @@ export type Settlement = Omit<LedgerEntry, 'kind' | 'orgId' | 'keyId' | 'costNan
 
 /** Admission and settlement of money: on one node in memory, across nodes in Redis. */
 export interface MoneyMeter {
-  /** Holds the worst-case cost, or throws 402 (key limit first, then balance). */
-  reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Reservation | Promise<Reservation>
+  /**
+   * Holds the worst-case cost, or throws 402: the key's limit, its period budget, the end user's
+   * period budget, then the organization's balance. `endUser` names the key owner's end user.
+   */
+  reserve(
+    key: LiveKey,
+    org: LiveOrg,
+    amountNano: NanoRub,
+    endUser?: string,
+  ): Reservation | Promise<Reservation>
   /** Charges the real cost (never above the reservation), releases the rest; returns the charge. */
   settle(r: Reservation, s: Settlement): NanoRub
   /** Gives the whole reservation back. */
@@ -62,6 +86,37 @@ export interface SpendFigures {
   readonly keySpentAtMostNano: NanoRub
   readonly balanceAtLeastNano: NanoRub
   readonly exact?: () => Promise<{ readonly keySpentNano: NanoRub; readonly balanceNano: NanoRub }>
+  /**
+   * Where a key's period budget (or, with `endUser`, that end user's) stands now: spent in the
+   * current period (settled charges and holds in flight, every node's), and the period. Undefined
+   * when the key has no such budget.
+   */
+  budgetNow(key: LiveKey, endUser?: string): Promise<BudgetNow | undefined>
+  /** The clock periods are read by (Unix ms; injectable for tests). */
+  readonly clock: () => number
+}
+
+/** A period budget's standing: what is committed in the current period, and the period. */
+export interface BudgetNow {
+  /** Settled charges admitted in the period plus holds of requests in flight admitted in it. */
+  readonly committedNano: NanoRub
+  /** Holds in flight (part of committedNano). */
+  readonly reservedNano: NanoRub
+  readonly span: PeriodSpan
+}
+
+/** The sum of a budget's charges admitted in a period, from the ledger (single node and cluster rebuilds). */
+export type PeriodSpendReader = (key: LiveKey, endUser: string | null, span: PeriodSpan) => Promise<NanoRub>
+
+export interface MeterOptions {
+  /** false only to measure the money path's own cost in benchmarks: nothing is charged. */
+  readonly enabled?: boolean
+  /** Unix ms now, for budget periods: Date.now, or a test's clock. */
+  readonly clock?: () => number
+  /** Reads a period's spend from the store (budgets); absent: budgets count from zero. */
+  readonly periodSpend?: PeriodSpendReader
+  /** End users' counters kept in memory at most (least recently used beyond are read back from the ledger). */
+  readonly maxEndUsers?: number
 }
 
 /** An organization's balance and reservations in flight, and its keys' spend, right now. */
@@ -79,18 +134,40 @@ export interface Standing {
  */
 export class Meter implements MoneyMeter {
   watch: SpendWatch | undefined
+  readonly clock: () => number
+  private readonly periods = new PeriodCache()
+  /** Key budgets' counters of the current period, by key id (a key has one budget). */
+  private readonly keyCounters = new Map<string, PeriodCounter>()
+  /** End users' counters, by key id, end user and period (bounded). */
+  private readonly userCounters: CounterLru
+  /** Counters being read back from the ledger: the requests that need one wait for the same read. */
+  private readonly loading = new Map<string, Promise<PeriodCounter>>()
+  private readonly periodSpend: PeriodSpendReader | undefined
 
   constructor(
     private readonly ledger: LedgerWriter,
     /** false only to measure the money path's own cost in benchmarks: nothing is charged. */
     private readonly enabled = true,
-  ) {}
+    o: MeterOptions = {},
+  ) {
+    this.clock = o.clock ?? Date.now
+    this.periodSpend = o.periodSpend
+    this.userCounters = new CounterLru(o.maxEndUsers ?? 10_000)
+  }
 
-  /** Holds the worst-case cost, or throws 402 (key limit first, then balance). */
-  reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Reservation {
+  /** Holds the worst-case cost, or throws 402 (key limit, budgets, then balance). */
+  reserve(
+    key: LiveKey,
+    org: LiveOrg,
+    amountNano: NanoRub,
+    endUser?: string,
+  ): Reservation | Promise<Reservation> {
     if (!this.enabled) return { key, org, amountNano: 0n, done: false }
     // The ledger cannot take more unwritten rows: serving now would spend without a record.
     if (this.ledger.full()) throw ledgerFullError(this.ledger.lastError)
+    // A budgeted key takes the longer path; the others (the hot path) pay nothing for budgets.
+    if (key.budget !== null || (key.endUserBudget !== null && endUser !== undefined))
+      return this.reserveBudgeted(key, org, amountNano, endUser)
     // Each bigint sum is a new heap number: the held totals are computed once, checked, then kept.
     const keyHeld = key.reservedNano + amountNano
     if (key.limitNano !== null && key.spentNano + keyHeld > key.limitNano) {
@@ -102,6 +179,112 @@ export class Meter implements MoneyMeter {
     key.reservedNano = keyHeld
     org.reservedNano = orgHeld
     return { key, org, amountNano, done: false }
+  }
+
+  /**
+   * A key with a period budget: its counters of the current period (read back from the ledger
+   * when this node has none yet), then every check and the holds at once, synchronously, so no
+   * interleaving overspends any of them.
+   */
+  private reserveBudgeted(
+    key: LiveKey,
+    org: LiveOrg,
+    amountNano: NanoRub,
+    endUser: string | undefined,
+  ): Reservation | Promise<Reservation> {
+    const now = this.clock()
+    const kc =
+      key.budget === null
+        ? undefined
+        : this.counter(key, null, this.periods.at(key.budget.period, key.budget.timezone, now), now)
+    const ub = endUser === undefined ? null : key.endUserBudget
+    const uc =
+      ub === null ? undefined : this.counter(key, endUser!, this.periods.at(ub.period, ub.timezone, now), now)
+    if (kc instanceof Promise || uc instanceof Promise)
+      return Promise.all([kc, uc]).then(([k, u]) => this.admit(key, org, amountNano, now, k, u))
+    return this.admit(key, org, amountNano, now, kc, uc)
+  }
+
+  private admit(
+    key: LiveKey,
+    org: LiveOrg,
+    amountNano: NanoRub,
+    now: number,
+    kc: PeriodCounter | undefined,
+    uc: PeriodCounter | undefined,
+  ): Reservation {
+    const keyHeld = key.reservedNano + amountNano
+    if (key.limitNano !== null && key.spentNano + keyHeld > key.limitNano) throw keyLimitReached()
+    // The budgets as they are now (a change while the counters were read applies at once).
+    if (kc && key.budget && kc.spentNano + kc.reservedNano + amountNano > key.budget.amountNano)
+      throw keyBudgetExhausted(kc.endMs)
+    if (uc && key.endUserBudget && uc.spentNano + uc.reservedNano + amountNano > key.endUserBudget.amountNano)
+      throw endUserBudgetExhausted(uc.endMs)
+    const orgHeld = org.reservedNano + amountNano
+    if (orgHeld > org.balanceNano) throw insufficientBalance()
+    key.reservedNano = keyHeld
+    org.reservedNano = orgHeld
+    const counters: PeriodCounter[] = []
+    if (kc) counters.push(kc)
+    if (uc) counters.push(uc)
+    for (const c of counters) c.reservedNano += amountNano
+    return { key, org, amountNano, done: false, admittedAtMs: now, counters }
+  }
+
+  /**
+   * The counter of a key's budget (endUser null) or of one end user's, for `span`. A counter this
+   * node does not hold is read back from the ledger (every charge of this node flushed first, so
+   * none is missed): this node admits every request of the key, so from then on it counts them.
+   */
+  private counter(
+    key: LiveKey,
+    endUser: string | null,
+    span: PeriodSpan,
+    now: number,
+  ): PeriodCounter | Promise<PeriodCounter> {
+    const keyId = key.id
+    const id = endUser === null ? keyId : `${keyId}\n${endUser}\n${span.startMs}\n${span.endMs}`
+    const held = endUser === null ? this.keyCounters.get(id) : this.userCounters.get(id, now)
+    if (held !== undefined && held.startMs === span.startMs && held.endMs === span.endMs) return held
+    let pending = this.loading.get(id)
+    if (pending === undefined) {
+      pending = this.readCounter(key, endUser, span).then(
+        (c) => {
+          this.loading.delete(id)
+          if (endUser === null) this.keyCounters.set(id, c)
+          else this.userCounters.set(id, c)
+          return c
+        },
+        (err) => {
+          this.loading.delete(id)
+          throw err
+        },
+      )
+      this.loading.set(id, pending)
+    }
+    return pending
+  }
+
+  private async readCounter(key: LiveKey, endUser: string | null, span: PeriodSpan): Promise<PeriodCounter> {
+    const c = new PeriodCounter(span.startMs, span.endMs)
+    if (!this.periodSpend) return c
+    try {
+      await this.ledger.flush()
+      if (this.ledger.lastError !== undefined) throw this.ledger.lastError
+      c.spentNano = await this.periodSpend(key, endUser, span)
+    } catch {
+      throw new SharedStateUnavailable()
+    }
+    return c
+  }
+
+  async budgetNow(key: LiveKey, endUser?: string): Promise<BudgetNow | undefined> {
+    const b = endUser === undefined ? key.budget : key.endUserBudget
+    if (b === null) return undefined
+    const now = this.clock()
+    const span = this.periods.at(b.period, b.timezone, now)
+    const c = await this.counter(key, endUser ?? null, span, now)
+    return { committedNano: c.spentNano + c.reservedNano, reservedNano: c.reservedNano, span }
   }
 
   /**
@@ -122,6 +305,14 @@ export class Meter implements MoneyMeter {
         keySpentAtMostNano: r.key.spentNano,
         balanceAtLeastNano: r.org.balanceNano,
       })
+    if (r.counters) {
+      // The periods the request was admitted in, whichever period it is now. Here, where a
+      // budget's spend after the charge is known, an alert at 80% or 100% of it would be raised.
+      for (const c of r.counters) {
+        c.reservedNano -= r.amountNano
+        c.spentNano += charged
+      }
+    }
     return charged
   }
 
@@ -131,6 +322,7 @@ export class Meter implements MoneyMeter {
     r.done = true
     r.key.reservedNano -= r.amountNano
     r.org.reservedNano -= r.amountNano
+    if (r.counters) for (const c of r.counters) c.reservedNano -= r.amountNano
   }
 }
 
@@ -145,6 +337,13 @@ export function charge(ledger: LedgerWriter, r: Reservation, s: Settlement): Nan
   r.key.spentNano += charged
   r.org.balanceNano -= charged
   r.key.lastUsedAt = Math.floor(s.endedAtMs / 1000)
-  ledger.pushUsage(s, r.org.id, r.key.id, charged, charged < s.costNano ? `${s.outcome}:capped` : s.outcome)
+  ledger.pushUsage(
+    s,
+    r.org.id,
+    r.key.id,
+    charged,
+    charged < s.costNano ? `${s.outcome}:capped` : s.outcome,
+    r.admittedAtMs,
+  )
   return charged
 }

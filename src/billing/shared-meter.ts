@@ -1,10 +1,19 @@
 import type { RedisClient } from 'bun'
 import { RedisScripts } from '../cluster/redis-scripts.ts'
-import { insufficientBalance, keyLimitReached, SharedStateUnavailable, TropaError } from '../errors.ts'
+import {
+  endUserBudgetExhausted,
+  insufficientBalance,
+  keyBudgetExhausted,
+  keyLimitReached,
+  SharedStateUnavailable,
+  TropaError,
+} from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { Store } from '../storage/store.ts'
+import { type Budget, PeriodCache, type PeriodSpan } from './budgets.ts'
 import { type LedgerWriter, ledgerFullError } from './ledger.ts'
 import {
+  type BudgetNow,
   charge,
   type MoneyMeter,
   type Reservation,
@@ -36,21 +45,41 @@ local function less(a, b)
 end
 `
 
-// KEYS: key room, org room, this node's holds, this node's heartbeat. ARGV: amount, limited, hold id.
+// KEYS: key room, org room, this node's holds, this node's heartbeat, then up to two budget
+// rooms (the key's period budget, its end user's). ARGV: amount, limited, hold id, then for each
+// budget room the most it may hold before this request (budget - amount).
 // Every key has a room, limited or not: an unlimited key's is (0 - spent - holds), never checked,
 // so that any node can tell what a key has spent across the cluster (see standing()).
+// A budget room counts down from zero: it is -(charges admitted in its period + holds), so the
+// scripts that give holds back add to it as to any room, and the budget itself (which PATCH may
+// change) is not in Redis: a request may hold only if -room <= budget - amount.
 const RESERVE = `${LESS}
+local function neg(a)
+  if a:sub(1, 1) == '-' then return a:sub(2) end
+  if a == '0' then return a end
+  return '-' .. a
+end
 if redis.call('EXISTS', KEYS[4]) == 0 then return 'ALIVE' end
 local amount = ARGV[1]
 local k = redis.call('GET', KEYS[1])
 if not k then return 'MISS_KEY' end
 if ARGV[2] == '1' and less(k, amount) then return 'KEY' end
+for i = 5, #KEYS do
+  local b = redis.call('GET', KEYS[i])
+  if not b then return 'MISS_B' .. (i - 4) end
+  if less(ARGV[i - 1], neg(b)) then return 'B' .. (i - 4) end
+end
 local o = redis.call('GET', KEYS[2])
 if not o then return 'MISS_ORG' end
 if less(o, amount) then return 'ORG' end
+local hold = amount .. ' ' .. KEYS[1] .. ' ' .. KEYS[2]
 redis.call('DECRBY', KEYS[1], amount)
 redis.call('DECRBY', KEYS[2], amount)
-redis.call('HSET', KEYS[3], ARGV[3], amount .. ' ' .. KEYS[1] .. ' ' .. KEYS[2])
+for i = 5, #KEYS do
+  redis.call('DECRBY', KEYS[i], amount)
+  hold = hold .. ' ' .. KEYS[i]
+end
+redis.call('HSET', KEYS[3], ARGV[3], hold)
 return 'OK'
 `
 
@@ -144,7 +173,8 @@ return n
 `
 
 // A room missing from Redis, from PostgreSQL's figure minus every hold listed for it.
-// KEYS: room, set of nodes, epoch. ARGV: base, prefix, settling window ms.
+// KEYS: room, set of nodes, epoch. ARGV: base, prefix, settling window ms, and for a budget
+// room the Unix ms at which it expires (a little after its period ends).
 // Returns 'OK', 'EPOCH' (no epoch: heartbeat first) or the milliseconds left to wait.
 const REBUILD = `
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'OK' end
@@ -156,6 +186,7 @@ if e ~= '0' then
   if age < tonumber(ARGV[3]) then return string.format('%.0f', tonumber(ARGV[3]) - age + 1) end
 end
 redis.call('SET', KEYS[1], ARGV[1])
+if ARGV[4] then redis.call('PEXPIREAT', KEYS[1], ARGV[4]) end
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   local all = redis.call('HGETALL', ARGV[2] .. 'held:' .. id)
   for i = 2, #all, 2 do
@@ -170,6 +201,8 @@ return 'OK'
 
 /** A bound that says nothing (a room was missing). */
 const MAX_BOUND = 1n << 80n
+/** How long a budget room outlives its period: holds admitted in it still settle into it meanwhile. */
+const BUDGET_ROOM_GRACE_MS = 3_600_000
 
 const SCRIPTS = { RESERVE, SETTLE, HEARTBEAT, RELIST, SWEEP, REBUILD, STANDING }
 type ScriptName = keyof typeof SCRIPTS
@@ -180,6 +213,8 @@ export interface SharedMeterOptions {
   /** The ledger's flush interval (a rebuild after a data loss waits for every node's flush). */
   readonly flushIntervalMs?: number
   readonly nodeId?: string
+  /** Unix ms now, for budget periods: Date.now, or a test's clock. */
+  readonly clock?: () => number
   readonly log?: (level: 'info' | 'warn' | 'error', msg: string, fields?: Record<string, unknown>) => void
 }
 
@@ -215,6 +250,8 @@ export class SharedMeter implements MoneyMeter {
   /** Whether this node has seen the epoch (a missing one after that means Redis lost its data). */
   private sawEpoch = false
   private fresh: Promise<boolean> | undefined
+  readonly clock: () => number
+  private readonly periods = new PeriodCache()
 
   constructor(
     url: string,
@@ -231,6 +268,7 @@ export class SharedMeter implements MoneyMeter {
     this.tickMs = Math.max(50, Math.floor(this.leaseMs / 4))
     this.settleWindowMs = this.tickMs * 2 + (o.flushIntervalMs ?? 50) * 2 + 100
     this.log = o.log ?? (() => {})
+    this.clock = o.clock ?? Date.now
     this.held = `${prefix}held:${this.nodeId}`
     this.alive = `${prefix}alive:${this.nodeId}`
     this.nodes = `${prefix}nodes`
@@ -242,19 +280,45 @@ export class SharedMeter implements MoneyMeter {
   private keyRoom = (id: string) => `${this.prefix}room:key:${id}`
   private orgRoom = (id: string) => `${this.prefix}room:org:${id}`
 
-  async reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub): Promise<Reservation> {
+  /** A budget room: the key's, or one end user's (named by a hash: any text, bounded, no spaces). */
+  private budgetRoom(keyId: string, b: Budget, span: PeriodSpan, endUser: string | null): string {
+    const base = `${this.prefix}room:${endUser === null ? 'bud' : 'eub'}:${keyId}:${b.period}:${span.startMs}`
+    if (endUser === null) return base
+    return `${base}:${new Bun.CryptoHasher('sha256').update(endUser).digest('hex').slice(0, 32)}`
+  }
+
+  async reserve(key: LiveKey, org: LiveOrg, amountNano: NanoRub, endUser?: string): Promise<Reservation> {
     // The ledger cannot take more unwritten rows (PostgreSQL is away): refuse before spending.
     if (this.ledger.full()) throw ledgerFullError(this.ledger.lastError)
     const limited = key.limitNano !== null
     const hold = (++this.seq).toString(36)
     const rooms = [this.keyRoom(key.id), this.orgRoom(org.id)]
+    const args = [amountNano.toString(), limited ? '1' : '0', hold]
+    // Period budgets: their rooms and what each may hold before this request. Only a key that has
+    // one pays for it.
+    let budgets: { room: string; span: PeriodSpan; endUser: string | null; b: Budget }[] | undefined
+    let admittedAtMs: number | undefined
+    if (key.budget !== null || (key.endUserBudget !== null && endUser !== undefined)) {
+      admittedAtMs = this.clock()
+      budgets = []
+      for (const [b, who] of [
+        [key.budget, null],
+        [endUser === undefined ? null : key.endUserBudget, endUser ?? null],
+      ] as const) {
+        if (b === null) continue
+        const span = this.periods.at(b.period, b.timezone, admittedAtMs)
+        budgets.push({ room: this.budgetRoom(key.id, b, span, who), span, endUser: who, b })
+        args.push((b.amountNano - amountNano).toString())
+      }
+    }
+    const budgetRooms = budgets?.map((x) => x.room)
     for (let attempt = 0; attempt < 6; attempt++) {
       let verdict: string
       try {
         verdict = await this.run(
           'RESERVE',
-          [...rooms, this.held, this.alive],
-          [amountNano.toString(), limited ? '1' : '0', hold],
+          budgetRooms ? [...rooms, this.held, this.alive, ...budgetRooms] : [...rooms, this.held, this.alive],
+          args,
         )
       } catch {
         throw new SharedStateUnavailable()
@@ -262,7 +326,9 @@ export class SharedMeter implements MoneyMeter {
       if (verdict === 'OK') {
         key.reservedNano += amountNano
         org.reservedNano += amountNano
-        const r: Reservation = { key, org, amountNano, done: false, hold }
+        const r: Reservation = budgetRooms
+          ? { key, org, amountNano, done: false, hold, budgetRooms, admittedAtMs }
+          : { key, org, amountNano, done: false, hold }
         this.inFlight.set(hold, r)
         return r
       }
@@ -271,15 +337,57 @@ export class SharedMeter implements MoneyMeter {
         throw keyLimitReached()
       }
       if (verdict === 'ORG') throw insufficientBalance()
+      if (verdict === 'B1' || verdict === 'B2') {
+        const b = budgets![Number(verdict[1]) - 1]!
+        throw b.endUser === null ? keyBudgetExhausted(b.span.endMs) : endUserBudgetExhausted(b.span.endMs)
+      }
       try {
         if (verdict === 'ALIVE') await this.heartbeat()
-        else await this.rebuild(verdict === 'MISS_KEY' ? 'key' : 'org', key.id, org.id)
+        else if (verdict === 'MISS_B1' || verdict === 'MISS_B2') {
+          const b = budgets![Number(verdict[6]) - 1]!
+          await this.rebuildBudget(b.room, key, b.endUser, b.span)
+        } else await this.rebuild(verdict === 'MISS_KEY' ? 'key' : 'org', key.id, org.id)
       } catch (err) {
         if (err instanceof TropaError) throw err
         throw new SharedStateUnavailable()
       }
     }
     throw new SharedStateUnavailable()
+  }
+
+  /**
+   * Where a key's period budget (or one end user's) stands across the cluster: the room is
+   * -(charges admitted in the period + holds), so its negation is what is committed; the holds
+   * listed against it are the part still in flight. A missing room is rebuilt first.
+   */
+  async budgetNow(key: LiveKey, endUser?: string): Promise<BudgetNow | undefined> {
+    const b = endUser === undefined ? key.budget : key.endUserBudget
+    if (b === null) return undefined
+    const span = this.periods.at(b.period, b.timezone, this.clock())
+    const room = this.budgetRoom(key.id, b, span, endUser ?? null)
+    for (let attempt = 0; ; attempt++) {
+      let reply: [string[], string[]]
+      try {
+        reply = (await this.scripts.reply('STANDING', [this.nodes, room], [this.prefix])) as [
+          string[],
+          string[],
+        ]
+      } catch {
+        throw new SharedStateUnavailable()
+      }
+      const [values, holds] = reply
+      if (values[0] === '') {
+        if (attempt >= 3) throw new SharedStateUnavailable()
+        await this.rebuildBudget(room, key, endUser ?? null, span)
+        continue
+      }
+      let reservedNano = 0n
+      for (const h of holds) {
+        const [amount, ...named] = h.split(' ')
+        if (named.includes(room)) reservedNano += BigInt(amount!)
+      }
+      return { committedNano: -BigInt(values[0]!), reservedNano, span }
+    }
   }
 
   settle(r: Reservation, s: Settlement): NanoRub {
@@ -356,6 +464,8 @@ export class SharedMeter implements MoneyMeter {
     if (r.hold === undefined) return
     this.inFlight.delete(r.hold)
     const keys = [this.held, this.keyRoom(r.key.id), this.orgRoom(r.org.id)]
+    // Budget rooms of a period that ended may have expired: SETTLE skips a missing room.
+    if (r.budgetRooms) keys.push(...r.budgetRooms)
     const args = [r.hold, (r.amountNano - charged).toString(), (-charged).toString()]
     if (this.unsent.length > 0) this.unsent.push({ keys, args })
     else if (!watched) void this.run('SETTLE', keys, args).catch(() => this.unsent.push({ keys, args }))
@@ -431,7 +541,8 @@ export class SharedMeter implements MoneyMeter {
         if (had === 0 && this.inFlight.size > 0) {
           const args: string[] = []
           for (const [id, r] of this.inFlight) {
-            args.push(id, `${r.amountNano} ${this.keyRoom(r.key.id)} ${this.orgRoom(r.org.id)}`)
+            const named = [this.keyRoom(r.key.id), this.orgRoom(r.org.id), ...(r.budgetRooms ?? [])]
+            args.push(id, `${r.amountNano} ${named.join(' ')}`)
           }
           const n = await this.run('RELIST', [this.held], args)
           this.log('warn', 'listed in-flight holds again after losing them in Redis', { holds: Number(n) })
@@ -481,6 +592,39 @@ export class SharedMeter implements MoneyMeter {
         'REBUILD',
         [room, this.nodes, this.epoch],
         [base.toString(), this.prefix, String(this.settleWindowMs)],
+      )
+      if (v === 'OK') return
+      if (v === 'EPOCH') await this.heartbeat()
+      else await Bun.sleep(Math.min(Number(v), this.settleWindowMs))
+    }
+  }
+
+  /**
+   * A budget room missing from Redis (first use in its period, or Redis lost it): minus the
+   * charges PostgreSQL holds for requests admitted in the period (this node's flushed first),
+   * minus every hold listed for it, expiring an hour after the period ends. No request could be
+   * admitted in the period without the room, so no other node has unwritten charges for it
+   * (after a data loss the settling window waits for their flushes, as for any room).
+   */
+  private async rebuildBudget(room: string, key: LiveKey, endUser: string | null, span: PeriodSpan) {
+    for (let attempt = 0; attempt < 5; attempt++) {
+      await this.ledger.flush()
+      const spent = await this.store.periodSpend({
+        orgId: key.orgId,
+        keyId: key.id,
+        endUser,
+        fromMs: span.startMs,
+        toMs: span.endMs,
+      })
+      const v = await this.run(
+        'REBUILD',
+        [room, this.nodes, this.epoch],
+        [
+          (-spent).toString(),
+          this.prefix,
+          String(this.settleWindowMs),
+          String(span.endMs + BUDGET_ROOM_GRACE_MS),
+        ],
       )
       if (v === 'OK') return
       if (v === 'EPOCH') await this.heartbeat()

@@ -227,7 +227,9 @@ const ENV_KEYS: Record<
 }
 /** Benchmarks compare the money path on and off in one run; this turns it off. */
 const NO_BILLING_ENV = 'TROPA_BENCH_NO_BILLING'
-const KNOWN_ENV = new Set([...Object.keys(ENV_KEYS), 'TROPA_CONFIG', NO_BILLING_ENV])
+/** Tests only: main.ts runs period budgets on a clock this far ahead of the real one (docs/billing.md). */
+export const TEST_CLOCK_ENV = 'TROPA_TEST_CLOCK_OFFSET_MS'
+const KNOWN_ENV = new Set([...Object.keys(ENV_KEYS), 'TROPA_CONFIG', NO_BILLING_ENV, TEST_CLOCK_ENV])
 
 /** Reads the file (TOML or JSON), applies env and flags, checks everything, returns a frozen Config. */
 export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.env): Config {

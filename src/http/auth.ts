@@ -1,3 +1,4 @@
+import { END_USER_HEADER, MAX_END_USER_LENGTH } from '../billing/budgets.ts'
 import { InvalidValue, PermissionDenied } from '../errors.ts'
 import type { LiveOrg, Principal } from '../identity/live.ts'
 import type { Payer } from '../pipeline/chat.ts'
@@ -39,10 +40,36 @@ export const authenticateFirst = (svc: Services) => async (request: Request) => 
   if (!seen.has(request)) seen.set(request, await svc.identity.authenticateShared(credentialOf(request)))
 }
 
-/** Model endpoints take API keys only: they need a key to bill. */
-export function payerOf(p: Principal, headers?: Headers): Payer {
-  if (p.kind === 'api')
-    return headers?.get(DRY_RUN_HEADER) === '1' ? { key: p.key, org: p.org, quoteOnly: true } : p
+/**
+ * Model endpoints take API keys only: they need a key to bill. With the request's headers, the
+ * payer carries `x-tropa-dry-run: 1` (unless `quotes` is false) and the end user: the
+ * `x-tropa-end-user` header, else the body's field (`user`, Messages' `metadata.user_id`, given
+ * as `user` with its name in `userParam`); empty is none, longer than 256 characters a 400.
+ */
+export function payerOf(
+  p: Principal,
+  headers?: Headers,
+  o?: { readonly user?: string | null | undefined; readonly userParam?: string; readonly quotes?: false },
+): Payer {
+  if (p.kind === 'api') {
+    if (headers === undefined) return p
+    const quoteOnly = o?.quotes !== false && headers.get(DRY_RUN_HEADER) === '1'
+    const header = headers.get(END_USER_HEADER)
+    const named = header ?? o?.user ?? undefined
+    // The pass-through path without an end user or a quote: the principal itself, nothing built.
+    if (!quoteOnly && !named) return p
+    if (named && named.length > MAX_END_USER_LENGTH)
+      throw new InvalidValue(
+        `an end user id may be at most ${MAX_END_USER_LENGTH} characters`,
+        header !== null ? END_USER_HEADER : (o?.userParam ?? 'user'),
+      )
+    return {
+      key: p.key,
+      org: p.org,
+      ...(quoteOnly && { quoteOnly: true }),
+      ...(named && { endUser: named }),
+    }
+  }
   throw new PermissionDenied(
     p.kind === 'master'
       ? 'a master key manages keys only; call model endpoints with an API key (sk-...)'

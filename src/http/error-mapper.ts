@@ -1,6 +1,7 @@
 import { Elysia, type ValidationError } from 'elysia'
 import { fromValueError } from '../api/value-error.ts'
 import {
+  BudgetExhausted,
   ClientClosedRequest,
   InsufficientStorage,
   InternalError,
@@ -19,6 +20,7 @@ export function errorResponse(err: TropaError, requestId: string | undefined): R
   if (requestId) headers['x-request-id'] = requestId
   if (!err.retryable) headers['x-should-retry'] = 'false'
   if (err instanceof RateLimited) headers['retry-after'] = String(err.retryAfterSec)
+  else if (err instanceof BudgetExhausted) headers['x-tropa-budget-resets-at'] = String(err.resetsAtSec)
   return new Response(
     JSON.stringify({ error: { message: err.message, type: err.type, param: err.param, code: err.code } }),
     { status: err.status, headers },

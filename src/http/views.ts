@@ -1,9 +1,20 @@
+import type { Budget } from '../billing/budgets.ts'
+import type { BudgetNow } from '../billing/meter.ts'
 import { formatRub, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { LedgerEntry } from '../storage/store.ts'
 
-/** A key as `/v1/keys` shows it: never the secret, only its hint. */
-export function keyView(k: LiveKey) {
+const budgetView = (b: Budget) => ({
+  amount_rub: nanoToRubNumber(b.amountNano),
+  period: b.period,
+  timezone: b.timezone,
+})
+
+/**
+ * A key as `/v1/keys` shows it: never the secret, only its hint. `now` is where its period budget
+ * stands (IdentityService.budgetNow): spent in the current period, and when it resets.
+ */
+export function keyView(k: LiveKey, now?: BudgetNow) {
   return {
     key_id: k.id,
     object: 'key' as const,
@@ -21,6 +32,15 @@ export function keyView(k: LiveKey) {
     expires_at: k.expiresAt,
     models: k.models,
     max_concurrency: k.maxConcurrency,
+    budget: k.budget && {
+      ...budgetView(k.budget),
+      // Settled charges of requests admitted in the current period, and holds of those in flight.
+      spent_rub: now ? nanoToRubNumber(now.committedNano - now.reservedNano) : 0,
+      reserved_rub: now ? nanoToRubNumber(now.reservedNano) : 0,
+      period_start: now ? Math.floor(now.span.startMs / 1000) : null,
+      resets_at: now ? Math.ceil(now.span.endMs / 1000) : null,
+    },
+    end_user_budget: k.endUserBudget && budgetView(k.endUserBudget),
   }
 }
 
@@ -64,6 +84,7 @@ export function activityView(e: LedgerEntry, keyName: string | null) {
     ttft_ms: e.ttftMs ?? null,
     /** Credits and debits: the operator's reason, if one was given. */
     reason: e.reason ?? null,
+    end_user: e.endUser ?? null,
   }
 }
 
@@ -89,6 +110,7 @@ export const ACTIVITY_CSV_COLUMNS = [
   'duration_ms',
   'ttft_ms',
   'reason',
+  'end_user',
 ] as const
 
 /** One CSV field per RFC 4180: quoted (quotes doubled) when it holds a comma, quote, CR or LF; null is empty. */

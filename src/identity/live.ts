@@ -1,3 +1,4 @@
+import type { Budget } from '../billing/budgets.ts'
 import type { NanoRub } from '../billing/money.ts'
 import type { KeyKind, KeyRecord, KeyStatus, ModelLimits, OrgRecord } from '../storage/store.ts'
 
@@ -29,6 +30,10 @@ export class LiveKey {
   models: readonly string[] | null
   /** Requests of this key in flight at once across the cluster; null: no bound. */
   maxConcurrency: number | null
+  /** A budget that resets every period (day, week, month in a zone); null: none. */
+  budget: Budget | null
+  /** The budget each end user of the key gets every period; null: none. */
+  endUserBudget: Budget | null
   /** `models` as one expression (a trailing or inner `*` matches any characters). */
   private allowed: RegExp | null
 
@@ -50,6 +55,8 @@ export class LiveKey {
     this.expiresAt = r.expiresAt
     this.models = r.models
     this.maxConcurrency = r.maxConcurrency ?? null
+    this.budget = r.budget ?? null
+    this.endUserBudget = r.endUserBudget ?? null
     this.allowed = modelPattern(r.models)
   }
 

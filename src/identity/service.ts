@@ -1,4 +1,5 @@
-import type { MoneyMeter } from '../billing/meter.ts'
+import type { Budget } from '../billing/budgets.ts'
+import type { BudgetNow, MoneyMeter } from '../billing/meter.ts'
 import { MAX_AMOUNT_NANO, MAX_AMOUNT_RUB, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import type { ClusterBus } from '../cluster/bus.ts'
 import {
@@ -27,6 +28,8 @@ export interface NewKey {
   readonly expiresAt?: number | null
   readonly models?: readonly string[] | null
   readonly maxConcurrency?: number | null
+  readonly budget?: Budget | null
+  readonly endUserBudget?: Budget | null
 }
 
 export interface KeyChanges {
@@ -38,6 +41,8 @@ export interface KeyChanges {
   readonly expiresAt?: number | null
   readonly models?: readonly string[] | null
   readonly maxConcurrency?: number | null
+  readonly budget?: Budget | null
+  readonly endUserBudget?: Budget | null
 }
 
 /**
@@ -207,6 +212,8 @@ export class IdentityService {
     key.expiresAt = rec.expiresAt
     key.maxConcurrency = rec.maxConcurrency
     key.setModels(rec.models)
+    key.budget = rec.budget ?? null
+    key.endUserBudget = rec.endUserBudget ?? null
   }
 
   /** Another node changed a key: take the store's version. */
@@ -353,6 +360,8 @@ export class IdentityService {
       expiresAt: k.expiresAt ?? null,
       models: k.models ?? null,
       maxConcurrency: k.maxConcurrency ?? null,
+      budget: k.budget ?? null,
+      endUserBudget: k.endUserBudget ?? null,
     }
     await this.store.insertKey(rec)
     const key = new LiveKey(rec)
@@ -415,6 +424,12 @@ export class IdentityService {
     return this.meter?.standing ? this.meter.standing(org, []) : org
   }
 
+  /** Where a key's period budget stands now (every node's charges and holds); undefined without one. */
+  async budgetNow(key: LiveKey): Promise<BudgetNow | undefined> {
+    if (key.budget === null || !this.meter) return undefined
+    return this.meter.budgetNow(key)
+  }
+
   /** Sets shown copies' spend to the cluster's (unflushed charges of every node included). */
   private async withClusterSpend(orgId: string, keys: LiveKey[]): Promise<void> {
     const org = this.orgs.get(orgId)
@@ -437,6 +452,8 @@ export class IdentityService {
       ...(c.expiresAt !== undefined && { expiresAt: c.expiresAt }),
       ...(c.models !== undefined && { models: c.models }),
       ...(c.maxConcurrency !== undefined && { maxConcurrency: c.maxConcurrency }),
+      ...(c.budget !== undefined && { budget: c.budget }),
+      ...(c.endUserBudget !== undefined && { endUserBudget: c.endUserBudget }),
     }
     const limitBefore = key.limitNano
     await this.store.updateKey(key.id, patch)

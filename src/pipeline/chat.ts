@@ -71,6 +71,11 @@ export interface Payer {
    * reserved, charged or sent upstream.
    */
   readonly quoteOnly?: boolean
+  /**
+   * The key owner's end user the request names (`x-tropa-end-user`, else the body's `user`):
+   * recorded in the ledger, and limited by the key's `end_user_budget`.
+   */
+  readonly endUser?: string
 }
 
 /** A completion as JSON (chat's or the legacy endpoint's): the fields Tropa reads or rewrites. */
@@ -290,7 +295,7 @@ export async function runModelCall(
   const reserving = trace?.child('reserve')
   let reservation: Reservation
   try {
-    const reserved = deps.meter.reserve(payer.key, payer.org, worst)
+    const reserved = deps.meter.reserve(payer.key, payer.org, worst, payer.endUser)
     reservation = reserved instanceof Promise ? await reserved : reserved
   } catch (err) {
     if (reserving) fail(reserving, err)
@@ -356,6 +361,7 @@ export async function runModelCall(
       estimated: u.estimated === true,
       cachedTokens: cached ?? null,
       ttftMs,
+      endUser: payer.endUser ?? null,
     })
     rec?.settled(p, cTokens, cached ?? 0, charged)
     if (trace) traceSettled(trace, c, model.id, u, charged)

@@ -58,6 +58,7 @@ export async function createEmbeddings(
     payer.key,
     payer.org,
     costNano(reservedPromptTokens(promptTokens), 0, model.price),
+    payer.endUser,
   )
   // Counted only once the money is reserved, so a 402 does not eat into the limits (chat.ts admit).
   let slot: Slot | undefined
@@ -117,6 +118,7 @@ export async function createEmbeddings(
       outcome: 'ok',
       estimated: value.tokens === undefined,
       ttftMs,
+      endUser: payer.endUser ?? null,
     })
     rec?.settled(tokens, 0, 0, charged)
     const costRub = nanoToRubNumber(charged)

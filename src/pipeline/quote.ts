@@ -3,7 +3,14 @@ import type { MoneyMeter } from '../billing/meter.ts'
 import { formatRub, type NanoRub } from '../billing/money.ts'
 import { hasRateLimits, type RateLimiter } from '../billing/rate-limiter.ts'
 import type { ModelConfig } from '../config/load.ts'
-import { insufficientBalance, keyLimitReached, type TropaError } from '../errors.ts'
+import {
+  BudgetExhausted,
+  endUserBudgetExhausted,
+  insufficientBalance,
+  keyBudgetExhausted,
+  keyLimitReached,
+  type TropaError,
+} from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { RouteRequest } from '../routing/policy.ts'
 import type { UpstreamDeps } from './dispatch.ts'
@@ -23,12 +30,18 @@ export interface Quote {
   /** The worst case held before the call, roubles (what is released at settlement is not known). */
   readonly reserve_rub: number
   /**
-   * Whether admission would pass now: the key's limit and the organization's balance, the key's
-   * max_concurrency, and the rate limits (the key's, the organization's, the model's).
+   * Whether admission would pass now: the key's limit, its period budgets (its own, its end
+   * user's) and the organization's balance, the key's max_concurrency, and the rate limits (the
+   * key's, the organization's, the model's).
    */
   readonly admitted: boolean
   /** Why not, as the 402 or 429 would say it (the first check that refuses, in admission's order). */
-  readonly refusal: { readonly code: string; readonly message: string } | null
+  readonly refusal: {
+    readonly code: string
+    readonly message: string
+    /** A spent period budget: when it resets, Unix seconds (as the 402's x-tropa-budget-resets-at). */
+    readonly resets_at?: number
+  } | null
   /** The node the routing policy would choose now, and its predicted time to first token. */
   readonly node: string | null
   readonly predicted_ttft_ms: number | null
@@ -46,7 +59,7 @@ export async function quoteCall(
     readonly limiter: RateLimiter
     readonly concurrency: ConcurrencyLimiter
   },
-  payer: { readonly key: LiveKey; readonly org: LiveOrg },
+  payer: { readonly key: LiveKey; readonly org: LiveOrg; readonly endUser?: string | undefined },
   call: {
     readonly model: ModelConfig
     readonly promptTokens: number
@@ -59,7 +72,7 @@ export async function quoteCall(
   requestId: string,
 ): Promise<Response> {
   const refusal =
-    (await refusalOf(deps.meter, payer.key, payer.org, worstNano)) ??
+    (await refusalOf(deps.meter, payer.key, payer.org, worstNano, payer.endUser)) ??
     (await admissionRefusal(deps, payer.key, payer.org, call.model.id, call.promptTokens))
   const prefix = call.prefix()
   const req: RouteRequest = {
@@ -82,7 +95,11 @@ export async function quoteCall(
     max_output_tokens: call.worstOutputTokens,
     reserve_rub: Number(formatRub(worstNano)),
     admitted: refusal === null,
-    refusal: refusal && { code: refusal.code, message: refusal.message },
+    refusal: refusal && {
+      code: refusal.code,
+      message: refusal.message,
+      ...(refusal instanceof BudgetExhausted && { resets_at: refusal.resetsAtSec }),
+    },
     node: chosen?.node.name ?? null,
     predicted_ttft_ms: ttft === undefined ? null : Math.round(ttft * 10) / 10,
   }
@@ -102,12 +119,13 @@ async function admissionRefusal(
   return hasRateLimits(key, org) ? deps.limiter.refusal(key, org, modelId, promptTokens) : null
 }
 
-/** The 402 that reserving `amountNano` would meet now, or null. */
+/** The 402 that reserving `amountNano` would meet now, or null (checked in the order reserve checks). */
 async function refusalOf(
   meter: MoneyMeter,
   key: LiveKey,
   org: LiveOrg,
   amountNano: NanoRub,
+  endUser: string | undefined,
 ): Promise<TropaError | null> {
   // In a cluster the shared rooms say what every node charged and holds; on one node the live
   // objects are the truth.
@@ -115,6 +133,16 @@ async function refusalOf(
   const spent = standing?.spentNano.get(key.id) ?? key.spentNano
   if (key.limitNano !== null && spent + key.reservedNano + amountNano > key.limitNano)
     return keyLimitReached()
+  // Period budgets: what the current period holds (every node's charges and holds in a cluster).
+  if (key.budget !== null) {
+    const b = await meter.budgetNow(key)
+    if (b && b.committedNano + amountNano > key.budget.amountNano) return keyBudgetExhausted(b.span.endMs)
+  }
+  if (endUser !== undefined && key.endUserBudget !== null) {
+    const b = await meter.budgetNow(key, endUser)
+    if (b && b.committedNano + amountNano > key.endUserBudget.amountNano)
+      return endUserBudgetExhausted(b.span.endMs)
+  }
   const balance = standing?.balanceNano ?? org.balanceNano
   const reserved = standing?.reservedNano ?? org.reservedNano
   if (reserved + amountNano > balance) return insufficientBalance()

@@ -8,7 +8,8 @@ const REF_MODEL = 3
 const REF_NODE = 4
 const REF_BATCH = 5
 const REF_OUTCOME = 6
-const REFS = 7
+const REF_END_USER = 7
+const REFS = 8
 /** Numbers of a row. */
 const NUM_PROMPT = 0
 const NUM_COMPLETION = 1
@@ -17,7 +18,9 @@ const NUM_ENDED = 3
 /** NaN is null (not reported). */
 const NUM_CACHED = 4
 const NUM_TTFT = 5
-const NUMS = 6
+/** NaN is null (a key without a period budget). */
+const NUM_ADMITTED = 6
+const NUMS = 7
 
 /** The ledger's columns in the order `LedgerRows.bind` puts a row's values. */
 export const LEDGER_COLUMN_NAMES = [
@@ -37,6 +40,8 @@ export const LEDGER_COLUMN_NAMES = [
   'estimated',
   'cached_tokens',
   'ttft_ms',
+  'end_user',
+  'admitted_at_ms',
 ] as const
 export const LEDGER_COLUMNS = LEDGER_COLUMN_NAMES.length
 
@@ -118,7 +123,7 @@ export class LedgerRows {
   }
 
   push(e: LedgerEntry): void {
-    this.pushRow(e, e.kind, e.orgId, e.keyId, e.costNano, e.outcome)
+    this.pushRow(e, e.kind, e.orgId, e.keyId, e.costNano, e.outcome, e.admittedAtMs ?? undefined)
   }
 
   /**
@@ -132,6 +137,8 @@ export class LedgerRows {
     keyId: string | null,
     costNano: bigint,
     outcome: string,
+    /** When the request was admitted, for a key with a period budget. */
+    admittedAtMs?: number,
   ): void {
     // Checked before anything is written, so a refused row leaves the columns as they were.
     // Money is kept within signed 64 bits everywhere (MAX_AMOUNT_NANO); a wider value is a bug.
@@ -151,6 +158,7 @@ export class LedgerRows {
     refs[r + REF_NODE] = this.ref(s.node)
     refs[r + REF_BATCH] = this.ref(s.batchId)
     refs[r + REF_OUTCOME] = this.ref(outcome)
+    refs[r + REF_END_USER] = this.ref(s.endUser ?? null)
     const m = i * NUMS
     this.nums[m + NUM_PROMPT] = s.promptTokens
     this.nums[m + NUM_COMPLETION] = s.completionTokens
@@ -158,6 +166,7 @@ export class LedgerRows {
     this.nums[m + NUM_ENDED] = s.endedAtMs
     this.nums[m + NUM_CACHED] = countOrNaN(s.cachedTokens)
     this.nums[m + NUM_TTFT] = countOrNaN(s.ttftMs)
+    this.nums[m + NUM_ADMITTED] = admittedAtMs ?? Number.NaN
     this.costs[i] = costNano
     this.estimated[i] = s.estimated ? 1 : 0
     const id = s.requestId
@@ -233,6 +242,12 @@ export class LedgerRows {
   ttftMs(i: number): number | null {
     return numOrNull(this.nums[i * NUMS + NUM_TTFT]!)
   }
+  endUser(i: number): string | null {
+    return this.str(i, REF_END_USER)
+  }
+  admittedAtMs(i: number): number | null {
+    return numOrNull(this.nums[i * NUMS + NUM_ADMITTED]!)
+  }
   costNano(i: number): bigint {
     return this.costs[i]!
   }
@@ -263,6 +278,8 @@ export class LedgerRows {
     args[at + 13] = this.estimated[i]!
     args[at + 14] = numOrNull(nums[m + NUM_CACHED]!)
     args[at + 15] = numOrNull(nums[m + NUM_TTFT]!)
+    args[at + 16] = strAt(strings, refs[r + REF_END_USER]!)
+    args[at + 17] = numOrNull(nums[m + NUM_ADMITTED]!)
   }
 
   entry(i: number): LedgerEntry {
@@ -283,6 +300,8 @@ export class LedgerRows {
       estimated: this.isEstimated(i),
       cachedTokens: this.cachedTokens(i),
       ttftMs: this.ttftMs(i),
+      endUser: this.endUser(i),
+      admittedAtMs: this.admittedAtMs(i),
     }
   }
 

@@ -1,3 +1,4 @@
+import type { Budget, BudgetPeriod } from '../billing/budgets.ts'
 import type { NanoRub } from '../billing/money.ts'
 
 // Records the stores and the ledger's row buffers share (apart from store.ts, which imports the
@@ -30,6 +31,23 @@ export interface LedgerEntry {
   readonly ttftMs?: number | null
   /** Credits and debits only: the operator's reason (kept in ledger_notes). */
   readonly reason?: string | null
+  /** The key owner's end user the request named (`user`, `metadata.user_id`, `x-tropa-end-user`). */
+  readonly endUser?: string | null
+  /**
+   * When the request was admitted, Unix ms, for a key with a period budget (null otherwise): its
+   * money counts into the periods containing this instant (a restarted node reads them back).
+   */
+  readonly admittedAtMs?: number | null
+}
+
+/** A budget as both stores keep it: JSON text, the amount as a decimal string (exact past 2^53). */
+export function budgetToText(b: Budget): string {
+  return JSON.stringify({ amount_nano: b.amountNano.toString(), period: b.period, timezone: b.timezone })
+}
+
+export function budgetFromText(text: string): Budget {
+  const v = JSON.parse(text) as { amount_nano: string; period: BudgetPeriod; timezone: string }
+  return { amountNano: BigInt(v.amount_nano), period: v.period, timezone: v.timezone }
 }
 
 /** One model's (or pattern's) limits within an organization: requests and tokens per minute. */

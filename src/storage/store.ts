@@ -1,3 +1,4 @@
+import type { Budget } from '../billing/budgets.ts'
 import type { NanoRub } from '../billing/money.ts'
 import type { LedgerRows } from './ledger-rows.ts'
 import type { LedgerEntry, ModelLimits } from './records.ts'
@@ -44,6 +45,10 @@ export interface KeyRecord {
   readonly models: readonly string[] | null
   /** Requests in flight at once across the cluster; null: no bound. */
   readonly maxConcurrency: number | null
+  /** A budget that resets every period; null: none. */
+  readonly budget: Budget | null
+  /** The budget each end user of the key gets, every period; null: none. */
+  readonly endUserBudget: Budget | null
 }
 
 export type KeyPatch = Partial<
@@ -58,15 +63,19 @@ export type KeyPatch = Partial<
     | 'expiresAt'
     | 'models'
     | 'maxConcurrency'
+    | 'budget'
+    | 'endUserBudget'
   >
 >
 
 export type { LedgerEntry, ModelLimits }
 
-/** Usage of one key on one model on one UTC day. */
+/** Usage of one key on one model on one UTC day (and one end user, when grouped by end user). */
 export interface UsageRow {
   readonly keyId: string | null
   readonly model: string | null
+  /** Present when the query grouped by end user (null: requests that named none). */
+  readonly endUser?: string | null
   /** UTC date, YYYY-MM-DD. */
   readonly day: string
   readonly requests: number
@@ -81,6 +90,8 @@ export interface ActivityQuery {
   readonly keyId?: string | undefined
   readonly model?: string | undefined
   readonly outcome?: string | undefined
+  /** Rows of requests that named this end user. */
+  readonly endUser?: string | undefined
   /** ended_at_ms in [fromMs, toMs). */
   readonly fromMs?: number | undefined
   readonly toMs?: number | undefined
@@ -308,8 +319,28 @@ export interface Store {
   /** The same for a ledger writer's flush, bound from its columns (no object per row). */
   recordLedgerRows(rows: LedgerRows): Promise<void>
   ledgerForOrg(orgId: string, fromMs: number, toMs: number): Promise<LedgerEntry[]>
-  /** Billed usage (credits excluded) grouped by key, model and UTC day, ordered by day. */
-  usageByKeyModelDay(orgId: string, fromMs: number, toMs: number): Promise<UsageRow[]>
+  /**
+   * Billed usage (credits excluded) grouped by key, model and UTC day, ordered by day; with
+   * `byEndUser` by end user too, and with `endUser` only that end user's requests.
+   */
+  usageByKeyModelDay(
+    orgId: string,
+    fromMs: number,
+    toMs: number,
+    o?: { readonly endUser?: string | undefined; readonly byEndUser?: boolean },
+  ): Promise<UsageRow[]>
+  /**
+   * What a key (or one of its end users) was charged for requests admitted in [fromMs, toMs): rows
+   * with `admitted_at_ms` in it, and rows written without one (before the key had a budget)
+   * started in it. A period budget's spend, read back when a node has no counter of it.
+   */
+  periodSpend(q: {
+    readonly orgId: string
+    readonly keyId: string
+    readonly endUser: string | null
+    readonly fromMs: number
+    readonly toMs: number
+  }): Promise<NanoRub>
   /** One ledger row of this organization; undefined when absent or another organization's. */
   ledgerEntry(orgId: string, requestId: string): Promise<LedgerEntry | undefined>
   /** Ledger rows newest first (by ended time, then request id, both descending), filtered; indexed. */

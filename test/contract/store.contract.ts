@@ -34,6 +34,8 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       rpmLimit: null,
       tpmLimit: null,
       maxConcurrency: null,
+      budget: null,
+      endUserBudget: null,
       ...extra,
     })
     const usage = (
@@ -196,6 +198,64 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       const written = await store.ledgerForOrg('o1', 0, 2_000_000_000_000)
       expect(written).toHaveLength(20)
       expect(written.every((e) => e.costNano === 10n)).toBe(true)
+    })
+
+    test('budgets round-trip and clear; periodSpend sums by admission (end users apart, older rows by start); end users filter and group', async () => {
+      await store.insertOrg(org('o1', 10n ** 15n))
+      const budget = {
+        amountNano: 9_007_199_254_740_993_000n,
+        period: 'week' as const,
+        timezone: 'Europe/Moscow',
+      }
+      await store.insertKey(key('k1', 'o1', { budget, endUserBudget: { ...budget, period: 'day' } }))
+      expect((await store.getKey('k1'))!.budget).toEqual(budget)
+      expect((await store.getKey('k1'))!.endUserBudget).toEqual({ ...budget, period: 'day' })
+      await store.insertKey(key('k2', 'o1'))
+      const from = 1_700_000_000_000
+      const to = from + 86_400_000
+      const row = (
+        id: string,
+        keyId: string,
+        cost: bigint,
+        admitted: number | null,
+        endUser: string | null,
+        startedAt = from + 5,
+      ) => ({
+        ...usage(id, 'o1', keyId, cost, startedAt + 10),
+        startedAtMs: startedAt,
+        admittedAtMs: admitted,
+        endUser,
+      })
+      await store.recordLedger([
+        row('a', 'k1', 100n, from, 'alice'),
+        row('b', 'k1', 20n, to - 1, 'bob', to - 2),
+        // Admitted before the period, settled in it: the period before's.
+        row('c', 'k1', 4_000n, from - 1, 'alice', from - 3),
+        // Admitted in the period, settled after it.
+        row('d', 'k1', 3n, to - 5, 'alice', to - 6),
+        row('e', 'k1', 50_000n, to, 'alice', to),
+        // Before the key had a budget: counted by its start.
+        row('f', 'k1', 7n, null, null, from + 100),
+        row('g', 'k1', 70_000n, null, 'alice', from - 100),
+        row('h', 'k2', 900n, from + 1, 'alice'),
+      ])
+      const q = { orgId: 'o1', keyId: 'k1', fromMs: from, toMs: to }
+      expect(await store.periodSpend({ ...q, endUser: null })).toBe(100n + 20n + 3n + 7n)
+      expect(await store.periodSpend({ ...q, endUser: 'alice' })).toBe(100n + 3n)
+      expect(await store.periodSpend({ ...q, endUser: 'carol' })).toBe(0n)
+      const rows = await store.listActivity({ orgId: 'o1', endUser: 'alice', limit: 100 })
+      expect(rows.map((r) => r.requestId).sort()).toEqual(['a', 'c', 'd', 'e', 'g', 'h'])
+      expect(rows.find((r) => r.requestId === 'a')).toMatchObject({ endUser: 'alice', admittedAtMs: from })
+      const grouped = await store.usageByKeyModelDay('o1', 0, to * 2, { byEndUser: true })
+      const k1 = grouped.filter((r) => r.keyId === 'k1')
+      expect(k1.reduce((s, r) => s + r.costNano, 0n)).toBe(124_130n)
+      expect(k1.filter((r) => r.endUser === 'alice').reduce((s, r) => s + r.requests, 0)).toBe(5)
+      expect(k1.filter((r) => r.endUser === null).reduce((s, r) => s + r.requests, 0)).toBe(1)
+      const bob = await store.usageByKeyModelDay('o1', 0, to * 2, { endUser: 'bob' })
+      expect(bob.map((r) => [r.keyId, r.requests, r.costNano])).toEqual([['k1', 1, 20n]])
+      await store.updateKey('k1', { budget: null, endUserBudget: null })
+      expect((await store.getKey('k1'))!.budget).toBeNull()
+      expect((await store.getKey('k1'))!.endUserBudget).toBeNull()
     })
 
     test('usage groups by key, model and UTC day, without credits', async () => {

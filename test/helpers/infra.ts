@@ -4,7 +4,7 @@ import { join } from 'node:path'
 import { SQL } from 'bun'
 import { createApp } from '../../src/app.ts'
 import { loadConfig } from '../../src/config/load.ts'
-import { buildServices, consoleLog } from '../../src/services.ts'
+import { buildServices, consoleLog, type TestHooks } from '../../src/services.ts'
 import type { SimNode } from '../../src/simulator/index.ts'
 import { openStore } from '../../src/storage/open.ts'
 import { freePort } from './process.ts'
@@ -137,10 +137,10 @@ export function clusterConfig(o: {
 }
 
 /** A router node in this process from a config file (for nodes the test does not need to kill). */
-export async function startNode(configPath: string) {
+export async function startNode(configPath: string, hooks: TestHooks = {}) {
   const config = loadConfig({ configPath }, {})
   const store = await openStore(config.storage)
-  const svc = await buildServices(config, store, consoleLog('error'))
+  const svc = await buildServices(config, store, consoleLog('error'), {}, undefined, hooks)
   const app = createApp(svc).listen({ port: 0, hostname: '127.0.0.1' })
   return {
     url: `http://127.0.0.1:${app.server!.port}`,

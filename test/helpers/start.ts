@@ -31,6 +31,8 @@ export interface TropaOptions {
   log?: Log
   /** The environment the config reads (api_key_env); default empty. */
   env?: Record<string, string>
+  /** The clock of period budgets (TestHooks.clock); default Date.now. */
+  clock?: () => number
 }
 
 export interface Tropa {
@@ -111,7 +113,14 @@ export async function startTropa(opts: TropaOptions = {}): Promise<Tropa> {
   )
   const config = loadConfig({ configPath }, opts.env ?? {})
   const store = await openStore(config.storage)
-  const svc = await buildServices(config, store, opts.log ?? consoleLog('error'))
+  const svc = await buildServices(
+    config,
+    store,
+    opts.log ?? consoleLog('error'),
+    {},
+    undefined,
+    opts.clock ? { clock: opts.clock } : {},
+  )
   const app = createApp(svc).listen({ port: 0, hostname: '127.0.0.1' })
   const url = `http://127.0.0.1:${app.server!.port}`
   const admin = (path: string, body?: unknown, method = body === undefined ? 'GET' : 'POST') =>

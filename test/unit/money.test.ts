@@ -137,6 +137,8 @@ describe('ledger rows posted to the ledger thread', () => {
     estimated: i % 3 === 0,
     cachedTokens: i % 6 === 0 ? null : i * 2,
     ttftMs: i % 5 === 1 ? null : i % 9,
+    endUser: i % 3 === 0 ? null : `user ${i % 4} ∞`,
+    admittedAtMs: i % 2 ? null : 1_795_000_000_000 + i,
   })
 
   test('every field survives the columns and the copy to the thread, amounts exact', () => {

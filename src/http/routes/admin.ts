@@ -206,7 +206,7 @@ export const adminRoutes = (svc: Services) => {
       async ({ params }) => {
         const org = svc.identity.org(params.org_id)
         const rows = await svc.identity.listKeys({ orgId: org.id, kind: 'master', limit: 1000 })
-        return { object: 'list', data: rows.map(keyView) }
+        return { object: 'list', data: rows.map((k) => keyView(k)) }
       },
       { params: OrgParams, detail: { tags, summary: "An organization's master keys" } },
     )

@@ -9,7 +9,7 @@ export const chatRoutes = (svc: Services) =>
   new Elysia().derive(authenticate(svc)).post(
     '/v1/chat/completions',
     ({ principal, body, request, set, server }) => {
-      const payer = payerOf(principal, request.headers)
+      const payer = payerOf(principal, request.headers, { user: (body as ChatRequest).user })
       const requestId = set.headers['x-request-id'] as string
       const trace = svc.tracing?.begin(request, 'chat', {
         'gen_ai.operation.name': 'chat',

@@ -14,7 +14,7 @@ export const completionRoutes = (svc: Services) =>
         id,
         textCompletion(
           svc.deps,
-          payerOf(principal, request.headers),
+          payerOf(principal, request.headers, { user: (body as CompletionRequest).user }),
           body as CompletionRequest,
           request.signal,
           id,

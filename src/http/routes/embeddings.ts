@@ -12,7 +12,13 @@ export const embeddingRoutes = (svc: Services) =>
       const id = set.headers['x-request-id'] as string
       return svc.telemetry.answered(
         id,
-        createEmbeddings(svc.deps, payerOf(principal), body as EmbeddingRequest, request.signal, id),
+        createEmbeddings(
+          svc.deps,
+          payerOf(principal, request.headers, { user: (body as EmbeddingRequest).user, quotes: false }),
+          body as EmbeddingRequest,
+          request.signal,
+          id,
+        ),
         body,
       )
     },

@@ -1,7 +1,9 @@
 import { Elysia, t } from 'elysia'
-import { CreateKeyBody, PatchKeyBody } from '../../api/keys.ts'
+import { type BudgetBody, CreateKeyBody, PatchKeyBody } from '../../api/keys.ts'
+import { type Budget, isBudgetTimeZone } from '../../billing/budgets.ts'
 import { MAX_AMOUNT_NANO, MAX_AMOUNT_RUB, type NanoRub, rubNumberToNano } from '../../billing/money.ts'
 import { InvalidValue } from '../../errors.ts'
+import type { LiveKey } from '../../identity/live.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, keyManagerOrg } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
@@ -30,7 +32,22 @@ export function limitOf(value: number | null | undefined, param = 'limit_rub'): 
   return nano
 }
 
+/** A budget of the API as the key keeps it: null stays null (cleared); the zone is checked with Intl. */
+export function budgetOf(b: BudgetBody | undefined, param: string): Budget | null | undefined {
+  if (b === undefined || b === null) return b
+  const timezone = b.timezone ?? 'UTC'
+  if (!isBudgetTimeZone(timezone))
+    throw new InvalidValue(
+      'timezone must be an IANA time zone name, such as Europe/Moscow',
+      `${param}.timezone`,
+    )
+  const amountNano = limitOf(b.amount_rub, `${param}.amount_rub`)!
+  return { amountNano, period: b.period, timezone }
+}
+
 export const keyRoutes = (svc: Services) => {
+  /** A key with where its period budget stands now (spend in the period and when it resets). */
+  const viewNow = async (key: LiveKey) => keyView(key, await svc.identity.budgetNow(key))
   const auth = authenticateFirst(svc)
   const tags = ['keys']
   return new Elysia()
@@ -48,9 +65,11 @@ export const keyRoutes = (svc: Services) => {
           expiresAt: body.expires_at ?? null,
           models: body.models ?? null,
           maxConcurrency: body.max_concurrency ?? null,
+          budget: budgetOf(body.budget, 'budget') ?? null,
+          endUserBudget: budgetOf(body.end_user_budget, 'end_user_budget') ?? null,
         })
         set.status = 201
-        return { ...keyView(key), key: secret }
+        return { ...(await viewNow(key)), key: secret }
       },
       {
         parse: jsonBody(64 * 1024, CreateKeyBody, auth),
@@ -74,7 +93,7 @@ export const keyRoutes = (svc: Services) => {
           ...(status && { status }),
           ...(query.after && { afterId: query.after }),
         })
-        const data = rows.slice(0, limit).map(keyView)
+        const data = await Promise.all(rows.slice(0, limit).map(viewNow))
         return {
           object: 'list',
           data,
@@ -88,7 +107,7 @@ export const keyRoutes = (svc: Services) => {
     .get(
       '/v1/keys/:key_id',
       async ({ principal, params, query }) =>
-        keyView(
+        viewNow(
           await svc.identity.current(
             svc.identity.key(keyManagerOrg(svc, principal, query.org_id).id, params.key_id, 'api'),
           ),
@@ -105,7 +124,9 @@ export const keyRoutes = (svc: Services) => {
         const body = raw as PatchKeyBody
         const key = svc.identity.key(keyManagerOrg(svc, principal, query.org_id).id, params.key_id, 'api')
         const limitNano = limitOf(body.limit_rub)
-        return keyView(
+        const budget = budgetOf(body.budget, 'budget')
+        const endUserBudget = budgetOf(body.end_user_budget, 'end_user_budget')
+        return viewNow(
           await svc.identity.updateKey(key, {
             ...(body.name !== undefined && { name: body.name }),
             ...(limitNano !== undefined && { limitNano }),
@@ -115,6 +136,8 @@ export const keyRoutes = (svc: Services) => {
             ...(body.expires_at !== undefined && { expiresAt: body.expires_at }),
             ...(body.models !== undefined && { models: body.models }),
             ...(body.max_concurrency !== undefined && { maxConcurrency: body.max_concurrency }),
+            ...(budget !== undefined && { budget }),
+            ...(endUserBudget !== undefined && { endUserBudget }),
           }),
         )
       },

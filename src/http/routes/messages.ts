@@ -21,7 +21,10 @@ export const messageRoutes = (svc: Services) =>
           id,
           createMessage(
             svc.deps,
-            payerOf(principal, request.headers),
+            payerOf(principal, request.headers, {
+              user: (body as MessagesRequest).metadata?.user_id,
+              userParam: 'metadata.user_id',
+            }),
             body as MessagesRequest,
             request.signal,
             id,

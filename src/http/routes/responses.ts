@@ -18,7 +18,7 @@ export const responseRoutes = (svc: Services) => {
     .post(
       '/v1/responses',
       ({ principal, body, request, set, server }) => {
-        const payer = payerOf(principal, request.headers)
+        const payer = payerOf(principal, request.headers, { user: (body as ResponsesRequest).user })
         const malformed = knownTypeError(body as ResponsesRequest)
         if (malformed) throw fromValueError(malformed)
         const id = set.headers['x-request-id'] as string

@@ -49,17 +49,24 @@ export const usageRoutes = (svc: Services) =>
         if (start >= end) throw new InvalidValue('start_time must be before end_time', 'start_time')
         // Rows not yet flushed would be missing from a read that follows a request at once.
         await svc.ledger.flush()
-        const rows = await svc.store.usageByKeyModelDay(org.id, start * 1000, end * 1000)
+        const groupBy = queryEnum(query.group_by, 'group_by', ['end_user'] as const)
+        const byEndUser = groupBy === 'end_user'
+        const rows = await svc.store.usageByKeyModelDay(org.id, start * 1000, end * 1000, {
+          endUser: query.end_user,
+          byEndUser,
+        })
         return {
           object: 'list',
           org_id: org.id,
           balance_rub: nanoToRubNumber((await svc.identity.orgNow(org)).balanceNano),
           start_time: start,
           end_time: end,
+          ...(query.end_user !== undefined && { end_user: query.end_user }),
           data: rows.map((r) => ({
             key_id: r.keyId,
             model: r.model,
             day: r.day,
+            ...(byEndUser && { end_user: r.endUser ?? null }),
             requests: r.requests,
             prompt_tokens: r.promptTokens,
             completion_tokens: r.completionTokens,
@@ -72,13 +79,16 @@ export const usageRoutes = (svc: Services) =>
           {
             start_time: t.Optional(t.String()),
             end_time: t.Optional(t.String()),
+            end_user: t.Optional(t.String()),
+            group_by: t.Optional(t.String()),
             org_id: t.Optional(t.String()),
           },
           { additionalProperties: false },
         ),
         detail: {
           tags: ['usage'],
-          summary: 'Usage grouped by key, model and UTC day over [start_time, end_time)',
+          summary:
+            'Usage grouped by key, model and UTC day (and end user with group_by=end_user) over [start_time, end_time); end_user= filters',
         },
       },
     )

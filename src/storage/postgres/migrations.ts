@@ -9,6 +9,7 @@ import m0006 from './migrations/0006_ledger_notes.sql' with { type: 'text' }
 import m0007 from './migrations/0007_usage_rollups.sql' with { type: 'text' }
 import m0008 from './migrations/0008_webhooks.sql' with { type: 'text' }
 import m0009 from './migrations/0009_rate_limits.sql' with { type: 'text' }
+import m0010 from './migrations/0010_budgets.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // As for SQLite: the SQL travels inside the executable (a test checks every file is listed).
@@ -23,6 +24,7 @@ const SQL: Record<string, string> = {
   '0007_usage_rollups': m0007,
   '0008_webhooks': m0008,
   '0009_rate_limits': m0009,
+  '0010_budgets': m0010,
 }
 
 export function embeddedPgMigrations(): Migration[] {

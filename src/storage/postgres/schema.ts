@@ -9,13 +9,20 @@ import {
   text,
   uniqueIndex,
 } from 'drizzle-orm/pg-core'
-import type { ModelLimits } from '../records.ts'
+import type { Budget } from '../../billing/budgets.ts'
+import { budgetFromText, budgetToText, type ModelLimits } from '../records.ts'
 
 // The same tables as storage/sqlite/schema.ts, column for column: money is bigint nano-roubles,
 // times are Unix seconds or milliseconds as the column names say.
 const money = (name: string) => bigint(name, { mode: 'bigint' })
 const ms = (name: string) => bigint(name, { mode: 'number' })
 /** A list kept as JSON text (as SQLite's text json mode does), so both stores read it alike. */
+/** A period budget as JSON text (the amount a decimal string), as SQLite keeps it. */
+const budgetText = customType<{ data: Budget; driverData: string }>({
+  dataType: () => 'text',
+  toDriver: budgetToText,
+  fromDriver: budgetFromText,
+})
 const jsonText = customType<{ data: readonly string[]; driverData: string }>({
   dataType: () => 'text',
   toDriver: (v) => JSON.stringify(v),
@@ -65,6 +72,8 @@ export const keys = pgTable(
     expiresAt: integer('expires_at'),
     models: jsonText('models'),
     maxConcurrency: integer('max_concurrency'),
+    budget: budgetText('budget'),
+    endUserBudget: budgetText('end_user_budget'),
   },
   (t) => [uniqueIndex('keys_secret_hash').on(t.secretHash), index('keys_org').on(t.orgId, t.kind, t.id)],
 )
@@ -88,10 +97,14 @@ export const ledger = pgTable(
     estimated: integer('estimated').notNull().default(0),
     cachedTokens: integer('cached_tokens'),
     ttftMs: integer('ttft_ms'),
+    endUser: text('end_user'),
+    admittedAtMs: ms('admitted_at_ms'),
   },
   (t) => [
     index('ledger_org_time').on(t.orgId, t.endedAtMs, t.kind, t.keyId, t.model, t.outcome),
     index('ledger_batch').on(t.batchId).where(sql`${t.batchId} IS NOT NULL`),
+    index('ledger_end_user').on(t.orgId, t.endUser, t.endedAtMs).where(sql`${t.endUser} IS NOT NULL`),
+    index('ledger_admitted').on(t.keyId, t.admittedAtMs, t.endUser).where(sql`${t.admittedAtMs} IS NOT NULL`),
   ],
 )
 

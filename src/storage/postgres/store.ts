@@ -8,6 +8,7 @@ import {
   gt,
   gte,
   inArray,
+  isNotNull,
   isNull,
   lt,
   lte,
@@ -348,7 +349,12 @@ export class PostgresStore implements Store {
     return rows.map((r) => ({ ...r, estimated: r.estimated === 1 }))
   }
 
-  async usageByKeyModelDay(orgId: string, fromMs: number, toMs: number) {
+  async usageByKeyModelDay(
+    orgId: string,
+    fromMs: number,
+    toMs: number,
+    o: { readonly endUser?: string | undefined; readonly byEndUser?: boolean } = {},
+  ) {
     const l = schema.ledger
     const day = sql<string>`to_char(to_timestamp(${l.endedAtMs} / 1000.0) at time zone 'UTC', 'YYYY-MM-DD')`
     const rows = await this.db
@@ -356,22 +362,74 @@ export class PostgresStore implements Store {
         keyId: l.keyId,
         model: l.model,
         day,
+        endUser: o.byEndUser ? l.endUser : sql<null>`NULL`,
         requests: sql<string>`count(*)`,
         promptTokens: sql<string>`sum(${l.promptTokens})`,
         completionTokens: sql<string>`sum(${l.completionTokens})`,
         costNano: sql<string>`sum(${l.costNano})`,
       })
       .from(l)
-      .where(and(eq(l.orgId, orgId), eq(l.kind, 'usage'), gte(l.endedAtMs, fromMs), lt(l.endedAtMs, toMs)))
-      .groupBy(l.keyId, l.model, day)
-      .orderBy(day, l.keyId, l.model)
-    return rows.map((r) => ({
+      .where(
+        and(
+          eq(l.orgId, orgId),
+          o.endUser === undefined ? undefined : eq(l.endUser, o.endUser),
+          eq(l.kind, 'usage'),
+          gte(l.endedAtMs, fromMs),
+          lt(l.endedAtMs, toMs),
+        ),
+      )
+      .groupBy(...(o.byEndUser ? [l.keyId, l.model, day, l.endUser] : [l.keyId, l.model, day]))
+      .orderBy(day, l.keyId, l.model, ...(o.byEndUser ? [l.endUser] : []))
+    return rows.map(({ endUser, ...r }) => ({
       ...r,
+      ...(o.byEndUser && { endUser }),
       requests: Number(r.requests),
       promptTokens: Number(r.promptTokens),
       completionTokens: Number(r.completionTokens),
       costNano: BigInt(r.costNano),
     }))
+  }
+
+  async periodSpend(q: {
+    readonly orgId: string
+    readonly keyId: string
+    readonly endUser: string | null
+    readonly fromMs: number
+    readonly toMs: number
+  }) {
+    const l = schema.ledger
+    const user = q.endUser === null ? undefined : eq(l.endUser, q.endUser)
+    // As in storage/sqlite/store.ts: rows admitted in the period, and rows written before the key
+    // had a budget (no admission time) that started in it.
+    const [admitted] = await this.db
+      .select({ sum: sql<string | null>`sum(${l.costNano})` })
+      .from(l)
+      .where(
+        and(
+          eq(l.keyId, q.keyId),
+          gte(l.admittedAtMs, q.fromMs),
+          lt(l.admittedAtMs, q.toMs),
+          isNotNull(l.admittedAtMs),
+          eq(l.kind, 'usage'),
+          user,
+        ),
+      )
+    const [before] = await this.db
+      .select({ sum: sql<string | null>`sum(${l.costNano})` })
+      .from(l)
+      .where(
+        and(
+          eq(l.orgId, q.orgId),
+          gte(l.endedAtMs, q.fromMs),
+          eq(l.kind, 'usage'),
+          eq(l.keyId, q.keyId),
+          isNull(l.admittedAtMs),
+          gte(l.startedAtMs, q.fromMs),
+          lt(l.startedAtMs, q.toMs),
+          user,
+        ),
+      )
+    return BigInt(admitted?.sum ?? 0) + BigInt(before?.sum ?? 0)
   }
 
   async ledgerEntry(orgId: string, requestId: string) {
@@ -405,6 +463,7 @@ export class PostgresStore implements Store {
           q.keyId === undefined ? undefined : eq(l.keyId, q.keyId),
           q.model === undefined ? undefined : eq(l.model, q.model),
           q.outcome === undefined ? undefined : eq(l.outcome, q.outcome),
+          q.endUser === undefined ? undefined : eq(l.endUser, q.endUser),
           q.fromMs === undefined ? undefined : gte(l.endedAtMs, q.fromMs),
           q.toMs === undefined ? undefined : lt(l.endedAtMs, q.toMs),
           // The first term bounds the index range; the second breaks ties of one millisecond.

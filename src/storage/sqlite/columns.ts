@@ -1,4 +1,6 @@
 import { customType } from 'drizzle-orm/sqlite-core'
+import type { Budget } from '../../billing/budgets.ts'
+import { budgetFromText, budgetToText } from '../records.ts'
 
 // bun:sqlite is opened with safeIntegers, so every INTEGER arrives as a bigint. Drizzle's own
 // integer columns assume plain numbers; these helpers say which INTEGER is which.
@@ -19,3 +21,10 @@ export const count = customType<{ data: number; driverData: bigint | number }>({
 
 /** Unix time (seconds or milliseconds, as the column name says). */
 export const epoch = count
+
+/** A period budget as JSON text (the amount a decimal string: exact past 2^53). */
+export const budget = customType<{ data: Budget; driverData: string }>({
+  dataType: () => 'text',
+  toDriver: budgetToText,
+  fromDriver: budgetFromText,
+})

@@ -9,6 +9,7 @@ import m0007 from './migrations/0007_ledger_notes.sql' with { type: 'text' }
 import m0008 from './migrations/0008_usage_rollups.sql' with { type: 'text' }
 import m0009 from './migrations/0009_webhooks.sql' with { type: 'text' }
 import m0010 from './migrations/0010_rate_limits.sql' with { type: 'text' }
+import m0011 from './migrations/0011_budgets.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // Migrations travel inside the executable: each SQL file is imported as text here (a test
@@ -25,6 +26,7 @@ const SQL: Record<string, string> = {
   '0008_usage_rollups': m0008,
   '0009_webhooks': m0009,
   '0010_rate_limits': m0010,
+  '0011_budgets': m0011,
 }
 
 export interface Migration {

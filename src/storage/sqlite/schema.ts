@@ -1,7 +1,7 @@
 import { sql } from 'drizzle-orm'
 import { index, primaryKey, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core'
 import type { ModelLimits } from '../records.ts'
-import { count, epoch, money } from './columns.ts'
+import { budget, count, epoch, money } from './columns.ts'
 
 export const meta = sqliteTable('meta', {
   key: text('key').primaryKey(),
@@ -45,6 +45,10 @@ export const keys = sqliteTable(
     models: text('models', { mode: 'json' }).$type<readonly string[]>(),
     /** Requests in flight at once across the cluster; null: no bound. */
     maxConcurrency: count('max_concurrency'),
+    /** A budget that resets every period (JSON); null: none. */
+    budget: budget('budget'),
+    /** The budget of each end user of the key, every period (JSON); null: none. */
+    endUserBudget: budget('end_user_budget'),
   },
   (t) => [uniqueIndex('keys_secret_hash').on(t.secretHash), index('keys_org').on(t.orgId, t.kind, t.id)],
 )
@@ -70,6 +74,10 @@ export const ledger = sqliteTable(
     cachedTokens: count('cached_tokens'),
     /** From the request's start to the upstream's first byte (streams) or whole body (JSON). */
     ttftMs: count('ttft_ms'),
+    /** The key owner's end user the request named; null: none. */
+    endUser: text('end_user'),
+    /** When a request on a key with a period budget was admitted (Unix ms); null otherwise. */
+    admittedAtMs: epoch('admitted_at_ms'),
   },
   // Usage and Activity read by organization and time, newest first (GET /v1/activity). Its
   // filters (kind, key, model, outcome) are columns of that index, so a filtered page scans index
@@ -80,6 +88,10 @@ export const ledger = sqliteTable(
   (t) => [
     index('ledger_org_time').on(t.orgId, t.endedAtMs, t.kind, t.keyId, t.model, t.outcome),
     index('ledger_batch').on(t.batchId).where(sql`${t.batchId} IS NOT NULL`),
+    // Partial, so rows without an end user (or of keys without a budget) cost no index write:
+    // activity and usage filtered by end user, and a budget's spend in a period read back.
+    index('ledger_end_user').on(t.orgId, t.endUser, t.endedAtMs).where(sql`${t.endUser} IS NOT NULL`),
+    index('ledger_admitted').on(t.keyId, t.admittedAtMs, t.endUser).where(sql`${t.admittedAtMs} IS NOT NULL`),
   ],
 )
 

@@ -1,7 +1,22 @@
 import { Database, SQLiteError, type Statement } from 'bun:sqlite'
 import { existsSync, mkdirSync, statSync } from 'node:fs'
 import { dirname } from 'node:path'
-import { and, asc, desc, eq, getTableColumns, gt, gte, inArray, isNull, lt, lte, or, sql } from 'drizzle-orm'
+import {
+  and,
+  asc,
+  desc,
+  eq,
+  getTableColumns,
+  gt,
+  gte,
+  inArray,
+  isNotNull,
+  isNull,
+  lt,
+  lte,
+  or,
+  sql,
+} from 'drizzle-orm'
 import { type BunSQLiteDatabase, drizzle } from 'drizzle-orm/bun-sqlite'
 import {
   LEDGER_COLUMN_NAMES,
@@ -321,7 +336,12 @@ export class SqliteStore implements Store {
     return rows.map((r) => ({ ...r, estimated: r.estimated === 1 }))
   }
 
-  async usageByKeyModelDay(orgId: string, fromMs: number, toMs: number) {
+  async usageByKeyModelDay(
+    orgId: string,
+    fromMs: number,
+    toMs: number,
+    o: { readonly endUser?: string | undefined; readonly byEndUser?: boolean } = {},
+  ) {
     const l = schema.ledger
     const day = sql<string>`strftime('%Y-%m-%d', ${l.endedAtMs} / 1000, 'unixepoch')`
     const rows = this.db
@@ -329,23 +349,77 @@ export class SqliteStore implements Store {
         keyId: l.keyId,
         model: l.model,
         day,
+        endUser: o.byEndUser ? l.endUser : sql<null>`NULL`,
         requests: sql<bigint>`count(*)`,
         promptTokens: sql<bigint>`sum(${l.promptTokens})`,
         completionTokens: sql<bigint>`sum(${l.completionTokens})`,
         costNano: sql<bigint>`sum(${l.costNano})`,
       })
       .from(l)
-      .where(and(eq(l.orgId, orgId), eq(l.kind, 'usage'), gte(l.endedAtMs, fromMs), lt(l.endedAtMs, toMs)))
-      .groupBy(l.keyId, l.model, day)
-      .orderBy(day, l.keyId, l.model)
+      .where(
+        and(
+          eq(l.orgId, orgId),
+          o.endUser === undefined ? undefined : eq(l.endUser, o.endUser),
+          eq(l.kind, 'usage'),
+          gte(l.endedAtMs, fromMs),
+          lt(l.endedAtMs, toMs),
+        ),
+      )
+      .groupBy(...(o.byEndUser ? [l.keyId, l.model, day, l.endUser] : [l.keyId, l.model, day]))
+      .orderBy(day, l.keyId, l.model, ...(o.byEndUser ? [l.endUser] : []))
       .all()
-    return rows.map((r) => ({
+    return rows.map(({ endUser, ...r }) => ({
       ...r,
+      ...(o.byEndUser && { endUser }),
       requests: Number(r.requests),
       promptTokens: Number(r.promptTokens),
       completionTokens: Number(r.completionTokens),
       costNano: BigInt(r.costNano),
     }))
+  }
+
+  async periodSpend(q: {
+    readonly orgId: string
+    readonly keyId: string
+    readonly endUser: string | null
+    readonly fromMs: number
+    readonly toMs: number
+  }) {
+    const l = schema.ledger
+    const user = q.endUser === null ? undefined : eq(l.endUser, q.endUser)
+    // Rows admitted in the period (ledger_admitted), and rows written before the key had a budget
+    // (no admission time) that started in it: ended after the period's start (ledger_org_time).
+    const admitted = this.db
+      .select({ sum: sql<bigint | null>`sum(${l.costNano})` })
+      .from(l)
+      .where(
+        and(
+          eq(l.keyId, q.keyId),
+          gte(l.admittedAtMs, q.fromMs),
+          lt(l.admittedAtMs, q.toMs),
+          isNotNull(l.admittedAtMs),
+          eq(l.kind, 'usage'),
+          user,
+        ),
+      )
+      .get()
+    const before = this.db
+      .select({ sum: sql<bigint | null>`sum(${l.costNano})` })
+      .from(l)
+      .where(
+        and(
+          eq(l.orgId, q.orgId),
+          gte(l.endedAtMs, q.fromMs),
+          eq(l.kind, 'usage'),
+          eq(l.keyId, q.keyId),
+          isNull(l.admittedAtMs),
+          gte(l.startedAtMs, q.fromMs),
+          lt(l.startedAtMs, q.toMs),
+          user,
+        ),
+      )
+      .get()
+    return BigInt(admitted?.sum ?? 0n) + BigInt(before?.sum ?? 0n)
   }
 
   async ledgerEntry(orgId: string, requestId: string) {
@@ -380,6 +454,7 @@ export class SqliteStore implements Store {
           q.keyId === undefined ? undefined : eq(l.keyId, q.keyId),
           q.model === undefined ? undefined : eq(l.model, q.model),
           q.outcome === undefined ? undefined : eq(l.outcome, q.outcome),
+          q.endUser === undefined ? undefined : eq(l.endUser, q.endUser),
           q.fromMs === undefined ? undefined : gte(l.endedAtMs, q.fromMs),
           q.toMs === undefined ? undefined : lt(l.endedAtMs, q.toMs),
           // The first term bounds the index range; the second breaks ties of one millisecond.
