@@ -26,6 +26,8 @@ export interface Reservation {
   admittedAtMs?: number
   /** One node: the period counters (key budget, end-user budget) this reservation holds in. */
   counters?: PeriodCounter[]
+  /** One node: the key budget's counter among them (for its alerts). */
+  keyCounter?: PeriodCounter
   /** Cluster meter: the budget rooms in Redis this reservation holds in. */
   budgetRooms?: string[]
 }
@@ -61,6 +63,14 @@ export interface MoneyMeter {
   standing?(org: LiveOrg, keys: readonly LiveKey[]): Promise<Standing>
   /** Who is told of settled charges and refusals for a key's limit (webhooks' alerts). */
   watch: SpendWatch | undefined
+  /**
+   * Where a key's period budget (or, with `endUser`, that end user's) stands now: spent in the
+   * current period (settled charges and holds in flight, every node's), and the period. Undefined
+   * when the key has no such budget.
+   */
+  budgetNow(key: LiveKey, endUser?: string): Promise<BudgetNow | undefined>
+  /** The clock periods are read by (Unix ms; injectable for tests). */
+  readonly clock: () => number
 }
 
 /**
@@ -74,6 +84,22 @@ export interface SpendWatch {
   charged(key: LiveKey, org: LiveOrg, after: SpendFigures): void
   /** A request was refused for the key's limit (402 key_limit_reached): the limit is reached. */
   limitRefused(key: LiveKey, org: LiveOrg): void
+  /** After a charge under the key's period budget: what the period has spent (a bound in a cluster). */
+  budgetCharged(key: LiveKey, org: LiveOrg, b: BudgetFigures): void
+  /** A request was refused for the key's period budget (402 key_budget_exhausted). */
+  budgetRefused(key: LiveKey, org: LiveOrg, b: BudgetFigures): void
+}
+
+/**
+ * Where a key's period budget stands after a charge (or at a refusal): its amount, the period,
+ * and what the period has spent. On one node exact; in a cluster an upper bound from the budget's
+ * room (the holds of requests in flight counted as spent), with `exact` to read the figure.
+ */
+export interface BudgetFigures {
+  readonly amountNano: NanoRub
+  readonly spentAtMostNano: NanoRub
+  readonly span: PeriodSpan
+  readonly exact?: () => Promise<NanoRub>
 }
 
 /**
@@ -86,14 +112,6 @@ export interface SpendFigures {
   readonly keySpentAtMostNano: NanoRub
   readonly balanceAtLeastNano: NanoRub
   readonly exact?: () => Promise<{ readonly keySpentNano: NanoRub; readonly balanceNano: NanoRub }>
-  /**
-   * Where a key's period budget (or, with `endUser`, that end user's) stands now: spent in the
-   * current period (settled charges and holds in flight, every node's), and the period. Undefined
-   * when the key has no such budget.
-   */
-  budgetNow(key: LiveKey, endUser?: string): Promise<BudgetNow | undefined>
-  /** The clock periods are read by (Unix ms; injectable for tests). */
-  readonly clock: () => number
 }
 
 /** A period budget's standing: what is committed in the current period, and the period. */
@@ -216,8 +234,15 @@ export class Meter implements MoneyMeter {
     const keyHeld = key.reservedNano + amountNano
     if (key.limitNano !== null && key.spentNano + keyHeld > key.limitNano) throw keyLimitReached()
     // The budgets as they are now (a change while the counters were read applies at once).
-    if (kc && key.budget && kc.spentNano + kc.reservedNano + amountNano > key.budget.amountNano)
+    if (kc && key.budget && kc.spentNano + kc.reservedNano + amountNano > key.budget.amountNano) {
+      if (this.watch?.watches(org.id))
+        this.watch.budgetRefused(key, org, {
+          amountNano: key.budget.amountNano,
+          spentAtMostNano: kc.spentNano,
+          span: { startMs: kc.startMs, endMs: kc.endMs },
+        })
       throw keyBudgetExhausted(kc.endMs)
+    }
     if (uc && key.endUserBudget && uc.spentNano + uc.reservedNano + amountNano > key.endUserBudget.amountNano)
       throw endUserBudgetExhausted(uc.endMs)
     const orgHeld = org.reservedNano + amountNano
@@ -228,7 +253,7 @@ export class Meter implements MoneyMeter {
     if (kc) counters.push(kc)
     if (uc) counters.push(uc)
     for (const c of counters) c.reservedNano += amountNano
-    return { key, org, amountNano, done: false, admittedAtMs: now, counters }
+    return { key, org, amountNano, done: false, admittedAtMs: now, counters, ...(kc && { keyCounter: kc }) }
   }
 
   /**
@@ -306,12 +331,18 @@ export class Meter implements MoneyMeter {
         balanceAtLeastNano: r.org.balanceNano,
       })
     if (r.counters) {
-      // The periods the request was admitted in, whichever period it is now. Here, where a
-      // budget's spend after the charge is known, an alert at 80% or 100% of it would be raised.
+      // The periods the request was admitted in, whichever period it is now.
       for (const c of r.counters) {
         c.reservedNano -= r.amountNano
         c.spentNano += charged
       }
+      const kc = r.keyCounter
+      if (kc && r.key.budget && this.watch?.watches(r.org.id))
+        this.watch.budgetCharged(r.key, r.org, {
+          amountNano: r.key.budget.amountNano,
+          spentAtMostNano: kc.spentNano,
+          span: { startMs: kc.startMs, endMs: kc.endMs },
+        })
     }
     return charged
   }

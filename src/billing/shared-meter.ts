@@ -339,7 +339,14 @@ export class SharedMeter implements MoneyMeter {
       if (verdict === 'ORG') throw insufficientBalance()
       if (verdict === 'B1' || verdict === 'B2') {
         const b = budgets![Number(verdict[1]) - 1]!
-        throw b.endUser === null ? keyBudgetExhausted(b.span.endMs) : endUserBudgetExhausted(b.span.endMs)
+        if (b.endUser !== null) throw endUserBudgetExhausted(b.span.endMs)
+        if (this.watch?.watches(org.id))
+          this.watch.budgetRefused(key, org, {
+            amountNano: b.b.amountNano,
+            spentAtMostNano: b.b.amountNano,
+            span: b.span,
+          })
+        throw keyBudgetExhausted(b.span.endMs)
       }
       try {
         if (verdict === 'ALIVE') await this.heartbeat()
@@ -482,8 +489,30 @@ export class SharedMeter implements MoneyMeter {
    * balance. A missing room bounds nothing (then the exact figures are read if needed).
    */
   private watched(r: Reservation, reply: unknown) {
-    const [keyRoom, orgRoom] = Array.isArray(reply) ? (reply as string[]) : []
+    const [keyRoom, orgRoom, firstBudgetRoom] = Array.isArray(reply) ? (reply as string[]) : []
     const { key, org } = r
+    // The key's own budget is the first budget room when it has one (reserve lists it first): the
+    // room is -(charges admitted in the period + holds), so its negation bounds the spend.
+    const budget = key.budget
+    if (
+      budget &&
+      r.admittedAtMs !== undefined &&
+      firstBudgetRoom &&
+      r.budgetRooms?.[0]?.includes('room:bud:')
+    ) {
+      const span = this.periods.at(budget.period, budget.timezone, r.admittedAtMs)
+      this.watch?.budgetCharged(key, org, {
+        amountNano: budget.amountNano,
+        spentAtMostNano: -BigInt(firstBudgetRoom),
+        span,
+        exact: async () => {
+          const now = await this.budgetNow(key)
+          return now && now.span.startMs === span.startMs
+            ? now.committedNano - now.reservedNano
+            : -BigInt(firstBudgetRoom)
+        },
+      })
+    }
     this.watch?.charged(key, org, {
       keySpentAtMostNano: keyRoom ? (key.limitNano ?? 0n) - BigInt(keyRoom) : MAX_BOUND,
       balanceAtLeastNano: orgRoom ? BigInt(orgRoom) : -MAX_BOUND,

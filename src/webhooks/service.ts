@@ -1,4 +1,4 @@
-import type { SpendFigures, SpendWatch } from '../billing/meter.ts'
+import type { BudgetFigures, SpendFigures, SpendWatch } from '../billing/meter.ts'
 import { type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import { Conflict, InvalidValue, NotFound, quoted } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
@@ -199,25 +199,18 @@ export class Webhooks implements SpendWatch {
   }
 
   /**
-   * The hook for a key's period budget (issue #23's `budget`): call it after a charge that counts
-   * into the budget, with the period's spend (an upper bound is enough if `exact` gives the exact
-   * one). Sends key.budget_80 and key.budget_100 once per period (scope: the period's start and
-   * amount).
+   * After a charge under a key's period budget: key.budget_80 and key.budget_100 once per period
+   * (scope: the period's start and the amount), with the period in the event's data.
    */
-  budgetSpent(
-    key: LiveKey,
-    org: LiveOrg,
-    a: Omit<KeyAllowance, 'kind'>,
-    exact?: () => Promise<NanoRub>,
-  ): void {
+  budgetCharged(key: LiveKey, org: LiveOrg, b: BudgetFigures): void {
     if (!this.spendOrgs.has(org.id)) return
-    this.allowance(key, org, { ...a, kind: 'budget' }, exact)
+    this.allowance(key, org, budgetAllowance(key, b, b.spentAtMostNano), b.exact)
   }
 
   /** A request refused for a key's budget (402 key_budget_exhausted): key.budget_100. */
-  budgetRefused(key: LiveKey, org: LiveOrg, a: Omit<KeyAllowance, 'kind'>): void {
+  budgetRefused(key: LiveKey, org: LiveOrg, b: BudgetFigures): void {
     if (!this.spendOrgs.has(org.id)) return
-    this.refused(key, org, { ...a, kind: 'budget' })
+    this.refused(key, org, budgetAllowance(key, b, b.spentAtMostNano))
   }
 
   /** A batch reached a final status: batch.completed, batch.failed or batch.expired. */
@@ -406,4 +399,20 @@ function checkEvents(events: readonly string[], thresholdNano: NanoRub | null) {
       'balance.below_threshold needs balance_threshold_rub (the balance below which it is sent)',
       'balance_threshold_rub',
     )
+}
+
+/** A period budget as an allowance: its stretch is the period (start and amount). */
+function budgetAllowance(key: LiveKey, b: BudgetFigures, spentNano: NanoRub): KeyAllowance {
+  return {
+    kind: 'budget',
+    amountNano: b.amountNano,
+    spentNano,
+    scope: `${b.span.startMs}:${b.amountNano}`,
+    data: {
+      period: key.budget?.period ?? null,
+      timezone: key.budget?.timezone ?? null,
+      period_start: Math.floor(b.span.startMs / 1000),
+      resets_at: Math.ceil(b.span.endMs / 1000),
+    },
+  }
 }

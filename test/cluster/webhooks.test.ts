@@ -101,3 +101,62 @@ test('two nodes: key limits and the balance crossed from both nodes at once; eac
     receiver.stop()
   }
 })
+
+test("two nodes: a key's period budget spent from both nodes; budget_80 and budget_100 once each, with the cluster's spend", async () => {
+  const [a, b] = cluster.nodes as [(typeof cluster.nodes)[0], (typeof cluster.nodes)[0]]
+  const receiver = startReceiver()
+  try {
+    const org = (await (
+      await call(a.url, '/v1/admin/organizations', ADMIN_TOKEN, { name: 'budget-alerts', balance_rub: 1 })
+    ).json()) as { id: string; master_key: string }
+    const hook = (await (
+      await call(a.url, '/v1/webhooks', org.master_key, {
+        url: receiver.url,
+        events: ['key.budget_80', 'key.budget_100'],
+      })
+    ).json()) as { id: string; secret: string }
+    const key = (await (
+      await call(b.url, '/v1/keys', org.master_key, {
+        name: 'budgeted',
+        budget: { amount_rub: 0.03, period: 'month', timezone: 'Europe/Moscow' },
+      })
+    ).json()) as { key: string; key_id: string }
+    await Bun.sleep(200)
+    await Promise.all(
+      [0, 1].map(async (w) => {
+        const node = [a, b][w]!
+        for (let i = 0, refusedInARow = 0; refusedInARow < 5 && i < 300; i++) {
+          const res = await call(node.url, '/v1/chat/completions', key.key, {
+            model: 'test/chat',
+            messages: [{ role: 'user', content: `budget ${w} ${i}` }],
+            max_tokens: 40,
+          })
+          const body = (await res.json()) as { error?: { code: string } }
+          if (res.status === 402) {
+            expect(body.error?.code).toBe('key_budget_exhausted')
+            refusedInARow++
+          } else {
+            expect(res.status).toBe(200)
+            refusedInARow = 0
+          }
+        }
+      }),
+    )
+    expect(await until(() => receiver.delivered().size >= 2)).toBe(true)
+    await Promise.all(cluster.nodes.map((n) => n.svc.webhooks.settled()))
+    await Bun.sleep(200)
+    expect([...receiver.delivered().values()].map((d) => d.type).sort()).toEqual([
+      'key.budget_100',
+      'key.budget_80',
+    ])
+    expect(receiver.deliveries.length).toBe(2)
+    for (const d of receiver.deliveries) {
+      expect(signatureValid(hook.secret, d.signature, d.body)).toBe(true)
+      expect(d.payload.data).toMatchObject({ key_id: key.key_id, budget_rub: 0.03, period: 'month' })
+    }
+    const at80 = receiver.deliveries.find((d) => d.type === 'key.budget_80')!
+    expect(at80.payload.data.spent_rub as number).toBeGreaterThanOrEqual(0.024)
+  } finally {
+    receiver.stop()
+  }
+})

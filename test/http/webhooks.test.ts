@@ -185,6 +185,47 @@ describe.each([['sqlite'], ['postgres']])('webhooks on %s', (store) => {
     }
   })
 
+  test("a key's period budget at 80% and at 100%: one event each, with the period", async () => {
+    const r = startReceiver()
+    const hook = await createWebhook(t, { url: r.url, events: ['key.budget_80', 'key.budget_100'] })
+    expect(hook.status).toBe(201)
+    try {
+      const key = await newApiKey(t, {
+        name: 'budgeted',
+        budget: { amount_rub: 0.02, period: 'day', timezone: 'Europe/Moscow' },
+      })
+      const answered = await spendUntilRefused(t.client(key.key))
+      expect(answered).toBeGreaterThan(3)
+      expect(await until(() => r.delivered().size >= 2)).toBe(true)
+      await spendUntilRefused(t.client(key.key))
+      await t.svc.webhooks.settled()
+      const byType = new Map([...r.delivered().values()].map((d) => [d.type, d]))
+      expect([...byType.keys()].sort()).toEqual(['key.budget_100', 'key.budget_80'])
+      const listed = (await (await t.fetch(`/v1/keys/${key.key_id}`, { key: t.masterKey })).json()) as {
+        budget: { period_start: number; resets_at: number }
+      }
+      for (const [type, pct] of [
+        ['key.budget_80', 80],
+        ['key.budget_100', 100],
+      ] as const)
+        expect(byType.get(type)!.payload.data).toMatchObject({
+          key_id: key.key_id,
+          budget_rub: 0.02,
+          threshold_percent: pct,
+          period: 'day',
+          timezone: 'Europe/Moscow',
+          period_start: listed.budget.period_start,
+          resets_at: listed.budget.resets_at,
+        })
+      expect(byType.get('key.budget_80')!.payload.data.spent_rub as number).toBeGreaterThanOrEqual(0.016)
+      expect(new Set(r.deliveries.map((d) => d.eventId)).size).toBe(2)
+      expectSigned(r, hook.body.secret)
+    } finally {
+      await t.fetch(`/v1/webhooks/${hook.body.id}`, { method: 'DELETE', key: t.masterKey })
+      r.stop()
+    }
+  })
+
   test('balance below a threshold: one event per drop; a credit above it arms it again', async () => {
     const r = startReceiver()
     const org = async () =>
