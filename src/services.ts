@@ -281,6 +281,7 @@ export async function buildServices(
             workerUrl,
             reportDiskFull: (err) => disk.report(err),
             finished: (b) => webhooks.batchFinished(b),
+            tracing,
           },
           log,
         )

@@ -48,6 +48,8 @@ export type AdmitReply =
       readonly baseUrl: string
       readonly upstreamModel: string
       readonly apiKey: string | undefined
+      /** The line's trace, continued upstream (tracing on). */
+      readonly traceparent?: string
     }
   /** No node has headroom beyond the interactive reserve: try again later. */
   | { readonly kind: 'wait'; readonly ms: number }

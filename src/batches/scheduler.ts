@@ -1,6 +1,6 @@
 import type { LedgerWriter } from '../billing/ledger.ts'
 import type { MoneyMeter, Reservation } from '../billing/meter.ts'
-import { batchCostNano, costNano } from '../billing/money.ts'
+import { batchCostNano, costNano, formatRub } from '../billing/money.ts'
 import type { Config, ModelConfig, Price } from '../config/load.ts'
 import { SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey } from '../identity/live.ts'
@@ -9,6 +9,8 @@ import { requestId } from '../ids.ts'
 import type { Log } from '../log.ts'
 import type { Candidate, NodePool, NodeState } from '../routing/nodes.ts'
 import type { BatchRecord, BatchStatus, Store } from '../storage/store.ts'
+import type { RequestTrace } from '../tracing/span.ts'
+import type { Tracing } from '../tracing/tracing.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 
 /** A finalization claimed longer ago than this is taken over by another node (or after a restart). */
@@ -35,6 +37,8 @@ export interface BatchSettings {
    * further).
    */
   readonly reportDiskFull?: (err: unknown) => boolean
+  /** Traces each line (tracing on): a span per line, continued upstream. */
+  readonly tracing?: Tracing | undefined
   /**
    * Told of a batch this node brought to a final status (completed, failed, expired, cancelled),
    * once it is written: webhooks' batch events.
@@ -53,6 +57,8 @@ interface Admitted {
   readonly startedAtMs: number
   /** Pre-empted for interactive traffic: its node slot is already given back. */
   preempted: boolean
+  /** The line's trace (tracing on): one span from admission to settlement. */
+  readonly trace?: RequestTrace
 }
 
 /**
@@ -553,15 +559,28 @@ export class BatchScheduler {
       this.failBatchSoon(m.batchId, 'insufficient_quota', 'the money ran out')
       return { kind: 'stop', code: 'insufficient_quota' }
     }
+    const model = this.models.get(m.model)
+    const traced = this.settings.tracing?.line({
+      'gen_ai.operation.name': model?.kind === 'embedding' ? 'embeddings' : 'chat',
+      'gen_ai.request.model': m.model,
+      'gen_ai.provider.name': best.route.provider,
+      'tropa.request_id': `${m.batchId}-${m.line}`,
+      'tropa.batch_id': m.batchId,
+      'tropa.batch_line': m.line,
+      'tropa.key_id': key.id,
+      'tropa.org_id': orgId,
+      'tropa.node': best.node.name,
+    })
     this.admitted.get(w)?.set(m.reqId, {
       reservation,
       candidate: best,
       batchId: m.batchId,
       line: m.line,
       model: m.model,
-      price: this.models.get(m.model)?.price ?? { promptNano: 0n, completionNano: 0n, cachedPromptNano: 0n },
+      price: model?.price ?? { promptNano: 0n, completionNano: 0n, cachedPromptNano: 0n },
       startedAtMs: now,
       preempted: false,
+      ...(traced && { trace: traced.trace }),
     })
     return {
       kind: 'go',
@@ -569,6 +588,7 @@ export class BatchScheduler {
       baseUrl: best.route.baseUrl,
       upstreamModel: best.route.upstreamModel,
       apiKey: best.route.apiKey,
+      ...(traced && { traceparent: traced.traceparent }),
     }
   }
 
@@ -581,9 +601,14 @@ export class BatchScheduler {
     queueMicrotask(() => this.drainQueue())
     if (!m.usage) {
       this.meter.release(a.reservation)
+      // Not billed: pre-empted (it runs again, in a trace of its own) or failed (maybe retried).
+      a.trace?.end(
+        { 'tropa.outcome': a.preempted ? 'preempted' : m.outcome },
+        a.preempted ? undefined : { message: m.outcome, code: m.outcome },
+      )
       return
     }
-    this.meter.settle(a.reservation, {
+    const charged = this.meter.settle(a.reservation, {
       requestId: `${a.batchId}-${a.line}`,
       model: a.model,
       node: a.candidate.node.name,
@@ -600,6 +625,16 @@ export class BatchScheduler {
       cachedTokens: m.usage.cachedTokens,
       ttftMs: m.usage.ttftMs,
     })
+    if (a.trace) {
+      a.trace.child('settle').end()
+      a.trace.end({
+        'gen_ai.response.model': a.model,
+        'gen_ai.usage.input_tokens': m.usage.promptTokens,
+        'gen_ai.usage.output_tokens': m.usage.completionTokens,
+        'tropa.cost_rub': formatRub(charged),
+        'tropa.outcome': m.outcome,
+      })
+    }
   }
 
   private readonly running = new Map<

@@ -245,6 +245,7 @@ async function callUpstream(
           ...(route.priorityScheduling && { priority: BATCH_PRIORITY }),
         }),
         stream: false,
+        traceparent: reply.traceparent,
       },
       controller,
       Date.now() + (route.firstByteTimeoutMs ?? cfg.firstByteTimeoutMs),

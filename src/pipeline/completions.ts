@@ -2,6 +2,7 @@ import type { ChatRequest } from '../api/chat.ts'
 import type { CompletionRequest } from '../api/completions.ts'
 import type { ModelConfig } from '../config/load.ts'
 import { ContextLengthExceeded, InvalidValue } from '../errors.ts'
+import type { RequestTrace } from '../tracing/span.ts'
 import { TEXT_COMPLETION_STREAM } from '../upstream/sse.ts'
 import {
   type ChatCompletion,
@@ -46,6 +47,7 @@ export async function textCompletion(
   requestId: string,
   sessionHint?: string,
   cut?: () => void,
+  trace?: RequestTrace,
 ): Promise<Response> {
   const catalogue = deps.catalogue
   const model = (id: string) => catalogue.getOfKind(id, 'chat')
@@ -57,8 +59,8 @@ export async function textCompletion(
   return withFallbacks(deps, chain, signal, requestId, (id) => {
     const m = model(id)
     return passesCompletionsThrough(m)
-      ? passThrough(deps, payer, m, { ...body, model: id }, signal, requestId, sessionHint, cut)
-      : translated(deps, payer, { ...body, model: id }, signal, requestId, sessionHint, cut)
+      ? passThrough(deps, payer, m, { ...body, model: id }, signal, requestId, sessionHint, cut, trace)
+      : translated(deps, payer, { ...body, model: id }, signal, requestId, sessionHint, cut, trace)
   })
 }
 
@@ -72,6 +74,7 @@ async function passThrough(
   requestId: string,
   sessionHint: string | undefined,
   cut: (() => void) | undefined,
+  trace: RequestTrace | undefined,
 ): Promise<Response> {
   const startedAtMs = Date.now()
   const prompts = promptsOf(body.prompt)
@@ -127,6 +130,7 @@ async function passThrough(
         ),
       textOf: textOfCompletion,
       shape: TEXT_COMPLETION_STREAM,
+      trace,
     },
     signal,
     requestId,
@@ -180,9 +184,10 @@ async function translated(
   requestId: string,
   sessionHint: string | undefined,
   cut: (() => void) | undefined,
+  trace: RequestTrace | undefined,
 ): Promise<Response> {
   const chat = toChat(body)
-  const res = await chatWithModel(deps, payer, chat, signal, requestId, sessionHint, cut)
+  const res = await chatWithModel(deps, payer, chat, signal, requestId, sessionHint, cut, trace)
   if (payer.quoteOnly) return res
   const id = `cmpl-${requestId}`
   if (chat.stream !== true) {

@@ -1,5 +1,6 @@
 import { type EmbeddingRequest, MAX_EMBEDDING_INPUTS } from '../api/embeddings.ts'
 import type { Slot } from '../billing/concurrency.ts'
+import type { Reservation } from '../billing/meter.ts'
 import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import { hasRateLimits } from '../billing/rate-limiter.ts'
 import {
@@ -9,6 +10,7 @@ import {
   TooManyInputs,
   UpstreamFailed,
 } from '../errors.ts'
+import { fail, type RequestTrace } from '../tracing/span.ts'
 import { admit, type ChatDeps, type Payer } from './chat.ts'
 import { dispatch, finishAttempt, readBody } from './dispatch.ts'
 import { loadTokenizer, PromptCounter, reservedPromptTokens } from './tokens.ts'
@@ -26,6 +28,8 @@ export async function createEmbeddings(
   body: EmbeddingRequest,
   signal: AbortSignal,
   requestId: string,
+  /** The request's trace (tracing on): reserve, each attempt and settle become spans. */
+  trace?: RequestTrace,
 ): Promise<Response> {
   const startedAtMs = Date.now()
   const model = deps.catalogue.getOfKind(body.model, 'embedding')
@@ -54,12 +58,21 @@ export async function createEmbeddings(
   const promptTokens = counter.n
   const rec = deps.telemetry.of(requestId)
   rec?.call(model.id, payer.org.id, payer.key.id)
-  const reservation = await deps.meter.reserve(
-    payer.key,
-    payer.org,
-    costNano(reservedPromptTokens(promptTokens), 0, model.price),
-    payer.endUser,
-  )
+  const reserving = trace?.child('reserve')
+  let reservation: Reservation
+  try {
+    reservation = await deps.meter.reserve(
+      payer.key,
+      payer.org,
+      costNano(reservedPromptTokens(promptTokens), 0, model.price),
+      payer.endUser,
+    )
+  } catch (err) {
+    if (reserving) fail(reserving, err)
+    throw err
+  } finally {
+    reserving?.end()
+  }
   // Counted only once the money is reserved, so a 402 does not eat into the limits (chat.ts admit).
   let slot: Slot | undefined
   try {
@@ -76,6 +89,7 @@ export async function createEmbeddings(
         blockTokens: 0,
         session: undefined,
         body: (r) => JSON.stringify({ ...body, model: r.upstreamModel }),
+        trace,
         accept: async (reply, c) => {
           const text = await readBody(reply, deps, c.node.name)
           if (!text.includes('"data"'))
@@ -121,6 +135,17 @@ export async function createEmbeddings(
       endUser: payer.endUser ?? null,
     })
     rec?.settled(tokens, 0, 0, charged)
+    if (trace) {
+      trace.child('settle').end()
+      trace.end({
+        'gen_ai.response.model': model.id,
+        'gen_ai.provider.name': candidate.route.provider,
+        'gen_ai.usage.input_tokens': tokens,
+        'tropa.node': candidate.node.name,
+        'tropa.cost_rub': formatRub(charged),
+        'tropa.estimated_usage': value.tokens === undefined,
+      })
+    }
     const costRub = nanoToRubNumber(charged)
     // The client sees the usage billed: the upstream's with its cost, or Tropa's count, marked.
     const shown =

@@ -2,6 +2,7 @@ import type { Static } from '@sinclair/typebox'
 import type { ChatMessage, ChatRequest, ContentPart } from '../api/chat.ts'
 import type { CountTokensRequest, MessagesRequest, MsgContentBlock, MsgCustomTool } from '../api/messages.ts'
 import { InvalidValue } from '../errors.ts'
+import type { RequestTrace } from '../tracing/span.ts'
 import type { Usage } from '../upstream/sse.ts'
 import { type ChatDeps, chatCompletion, type Payer } from './chat.ts'
 import { countChatPromptLive, loadTokenizer } from './tokens.ts'
@@ -20,9 +21,10 @@ export async function createMessage(
   requestId: string,
   sessionHint?: string,
   cut?: () => void,
+  trace?: RequestTrace,
 ): Promise<Response> {
   const chat = toChatRequest(body)
-  const res = await chatCompletion(deps, payer, chat, signal, requestId, sessionHint, cut)
+  const res = await chatCompletion(deps, payer, chat, signal, requestId, sessionHint, cut, trace)
   if (payer.quoteOnly) return res // a quote is the same object whatever the inbound API
   const headers = new Headers(res.headers)
   const id = `msg_${requestId}`

@@ -4,6 +4,7 @@ import { sortableId } from '../ids.ts'
 import { EXPLAIN_HEADER, OVERHEAD_HEADER } from '../metrics/telemetry.ts'
 import { type ChatDeps, chatCompletion, type Payer } from '../pipeline/chat.ts'
 import type { Store } from '../storage/store.ts'
+import type { RequestTrace } from '../tracing/span.ts'
 import type { Usage } from '../upstream/sse.ts'
 import { ResponsesStreamTranslator, responsesStream } from './stream.ts'
 import {
@@ -86,6 +87,7 @@ export class ResponsesService {
     requestId: string,
     sessionHint?: string,
     cut?: () => void,
+    trace?: RequestTrace,
   ): Promise<Response> {
     const store = body.store !== false
     let prior: Item[] = []
@@ -116,7 +118,7 @@ export class ResponsesService {
       body,
       store,
     }
-    const answer = await chatCompletion(this.deps, payer, chat, signal, requestId, sessionHint, cut)
+    const answer = await chatCompletion(this.deps, payer, chat, signal, requestId, sessionHint, cut, trace)
     if (payer.quoteOnly) return answer // a quote, nothing stored
     const headers: Record<string, string> = {}
     for (const name of ['x-tropa-node', 'x-tropa-cost-rub', OVERHEAD_HEADER, EXPLAIN_HEADER]) {

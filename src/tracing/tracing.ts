@@ -52,6 +52,19 @@ export class Tracing {
     return t
   }
 
+  /**
+   * A batch line's trace: a root span of its own (a line is no client's request; its batch id and
+   * line link it to the batch), and the W3C `traceparent` that continues it upstream.
+   */
+  line(attributes: Record<string, string | number>): { trace: RequestTrace; traceparent: string } {
+    const root = this.tracer.startSpan('batch line', { kind: SpanKind.CLIENT, attributes }, ROOT_CONTEXT)
+    const sc = root.spanContext()
+    return {
+      trace: new RequestTrace(this.tracer, root),
+      traceparent: `00-${sc.traceId}-${sc.spanId}-0${sc.traceFlags & 1}`,
+    }
+  }
+
   /** Sends what is buffered (a graceful stop). */
   async shutdown(): Promise<void> {
     await this.provider.shutdown()

@@ -1,7 +1,10 @@
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'bun:test'
+import Anthropic from '@anthropic-ai/sdk'
 import OpenAI from 'openai'
+import { formatRub } from '../../src/billing/money.ts'
 import type { ModelFile } from '../../src/config/schema.ts'
 import { type SimNode, startSimFleet } from '../../src/simulator/index.ts'
+import { startChatBatch } from '../helpers/batches.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 // OpenTelemetry traces over OTLP/HTTP, received by a collector the test runs: one span tree per
@@ -98,6 +101,15 @@ const models = (): ModelFile[] => [
     routes: [{ name: node.name, base_url: node.url, upstream_model: 'chat-up' }],
   },
   {
+    id: 'test/embed',
+    owned_by: 'test',
+    kind: 'embedding',
+    context_length: 2048,
+    dimensions: 256,
+    pricing: { prompt: '0.000002', completion: '0.000000' },
+    routes: [{ name: node.name, base_url: node.url, upstream_model: 'embed-up' }],
+  },
+  {
     id: 'test/broken',
     owned_by: 'test',
     context_length: 4096,
@@ -160,6 +172,98 @@ describe('with OTEL_EXPORTER_OTLP_ENDPOINT set', () => {
     const attempt = mine.find((s) => s.name === 'upstream attempt')!
     expect(attempt.attributes).toMatchObject({ 'tropa.node': 'recorded', 'tropa.attempt': 'first' })
     expect(node.seen.at(-1)).toBe(`00-${TRACE_ID}-${attempt.spanId}-01`)
+  })
+
+  test('every model endpoint: a root span named for it, with its GenAI operation, reserve, attempt and settle, continued upstream', async () => {
+    t = await startTropa({ models, env: { OTEL_EXPORTER_OTLP_ENDPOINT: collector.url } })
+    const client = t.client()
+    const ids: Record<string, string> = {}
+    const chat = await client.chat.completions
+      .create({ model: 'test/chat', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 })
+      .withResponse()
+    ids.chat = chat.response.headers.get('x-request-id')!
+    const completion = await client.completions
+      .create({ model: 'test/chat', prompt: 'once upon a time', max_tokens: 4 })
+      .withResponse()
+    ids.completions = completion.response.headers.get('x-request-id')!
+    const response = await client.responses
+      .create({ model: 'test/chat', input: 'hello', max_output_tokens: 16, store: false })
+      .withResponse()
+    ids.responses = response.response.headers.get('x-request-id')!
+    const embedding = await client.embeddings
+      .create({ model: 'test/embed', input: ['a', 'b'] })
+      .withResponse()
+    ids.embeddings = embedding.response.headers.get('x-request-id')!
+    const anthropic = new Anthropic({ baseURL: t.url, apiKey: t.apiKey, maxRetries: 0 })
+    const message = await anthropic.messages
+      .create({ model: 'test/chat', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] })
+      .withResponse()
+    ids.messages = message.response.headers.get('x-request-id')!
+    await t.svc.tracing!.flush()
+
+    const operation: Record<string, string> = {
+      chat: 'chat',
+      completions: 'text_completion',
+      responses: 'chat',
+      embeddings: 'embeddings',
+      messages: 'chat',
+    }
+    for (const [endpoint, id] of Object.entries(ids)) {
+      const root = collector.spans.find((s) => s.attributes['tropa.request_id'] === id && !s.parentSpanId)!
+      expect(root?.name).toBe(endpoint)
+      expect(root.attributes).toMatchObject({
+        'gen_ai.operation.name': operation[endpoint]!,
+        'tropa.node': 'recorded',
+        'tropa.org_id': t.orgId,
+      })
+      expect(Number(root.attributes['gen_ai.usage.input_tokens'])).toBeGreaterThan(0)
+      expect(Number(root.attributes['tropa.cost_rub'])).toBeGreaterThan(0)
+      const children = collector.spans.filter((s) => s.parentSpanId === root.spanId).map((s) => s.name)
+      for (const name of ['auth', 'reserve', 'upstream attempt', 'settle']) expect(children).toContain(name)
+      // The upstream request carried the attempt's span.
+      const attempt = collector.spans.find(
+        (s) => s.parentSpanId === root.spanId && s.name === 'upstream attempt',
+      )!
+      expect(node.seen).toContain(`00-${root.traceId}-${attempt.spanId}-01`)
+    }
+    expect(
+      collector.spans.find((s) => s.attributes['tropa.request_id'] === ids.embeddings && !s.parentSpanId)!
+        .attributes['gen_ai.response.model'],
+    ).toBe('test/embed')
+  })
+
+  test('batch lines: a span each, with the batch and line, tokens and cost, continued upstream', async () => {
+    t = await startTropa({ models, env: { OTEL_EXPORTER_OTLP_ENDPOINT: collector.url } })
+    const client = t.client()
+    const seenBefore = node.seen.length
+    const batch = await startChatBatch(client, 3, { maxTokens: 4 })
+    let done = await client.batches.retrieve(batch.id)
+    for (let i = 0; i < 400 && done.status !== 'completed'; i++) {
+      await Bun.sleep(25)
+      done = await client.batches.retrieve(batch.id)
+    }
+    expect(done.status).toBe('completed')
+    await t.svc.tracing!.flush()
+    const lines = collector.spans.filter(
+      (s) => s.name === 'batch line' && s.attributes['tropa.batch_id'] === batch.id,
+    )
+    expect(lines.map((s) => Number(s.attributes['tropa.batch_line'])).sort()).toEqual([1, 2, 3])
+    const ledger = await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)
+    for (const span of lines) {
+      expect(span.parentSpanId ?? '').toBe('')
+      expect(span.attributes).toMatchObject({
+        'gen_ai.operation.name': 'chat',
+        'gen_ai.request.model': 'test/chat',
+        'tropa.node': 'recorded',
+        'tropa.outcome': 'ok',
+      })
+      const row = ledger.find((e) => e.requestId === span.attributes['tropa.request_id'])!
+      expect(span.attributes['gen_ai.usage.output_tokens']).toBe(row.completionTokens)
+      expect(String(span.attributes['tropa.cost_rub'])).toBe(formatRub(row.costNano))
+      expect(collector.spans.some((c) => c.parentSpanId === span.spanId && c.name === 'settle')).toBe(true)
+      // The line's upstream request carried its span.
+      expect(node.seen.slice(seenBefore)).toContain(`00-${span.traceId}-${span.spanId}-01`)
+    }
   })
 
   test('a refused request and a failed upstream end their root span with the error', async () => {

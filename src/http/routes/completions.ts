@@ -2,26 +2,23 @@ import { Elysia } from 'elysia'
 import { CompletionRequest } from '../../api/completions.ts'
 import { textCompletion } from '../../pipeline/completions.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
+import { authenticate, authenticateFirst } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
+import { answerModelCall } from './model-call.ts'
 
 export const completionRoutes = (svc: Services) =>
   new Elysia().derive(authenticate(svc)).post(
     '/v1/completions',
-    ({ principal, body, request, set, server }) => {
-      const id = set.headers['x-request-id'] as string
-      return svc.telemetry.answered(
-        id,
-        textCompletion(
-          svc.deps,
-          payerOf(principal, request.headers, { user: (body as CompletionRequest).user }),
-          body as CompletionRequest,
-          request.signal,
-          id,
-          request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
-          () => server?.timeout(request, 1),
-        ),
-        body,
+    (ctx) => {
+      const body = ctx.body as CompletionRequest
+      const shape = {
+        operation: 'text_completion',
+        endpoint: 'completions',
+        model: body.model,
+        user: body.user,
+      }
+      return answerModelCall(svc, ctx, body, shape, (c) =>
+        textCompletion(svc.deps, c.payer, body, c.signal, c.requestId, c.sessionHint, c.cut, c.trace),
       )
     },
     {

@@ -2,24 +2,24 @@ import { Elysia } from 'elysia'
 import { EmbeddingRequest } from '../../api/embeddings.ts'
 import { createEmbeddings } from '../../pipeline/embeddings.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
+import { authenticate, authenticateFirst } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
+import { answerModelCall } from './model-call.ts'
 
 export const embeddingRoutes = (svc: Services) =>
   new Elysia().derive(authenticate(svc)).post(
     '/v1/embeddings',
-    ({ principal, body, request, set }) => {
-      const id = set.headers['x-request-id'] as string
-      return svc.telemetry.answered(
-        id,
-        createEmbeddings(
-          svc.deps,
-          payerOf(principal, request.headers, { user: (body as EmbeddingRequest).user, quotes: false }),
-          body as EmbeddingRequest,
-          request.signal,
-          id,
-        ),
-        body,
+    (ctx) => {
+      const body = ctx.body as EmbeddingRequest
+      const shape = {
+        operation: 'embeddings',
+        endpoint: 'embeddings',
+        model: body.model,
+        user: body.user,
+        quotes: false,
+      } as const
+      return answerModelCall(svc, ctx, body, shape, (c) =>
+        createEmbeddings(svc.deps, c.payer, body, c.signal, c.requestId, c.trace),
       )
     },
     {

@@ -4,6 +4,7 @@ import { countMessageTokens, createMessage } from '../../pipeline/messages.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
+import { answerModelCall } from './model-call.ts'
 
 /**
  * The Anthropic Messages API on any catalogue chat model (docs/api.md, Messages). Auth by
@@ -15,23 +16,17 @@ export const messageRoutes = (svc: Services) =>
     .derive(authenticate(svc))
     .post(
       '/v1/messages',
-      ({ principal, body, request, set, server }) => {
-        const id = set.headers['x-request-id'] as string
-        return svc.telemetry.answered(
-          id,
-          createMessage(
-            svc.deps,
-            payerOf(principal, request.headers, {
-              user: (body as MessagesRequest).metadata?.user_id,
-              userParam: 'metadata.user_id',
-            }),
-            body as MessagesRequest,
-            request.signal,
-            id,
-            request.headers.get(svc.config.routing.sessionHeader) ?? undefined,
-            () => server?.timeout(request, 1),
-          ),
-          body,
+      (ctx) => {
+        const body = ctx.body as MessagesRequest
+        const shape = {
+          operation: 'chat',
+          endpoint: 'messages',
+          model: body.model,
+          user: body.metadata?.user_id,
+          userParam: 'metadata.user_id',
+        }
+        return answerModelCall(svc, ctx, body, shape, (c) =>
+          createMessage(svc.deps, c.payer, body, c.signal, c.requestId, c.sessionHint, c.cut, c.trace),
         )
       },
       {

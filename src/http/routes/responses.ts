@@ -6,6 +6,7 @@ import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
 import { queryEnum, queryInt } from '../query.ts'
+import { answerModelCall } from './model-call.ts'
 
 const Params = t.Object({ response_id: t.String() })
 
@@ -17,25 +18,20 @@ export const responseRoutes = (svc: Services) => {
     .derive(authenticate(svc))
     .post(
       '/v1/responses',
-      ({ principal, body, request, set, server }) => {
-        const payer = payerOf(principal, request.headers, { user: (body as ResponsesRequest).user })
-        const malformed = knownTypeError(body as ResponsesRequest)
-        if (malformed) throw fromValueError(malformed)
-        const id = set.headers['x-request-id'] as string
-        return svc.telemetry.answered(
-          id,
-          responses.create(
-            payer,
-            body as ResponsesRequest,
-            request.signal,
-            id,
-            request.headers.get(svc.config.routing.sessionHeader) ??
-              (body as ResponsesRequest).prompt_cache_key ??
-              undefined,
-            () => server?.timeout(request, 1),
-          ),
-          body,
-        )
+      (ctx) => {
+        const body = ctx.body as ResponsesRequest
+        const shape = {
+          operation: 'chat',
+          endpoint: 'responses',
+          model: body.model,
+          user: body.user,
+          sessionHint: body.prompt_cache_key ?? undefined,
+        }
+        return answerModelCall(svc, ctx, body, shape, (c) => {
+          const malformed = knownTypeError(body)
+          if (malformed) throw fromValueError(malformed)
+          return responses.create(c.payer, body, c.signal, c.requestId, c.sessionHint, c.cut, c.trace)
+        })
       },
       {
         parse: jsonBody(svc.config.server.maxBodyBytes, ResponsesRequest, authenticateFirst(svc)),
