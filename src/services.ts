@@ -336,6 +336,7 @@ const RESTART_SECTIONS = [
   'batches',
   'files',
   'responses',
+  'receipts',
 ] as const
 
 function reloadReport(

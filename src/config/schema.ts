@@ -290,6 +290,15 @@ export const ConsoleSchema = T.Object(
   { additionalProperties: false },
 )
 
+/** Signed receipts on billed responses (docs/api.md, "Receipts"). */
+export const ReceiptsSchema = T.Object(
+  {
+    /** Sign every billed response (x-tropa-receipt) and every row of a JSONL export. */
+    enabled: T.Optional(T.Boolean()),
+  },
+  { additionalProperties: false },
+)
+
 export const ConfigFileSchema = T.Object(
   {
     server: T.Optional(ServerSchema),
@@ -305,6 +314,7 @@ export const ConfigFileSchema = T.Object(
     access_log: T.Optional(AccessLogSchema),
     tracing: T.Optional(TracingSchema),
     console: T.Optional(ConsoleSchema),
+    receipts: T.Optional(ReceiptsSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

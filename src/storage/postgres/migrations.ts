@@ -5,6 +5,7 @@ import m0002 from './migrations/0002_responses.sql' with { type: 'text' }
 import m0003 from './migrations/0003_activity.sql' with { type: 'text' }
 import m0004 from './migrations/0004_console_sessions.sql' with { type: 'text' }
 import m0005 from './migrations/0005_key_scopes.sql' with { type: 'text' }
+import m0006 from './migrations/0006_receipts.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // As for SQLite: the SQL travels inside the executable (a test checks every file is listed).
@@ -15,6 +16,7 @@ const SQL: Record<string, string> = {
   '0003_activity': m0003,
   '0004_console_sessions': m0004,
   '0005_key_scopes': m0005,
+  '0006_receipts': m0006,
 }
 
 export function embeddedPgMigrations(): Migration[] {

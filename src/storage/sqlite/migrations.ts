@@ -5,6 +5,7 @@ import m0003 from './migrations/0003_responses.sql' with { type: 'text' }
 import m0004 from './migrations/0004_activity.sql' with { type: 'text' }
 import m0005 from './migrations/0005_console_sessions.sql' with { type: 'text' }
 import m0006 from './migrations/0006_key_scopes.sql' with { type: 'text' }
+import m0007 from './migrations/0007_receipts.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // Migrations travel inside the executable: each SQL file is imported as text here (a test
@@ -17,6 +18,7 @@ const SQL: Record<string, string> = {
   '0004_activity': m0004,
   '0005_console_sessions': m0005,
   '0006_key_scopes': m0006,
+  '0007_receipts': m0007,
 }
 
 export interface Migration {

@@ -62,6 +62,8 @@ export const ledger = sqliteTable(
     cachedTokens: count('cached_tokens'),
     /** From the request's start to the upstream's first byte (streams) or whole body (JSON). */
     ttftMs: count('ttft_ms'),
+    /** The receipt key a billed request was signed with (null: receipts were off); an export re-signs with it. */
+    receiptKid: text('receipt_kid'),
   },
   // Usage and Activity read by organization and time, newest first (GET /v1/activity). Its
   // filters (kind, key, model, outcome) are columns of that index, so a filtered page scans index
@@ -199,4 +201,22 @@ export const consoleSessions = sqliteTable(
     lastSeenAt: epoch('last_seen_at').notNull(),
   },
   (t) => [index('console_sessions_seen').on(t.lastSeenAt)],
+)
+
+/**
+ * Receipt signing keys (docs/api.md, "Receipts"): Ed25519, one row per key, the newest generation
+ * signs. `public_key` is the raw 32 bytes in base64url; `private_key` the PKCS #8 key encrypted
+ * with AES-256-GCM under a key derived from server.secret. Rows are never deleted: exports re-sign
+ * old rows with the key that signed them, and the public keys stay published.
+ */
+export const receiptKeys = sqliteTable(
+  'receipt_keys',
+  {
+    kid: text('kid').primaryKey(),
+    generation: count('generation').notNull(),
+    publicKey: text('public_key').notNull(),
+    privateKey: text('private_key').notNull(),
+    createdAt: epoch('created_at').notNull(),
+  },
+  (t) => [uniqueIndex('receipt_keys_generation').on(t.generation)],
 )
