@@ -5,6 +5,8 @@ import { LedgerWriter, storeSink } from './billing/ledger.ts'
 import { ThreadLedgerSink } from './billing/ledger-sink.ts'
 import { Meter, type MoneyMeter } from './billing/meter.ts'
 import { LocalRateLimiter } from './billing/rate-limiter.ts'
+import { Receipts } from './billing/receipt-keys.ts'
+import { ReceiptSigner } from './billing/receipt-signer.ts'
 import { SharedMeter } from './billing/shared-meter.ts'
 import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
@@ -74,6 +76,7 @@ export interface Services {
 export interface ThreadEntries {
   readonly batchWorker?: string | URL
   readonly ledgerThread?: string | URL
+  readonly receiptThread?: string | URL
 }
 
 export async function buildServices(
@@ -172,6 +175,23 @@ export async function buildServices(
     policyOverride?.name ?? config.routing.policy,
     config.accessLog,
   )
+  const secret = config.server.secret ?? (await store.initMeta('server_secret', randomBase62(43)))
+  // Receipts: signed in a thread of their own (billing/receipt-signer.ts); none when nothing is billed.
+  const receipts =
+    config.receipts.enabled && config.server.billing
+      ? await Receipts.open(
+          store,
+          secret,
+          new ReceiptSigner(
+            threads.receiptThread ?? new URL('./billing/receipt-thread.ts', import.meta.url),
+            (err) =>
+              log('error', 'signing receipts failed; answers went without them', { error: err.message }),
+          ),
+          log,
+          bus && (() => bus.publishAndConfirm({ t: 'receipt-keys', id: '', from: bus.nodeId }, 2000)),
+        )
+      : undefined
+  if (receipts && bus) bus.on('receipt-keys', () => void receipts.reload().catch(() => {}))
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,
@@ -188,6 +208,7 @@ export async function buildServices(
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,
     telemetry,
+    receipts,
   }
   const contents = new LocalFileStore(config.files.dir)
   const disk = new DiskWatch(
@@ -210,7 +231,6 @@ export async function buildServices(
         .catch((err) => log('error', 'sweeping orphaned upload files failed', { error: String(err) })),
     0,
   )
-  const secret = config.server.secret ?? (await store.initMeta('server_secret', randomBase62(43)))
   // Batches need a database file that worker threads can open too.
   const scheduler =
     config.storage.kind === 'sqlite' && config.storage.sqlitePath === ':memory:'
@@ -296,6 +316,7 @@ export async function buildServices(
       probes.stop()
       watchdog.stop()
       await ledger.stop()
+      receipts?.stop()
       await bus?.close()
       shared?.close()
       sharedLimiter?.close()

@@ -1,8 +1,11 @@
 import { RedisClient } from 'bun'
 
-/** What one router node tells the others: a key changed (with its new status when that is the change). */
+/**
+ * What one router node tells the others: a key changed (with its new status when that is the
+ * change), an organization changed, or the receipt keys did (`id` is then the new signing kid).
+ */
 export type ClusterEvent = {
-  readonly t: 'key' | 'org'
+  readonly t: 'key' | 'org' | 'receipt-keys'
   readonly id: string
   readonly from: string
   readonly status?: 'active' | 'disabled' | 'revoked'
@@ -28,6 +31,8 @@ export interface ClusterBus {
   publishAndConfirm(e: ClusterEvent, timeoutMs: number): Promise<boolean>
   /** The handler runs synchronously on arrival; the node acknowledges once it returns. */
   subscribe(handler: (e: ClusterEvent) => void): Promise<void>
+  /** Another handler, of the events of one kind (run before the acknowledgement too). */
+  on(t: ClusterEvent['t'], handler: (e: ClusterEvent) => void): void
   healthy(): boolean
   /**
    * When this node last (re)subscribed: events published before it may never have arrived, so a
@@ -56,6 +61,7 @@ export class RedisBus implements ClusterBus {
   private seq = 0
   private readonly waiting = new Map<string, () => void>()
   private handler: ((e: ClusterEvent) => void) | undefined
+  private readonly handlers = new Map<ClusterEvent['t'], (e: ClusterEvent) => void>()
   private resubscribing = false
   private resubscribedAtMs = 0
 
@@ -96,7 +102,9 @@ export class RedisBus implements ClusterBus {
       return
     }
     if (w.from === this.nodeId) return
-    this.handler?.(w)
+    const own = this.handlers.get(w.t)
+    if (own) own(w)
+    else this.handler?.(w)
     void this.pub.publish(this.channel, JSON.stringify({ t: 'ack', msg: w.msg, to: w.from })).catch(() => {})
   }
 
@@ -141,6 +149,10 @@ export class RedisBus implements ClusterBus {
       Math.max(50, Math.floor(this.boundMs / 4)),
     )
     this.timer.unref?.()
+  }
+
+  on(t: ClusterEvent['t'], handler: (e: ClusterEvent) => void): void {
+    this.handlers.set(t, handler)
   }
 
   healthy(): boolean {

@@ -8,7 +8,8 @@ const REF_MODEL = 3
 const REF_NODE = 4
 const REF_BATCH = 5
 const REF_OUTCOME = 6
-const REFS = 7
+const REF_RECEIPT = 7
+const REFS = 8
 /** Numbers of a row. */
 const NUM_PROMPT = 0
 const NUM_COMPLETION = 1
@@ -37,6 +38,7 @@ export const LEDGER_COLUMN_NAMES = [
   'estimated',
   'cached_tokens',
   'ttft_ms',
+  'receipt_kid',
 ] as const
 export const LEDGER_COLUMNS = LEDGER_COLUMN_NAMES.length
 
@@ -151,6 +153,7 @@ export class LedgerRows {
     refs[r + REF_NODE] = this.ref(s.node)
     refs[r + REF_BATCH] = this.ref(s.batchId)
     refs[r + REF_OUTCOME] = this.ref(outcome)
+    refs[r + REF_RECEIPT] = this.ref(s.receiptKid ?? null)
     const m = i * NUMS
     this.nums[m + NUM_PROMPT] = s.promptTokens
     this.nums[m + NUM_COMPLETION] = s.completionTokens
@@ -215,6 +218,9 @@ export class LedgerRows {
   outcome(i: number): string {
     return this.str(i, REF_OUTCOME)!
   }
+  receiptKid(i: number): string | null {
+    return this.str(i, REF_RECEIPT)
+  }
   promptTokens(i: number): number {
     return this.nums[i * NUMS + NUM_PROMPT]!
   }
@@ -263,6 +269,7 @@ export class LedgerRows {
     args[at + 13] = this.estimated[i]!
     args[at + 14] = numOrNull(nums[m + NUM_CACHED]!)
     args[at + 15] = numOrNull(nums[m + NUM_TTFT]!)
+    args[at + 16] = strAt(strings, refs[r + REF_RECEIPT]!)
   }
 
   entry(i: number): LedgerEntry {
@@ -283,6 +290,7 @@ export class LedgerRows {
       estimated: this.isEstimated(i),
       cachedTokens: this.cachedTokens(i),
       ttftMs: this.ttftMs(i),
+      receiptKid: this.receiptKid(i),
     }
   }
 

@@ -28,4 +28,9 @@ export interface LedgerEntry {
    * chunk, a JSON answer's whole body); null or absent when there was none (credits).
    */
   readonly ttftMs?: number | null
+  /**
+   * The receipt key the request was signed with (docs/api.md, "Receipts"); null or absent when
+   * receipts were off, and for credits. An export re-signs the row with it.
+   */
+  readonly receiptKid?: string | null
 }
