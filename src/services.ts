@@ -191,7 +191,8 @@ export async function buildServices(
           bus && (() => bus.publishAndConfirm({ t: 'receipt-keys', id: '', from: bus.nodeId }, 2000)),
         )
       : undefined
-  if (receipts && bus) bus.on('receipt-keys', () => void receipts.reload().catch(() => {}))
+  // Another node rotated: read the keys, then acknowledge (its rotation answers once every node has them).
+  if (receipts && bus) bus.on('receipt-keys', () => receipts.reload().catch(() => {}))
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,

@@ -31,8 +31,11 @@ export interface ClusterBus {
   publishAndConfirm(e: ClusterEvent, timeoutMs: number): Promise<boolean>
   /** The handler runs synchronously on arrival; the node acknowledges once it returns. */
   subscribe(handler: (e: ClusterEvent) => void): Promise<void>
-  /** Another handler, of the events of one kind (run before the acknowledgement too). */
-  on(t: ClusterEvent['t'], handler: (e: ClusterEvent) => void): void
+  /**
+   * Another handler, of the events of one kind; the node acknowledges once it returns, or once
+   * the promise it returns settles (so publishAndConfirm waits for what it does).
+   */
+  on(t: ClusterEvent['t'], handler: (e: ClusterEvent) => unknown): void
   healthy(): boolean
   /**
    * When this node last (re)subscribed: events published before it may never have arrived, so a
@@ -61,7 +64,7 @@ export class RedisBus implements ClusterBus {
   private seq = 0
   private readonly waiting = new Map<string, () => void>()
   private handler: ((e: ClusterEvent) => void) | undefined
-  private readonly handlers = new Map<ClusterEvent['t'], (e: ClusterEvent) => void>()
+  private readonly handlers = new Map<ClusterEvent['t'], (e: ClusterEvent) => unknown>()
   private resubscribing = false
   private resubscribedAtMs = 0
 
@@ -102,10 +105,14 @@ export class RedisBus implements ClusterBus {
       return
     }
     if (w.from === this.nodeId) return
+    const ack = () =>
+      void this.pub
+        .publish(this.channel, JSON.stringify({ t: 'ack', msg: w.msg, to: w.from }))
+        .catch(() => {})
     const own = this.handlers.get(w.t)
-    if (own) own(w)
-    else this.handler?.(w)
-    void this.pub.publish(this.channel, JSON.stringify({ t: 'ack', msg: w.msg, to: w.from })).catch(() => {})
+    const done = own ? own(w) : this.handler?.(w)
+    if (done instanceof Promise) done.then(ack, ack)
+    else ack()
   }
 
   private async listen(): Promise<void> {
@@ -151,7 +158,7 @@ export class RedisBus implements ClusterBus {
     this.timer.unref?.()
   }
 
-  on(t: ClusterEvent['t'], handler: (e: ClusterEvent) => void): void {
+  on(t: ClusterEvent['t'], handler: (e: ClusterEvent) => unknown): void {
     this.handlers.set(t, handler)
   }
 
