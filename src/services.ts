@@ -180,6 +180,7 @@ export async function buildServices(
   const receipts =
     config.receipts.enabled && config.server.billing
       ? await Receipts.open(
+          config.receipts.responses,
           store,
           secret,
           new ReceiptSigner(

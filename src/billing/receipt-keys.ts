@@ -53,6 +53,8 @@ export class Receipts {
   private loading: Promise<void> | undefined
 
   private constructor(
+    /** Every billed response is signed (receipts.responses); else only exports carry receipts. */
+    readonly responses: boolean,
     private readonly store: Store,
     private readonly secret: string,
     private readonly signer: ReceiptSigner,
@@ -63,6 +65,7 @@ export class Receipts {
 
   /** Reads the keys (making the first one when there is none) and starts the refresh. */
   static async open(
+    responses: boolean,
     store: Store,
     secret: string,
     signer: ReceiptSigner,
@@ -70,7 +73,7 @@ export class Receipts {
     announce?: () => Promise<unknown>,
     refreshMs = 60_000,
   ): Promise<Receipts> {
-    const r = new Receipts(store, secret, signer, log, announce)
+    const r = new Receipts(responses, store, secret, signer, log, announce)
     await r.reload()
     // No key yet, or none this node can open (server.secret changed): a new one signs from now.
     if (r.signing === undefined) await r.rotate(false)

@@ -293,8 +293,10 @@ export const ConsoleSchema = T.Object(
 /** Signed receipts on billed responses (docs/api.md, "Receipts"). */
 export const ReceiptsSchema = T.Object(
   {
-    /** Sign every billed response (x-tropa-receipt) and every row of a JSONL export. */
+    /** Signing keys, /.well-known/tropa-receipts.json, and a receipt on every row of a JSONL export. */
     enabled: T.Optional(T.Boolean()),
+    /** Sign every billed response too (x-tropa-receipt, usage.receipt): costs each request (docs/config.md). */
+    responses: T.Optional(T.Boolean()),
   },
   { additionalProperties: false },
 )

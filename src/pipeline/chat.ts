@@ -59,7 +59,7 @@ export interface ChatDeps extends UpstreamDeps {
   readonly sseKeepAliveMs: number
   /** The streams open now (a graceful stop ends those left at its deadline). */
   readonly streams: OpenStreams
-  /** Signs billed requests' receipts; undefined when receipts.enabled is false. */
+  /** Receipt keys (each ledger row records its kid) and, with receipts.responses, the signer of answers; undefined when receipts.enabled is false. */
   readonly receipts?: Receipts | undefined
 }
 
@@ -367,7 +367,7 @@ export async function runModelCall(
   /** The receipt of the charge just settled; undefined when receipts are off (or nothing was settled). */
   const receiptOf = (charged: bigint): Promise<string | undefined> | undefined => {
     const s = settled
-    if (!deps.receipts || !s?.receiptKid) return undefined
+    if (!deps.receipts?.responses || !s?.receiptKid) return undefined
     return deps.receipts.sign(s.receiptKid, {
       requestId,
       orgId: payer.org.id,

@@ -121,7 +121,7 @@ export async function createEmbeddings(
     rec?.settled(tokens, 0, 0, charged)
     const costRub = nanoToRubNumber(charged)
     const receipt =
-      deps.receipts && receiptKid
+      deps.receipts?.responses && receiptKid
         ? await deps.receipts.sign(receiptKid, {
             requestId,
             orgId: payer.org.id,

@@ -18,6 +18,8 @@ export interface ClusterNode {
 export async function startCluster(
   n: number,
   sim: SimNodeOptions[] = [1, 2].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })),
+  /** Extra config sections. */
+  extra: Record<string, unknown> = {},
 ) {
   const dir = mkdtempSync(join(tmpdir(), 'tropa-cluster-'))
   const pg = await freshPgDatabase()
@@ -34,6 +36,7 @@ export async function startCluster(
         prefix,
         revocation_bound_ms: 500,
       },
+      ...extra,
       models: defaultModels(fleet.nodes as SimNode[]),
     }),
   )

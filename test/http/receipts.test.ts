@@ -110,7 +110,7 @@ for (const postgres of [false, true]) {
     let t: Tropa
     let work: string
     beforeAll(async () => {
-      t = await startTropa({ postgres })
+      t = await startTropa({ postgres, extra: { receipts: { responses: true } } })
       work = mkdtempSync(join(tmpdir(), 'tropa-receipts-'))
     })
     afterAll(async () => {
@@ -303,8 +303,33 @@ for (const postgres of [false, true]) {
   })
 }
 
+test('by default answers carry no receipt, and the export carries each row’s, signed then', async () => {
+  const t = await startTropa()
+  try {
+    const { response } = await t
+      .client()
+      .chat.completions.create({ model: 'test/chat', messages, max_tokens: 5 })
+      .withResponse()
+    expect(response.headers.get('x-tropa-cost-rub')).toBeString()
+    expect(response.headers.get('x-tropa-receipt')).toBeNull()
+    const set = await keySet(t.url)
+    const [line] = await exportLines(t)
+    expect(line!.request_id).toBe(response.headers.get('x-request-id')!)
+    const p = (await verify(line!.receipt as string, set))!
+    expect(p).toMatchObject({
+      request_id: line!.request_id,
+      org_id: t.orgId,
+      completion_tokens: line!.completion_tokens,
+    })
+    expect(nanoToRubNumber(BigInt(p.cost_nano))).toBe(line!.cost_rub as number)
+    expect(kidOf(line!.receipt as string)).toBe(set.current_kid)
+  } finally {
+    await t.stop()
+  }
+})
+
 test('receipts.enabled = false: no receipt, no key set', async () => {
-  const t = await startTropa({ extra: { receipts: { enabled: false } } })
+  const t = await startTropa({ extra: { receipts: { enabled: false, responses: true } } })
   try {
     const { response } = await t
       .client()
@@ -325,7 +350,7 @@ test('receipts.enabled = false: no receipt, no key set', async () => {
 describe('a cluster of two nodes', () => {
   let cluster: Awaited<ReturnType<typeof startCluster>>
   beforeAll(async () => {
-    cluster = await startCluster(2)
+    cluster = await startCluster(2, undefined, { receipts: { responses: true } })
   })
   afterAll(() => cluster.stop())
 
