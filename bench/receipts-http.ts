@@ -1,10 +1,11 @@
 /**
- * `bun bench/receipts-http.ts [--rounds N] [--seconds S] [--conns C]`: what receipts cost a router
- * over real HTTP. Two routers of this tree run as processes side by side, receipts on and off
- * (TROPA_RECEIPTS), in front of one stub upstream (a process answering every chat request at
+ * `bun bench/receipts-http.ts [--rounds N] [--seconds S] [--conns C]`: what signing every billed
+ * response (receipts.responses) costs a router over real HTTP. Two routers of this tree run as
+ * processes side by side, with it and without (TROPA_RECEIPTS_RESPONSES; receipts.enabled, the
+ * default, on both), in front of one stub upstream (a process answering every chat request at
  * once with a fixed 16-token completion); a load process of C connections (default 32) alternates
  * between them round after round (on, off, off, on, ...). Per request: each router's event-loop
- * CPU (its main thread, from /proc) and the receipt thread's; the ratio on/off from each round's
+ * CPU (its main thread, from /proc) and its other threads' (the receipt thread's, mostly); the ratio on/off from each round's
  * pair. Complements bench/request-path.ts, whose in-process requests never leave the microtask
  * queue: there any await of another thread (or a mere setImmediate) costs a loop turn per
  * request that a served request, which waits for sockets anyway, does not pay.
@@ -106,7 +107,7 @@ async function router(receipts: boolean) {
     {
       stdout: 'ignore',
       stderr: 'inherit',
-      env: { PATH: process.env.PATH ?? '', TROPA_RECEIPTS: receipts ? '1' : '0' },
+      env: { PATH: process.env.PATH ?? '', TROPA_RECEIPTS_RESPONSES: receipts ? '1' : '0' },
     },
   )
   const url = `http://127.0.0.1:${port}`
