@@ -244,7 +244,12 @@ export async function buildServices(
           ledger,
           pool,
           config,
-          { ...config.batches, workerUrl, reportDiskFull: (err) => disk.report(err) },
+          {
+            ...config.batches,
+            workerUrl,
+            reportDiskFull: (err) => disk.report(err),
+            receiptKid: receipts && (() => receipts.kid),
+          },
           log,
         )
   scheduler?.start({

@@ -48,6 +48,8 @@ export type AdmitReply =
       readonly baseUrl: string
       readonly upstreamModel: string
       readonly apiKey: string | undefined
+      /** The receipt key the line's ledger row records (null: receipts off). */
+      readonly receiptKid: string | null
     }
   /** No node has headroom beyond the interactive reserve: try again later. */
   | { readonly kind: 'wait'; readonly ms: number }

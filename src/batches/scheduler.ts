@@ -29,6 +29,8 @@ export interface BatchSettings {
   readonly quietMs: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
+  /** The receipt key a line's ledger row records (an export signs the row with it); none when receipts are off. */
+  readonly receiptKid?: (() => string | undefined) | undefined
   /**
    * Told of every worker and tick error first; true when it was a full disk, already reported
    * once (the job fails again every tick until space is freed: logging each would fill the disk
@@ -38,6 +40,8 @@ export interface BatchSettings {
 }
 
 interface Admitted {
+  /** The receipt key of the line's ledger row (the worker writes it with the result). */
+  readonly receiptKid: string | null
   readonly reservation: Reservation
   readonly candidate: Candidate
   readonly batchId: string
@@ -530,7 +534,9 @@ export class BatchScheduler {
       this.failBatchSoon(m.batchId, 'insufficient_quota', 'the money ran out')
       return { kind: 'stop', code: 'insufficient_quota' }
     }
+    const receiptKid = this.settings.receiptKid?.() ?? null
     this.admitted.get(w)?.set(m.reqId, {
+      receiptKid,
       reservation,
       candidate: best,
       batchId: m.batchId,
@@ -546,6 +552,7 @@ export class BatchScheduler {
       baseUrl: best.route.baseUrl,
       upstreamModel: best.route.upstreamModel,
       apiKey: best.route.apiKey,
+      receiptKid,
     }
   }
 
@@ -576,6 +583,7 @@ export class BatchScheduler {
       estimated: false,
       cachedTokens: m.usage.cachedTokens,
       ttftMs: m.usage.ttftMs,
+      receiptKid: a.receiptKid,
     })
   }
 

@@ -3,6 +3,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { nanoToRubNumber } from '../../src/billing/money.ts'
+import { startChatBatch, waitForCompleted } from '../helpers/batches.ts'
 import { call, startCluster } from '../helpers/cluster.ts'
 import { ADMIN_TOKEN, startTropa, type Tropa } from '../helpers/start.ts'
 
@@ -323,6 +324,17 @@ test('by default answers carry no receipt, and the export carries each row’s, 
     })
     expect(nanoToRubNumber(BigInt(p.cost_nano))).toBe(line!.cost_rub as number)
     expect(kidOf(line!.receipt as string)).toBe(set.current_kid)
+
+    // Batch lines: their rows (written by a worker thread) carry receipts too.
+    const batch = await startChatBatch(t.client(), 3)
+    expect(await waitForCompleted(t.client(), batch.id, 3, 500)).toBe(3)
+    const lines = (await exportLines(t)).filter((l) => l.batch_id === batch.id)
+    expect(lines).toHaveLength(3)
+    for (const l of lines) {
+      const q = (await verify(l.receipt as string, set))!
+      expect(q).toMatchObject({ request_id: l.request_id, completion_tokens: l.completion_tokens })
+      expect(nanoToRubNumber(BigInt(q.cost_nano))).toBe(l.cost_rub as number)
+    }
   } finally {
     await t.stop()
   }
