@@ -137,6 +137,7 @@ describe('ledger rows posted to the ledger thread', () => {
     estimated: i % 3 === 0,
     cachedTokens: i % 6 === 0 ? null : i * 2,
     ttftMs: i % 5 === 1 ? null : i % 9,
+    receiptKid: i % 3 === 1 ? null : `rk_${i % 2}`,
   })
 
   test('every field survives the columns and the copy to the thread, amounts exact', () => {
