@@ -109,12 +109,15 @@ export class Receipts {
     const out: (string | null)[] = rows.map(() => null)
     const items: { kid: string; claims: ReceiptClaims }[] = []
     const at: number[] = []
+    let reread = false
     for (let i = 0; i < rows.length; i++) {
       const e = rows[i]!
       if (!e.receiptKid || e.kind !== 'usage' || e.keyId === null || e.model === null) continue
       // A key made on another node a moment ago: read the store once before giving up on it.
-      if (!this.opened.has(e.receiptKid) && !this.records.some((k) => k.kid === e.receiptKid))
+      if (!reread && !this.opened.has(e.receiptKid) && !this.records.some((k) => k.kid === e.receiptKid)) {
+        reread = true
         await this.reload().catch(() => {})
+      }
       if (!this.opened.has(e.receiptKid)) continue
       at.push(i)
       items.push({ kid: e.receiptKid, claims: claimsOfRow(e) })

@@ -102,8 +102,13 @@ export class ReceiptSigner {
   private signHere(kid: string, c: ReceiptClaims): string | undefined {
     const key = this.here.get(kid)
     if (!key) return undefined
-    const input = receiptSigningInput(kid, c)
-    return `${input}.${sign(null, Buffer.from(input), key).toString('base64url')}`
+    try {
+      const input = receiptSigningInput(kid, c)
+      return `${input}.${sign(null, Buffer.from(input), key).toString('base64url')}`
+    } catch (err) {
+      this.onError(err as Error)
+      return undefined
+    }
   }
 
   private send(text: string, resolve: ((receipt: string | undefined) => void)[]): void {

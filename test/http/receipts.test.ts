@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import Anthropic from '@anthropic-ai/sdk'
 import { nanoToRubNumber } from '../../src/billing/money.ts'
 import { startChatBatch, waitForCompleted } from '../helpers/batches.ts'
 import { call, startCluster } from '../helpers/cluster.ts'
@@ -208,6 +209,36 @@ for (const postgres of [false, true]) {
       const m = (await verify(body.usage.receipt, await keySet(t.url)))!
       expect(m.completion_tokens).toBe(body.usage.output_tokens)
       seen.set(m.request_id, body.usage.receipt)
+    })
+
+    test('streams of the Messages and Responses APIs end with their receipt', async () => {
+      const set = await keySet(t.url)
+      const anthropic = new Anthropic({ baseURL: t.url, apiKey: t.apiKey, maxRetries: 0 })
+      const stream = anthropic.messages.stream({ model: 'test/chat', max_tokens: 16, messages })
+      let usage: { output_tokens: number; receipt?: string } | undefined
+      for await (const ev of stream)
+        if (ev.type === 'message_delta') usage = ev.usage as unknown as typeof usage
+      const m = (await verify(usage!.receipt!, set))!
+      expect(m.completion_tokens).toBe(usage!.output_tokens)
+      seen.set(m.request_id, usage!.receipt!)
+
+      const events = await t.client().responses.create({ model: 'test/chat', input: 'Hello', stream: true })
+      let done: { output_tokens: number; receipt?: string } | undefined
+      for await (const ev of events)
+        if (ev.type === 'response.completed') done = ev.response.usage as unknown as typeof done
+      const r = (await verify(done!.receipt!, set))!
+      expect(r.completion_tokens).toBe(done!.output_tokens)
+      seen.set(r.request_id, done!.receipt!)
+    })
+
+    test('only the admin rotates the receipt key', async () => {
+      const res = await t.fetch('/v1/admin/receipt-keys/rotate', {
+        method: 'POST',
+        key: t.masterKey,
+        body: '{}',
+      })
+      expect(res.status).toBe(403)
+      expect((await keySet(t.url)).keys).toHaveLength(1)
     })
 
     test('the JSONL export carries each row’s receipt, the very one its answer carried', async () => {
