@@ -11,7 +11,7 @@ export type ToReceiptThread =
 export type FromReceiptThread = { t: 'signed'; id: number; out: string }
 
 /** A turn with this many receipts or fewer signs them on the event loop (see ReceiptSigner). */
-const INLINE_MAX = 2
+const INLINE_MAX = 1
 
 interface Batch {
   readonly resolve: ((receipt: string | undefined) => void)[]
