@@ -14,6 +14,7 @@ import { healthRoutes } from './http/routes/health.ts'
 import { keyRoutes } from './http/routes/keys.ts'
 import { messageRoutes } from './http/routes/messages.ts'
 import { modelRoutes } from './http/routes/models.ts'
+import { receiptRoutes } from './http/routes/receipts.ts'
 import { responseRoutes } from './http/routes/responses.ts'
 import { usageRoutes } from './http/routes/usage.ts'
 import { webhookRoutes } from './http/routes/webhooks.ts'
@@ -92,6 +93,7 @@ export function createApp(svc: Services) {
     )
     .use(docsRoutes())
     .use(healthRoutes(svc))
+    .use(receiptRoutes(svc))
     .use(modelRoutes(svc))
     .use(chatRoutes(svc))
     .use(completionRoutes(svc))

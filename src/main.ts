@@ -4,6 +4,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { createApp } from './app.ts'
 import { runBatchesCommand } from './cli/batches.ts'
+import { runReceiptsCommand } from './cli/receipts.ts'
 import { runStoreCommand } from './cli/store.ts'
 import { type Config, ConfigError, loadConfig, TEST_CLOCK_ENV } from './config/load.ts'
 import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
@@ -22,6 +23,8 @@ Usage:
   tropa sim [flags]         run simulated OpenAI-compatible upstream nodes (tropa sim --help)
   tropa batches watch <id>  follow a batch with a progress bar (tropa batches --help)
   tropa store check         check the SQLite store's file for damage (tropa store --help)
+  tropa receipts verify <file> --keys <url|file>
+                            check the receipts of a ledger export offline (tropa receipts --help)
   tropa help | --help       this text
   tropa version | --version
 
@@ -48,6 +51,7 @@ async function main(argv: string[]): Promise<void> {
   if (first === 'sim') return runSimCommand(rest)
   if (first === 'batches') return runBatchesCommand(rest)
   if (first === 'store') return runStoreCommand(rest)
+  if (first === 'receipts') return runReceiptsCommand(rest)
   if (first === 'help' || first === '--help' || first === '-h') return void console.log(HELP)
   if (first === 'version' || first === '--version') return void console.log(VERSION)
   const args = first === 'serve' ? rest : argv
@@ -239,6 +243,9 @@ function threadEntries(): ThreadEntries {
     ledgerThread: inBinary
       ? '/$bunfs/root/billing/ledger-thread.js'
       : new URL('./billing/ledger-thread.ts', import.meta.url),
+    receiptThread: inBinary
+      ? '/$bunfs/root/billing/receipt-thread.js'
+      : new URL('./billing/receipt-thread.ts', import.meta.url),
   }
 }
 

@@ -6,6 +6,8 @@ import { LedgerWriter, storeSink } from './billing/ledger.ts'
 import { ThreadLedgerSink } from './billing/ledger-sink.ts'
 import { Meter, type MoneyMeter } from './billing/meter.ts'
 import { LocalRateLimiter } from './billing/rate-limiter.ts'
+import { Receipts } from './billing/receipt-keys.ts'
+import { ReceiptSigner } from './billing/receipt-signer.ts'
 import { SharedConcurrency } from './billing/shared-concurrency.ts'
 import { SharedMeter } from './billing/shared-meter.ts'
 import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
@@ -80,6 +82,7 @@ export interface Services {
 export interface ThreadEntries {
   readonly batchWorker?: string | URL
   readonly ledgerThread?: string | URL
+  readonly receiptThread?: string | URL
 }
 
 /** For tests only, never set in production: main.ts sets `clock` from TROPA_TEST_CLOCK_OFFSET_MS. */
@@ -225,6 +228,25 @@ export async function buildServices(
     policyOverride?.name ?? config.routing.policy,
     config.accessLog,
   )
+  const secret = config.server.secret ?? (await store.initMeta('server_secret', randomBase62(43)))
+  // Receipts: signed in a thread of their own (billing/receipt-signer.ts); none when nothing is billed.
+  const receipts =
+    config.receipts.enabled && config.server.billing
+      ? await Receipts.open(
+          config.receipts.responses,
+          store,
+          secret,
+          new ReceiptSigner(
+            threads.receiptThread ?? new URL('./billing/receipt-thread.ts', import.meta.url),
+            (err) =>
+              log('error', 'signing receipts failed; answers went without them', { error: err.message }),
+          ),
+          log,
+          bus && (() => bus.publishAndConfirm({ t: 'receipt-keys', id: '', from: bus.nodeId }, 2000)),
+        )
+      : undefined
+  // Another node rotated: read the keys, then acknowledge (its rotation answers once every node has them).
+  if (receipts && bus) bus.on('receipt-keys', () => receipts.reload().catch(() => {}))
   const deps: ChatDeps = {
     catalogue: new Catalogue(config.models),
     meter,
@@ -242,6 +264,7 @@ export async function buildServices(
     retries: new ShareBudget(config.routing.retryShare, 10),
     log,
     telemetry,
+    receipts,
   }
   const contents = new LocalFileStore(config.files.dir)
   const disk = new DiskWatch(
@@ -264,7 +287,6 @@ export async function buildServices(
         .catch((err) => log('error', 'sweeping orphaned upload files failed', { error: String(err) })),
     0,
   )
-  const secret = config.server.secret ?? (await store.initMeta('server_secret', randomBase62(43)))
   // Batches need a database file that worker threads can open too.
   const scheduler =
     config.storage.kind === 'sqlite' && config.storage.sqlitePath === ':memory:'
@@ -282,6 +304,7 @@ export async function buildServices(
             reportDiskFull: (err) => disk.report(err),
             finished: (b) => webhooks.batchFinished(b),
             tracing,
+            receiptKid: receipts && (() => receipts.kid),
           },
           log,
         )
@@ -359,6 +382,7 @@ export async function buildServices(
       probes.stop()
       watchdog.stop()
       await ledger.stop()
+      receipts?.stop()
       await bus?.close()
       shared?.close()
       sharedLimiter?.close()
@@ -401,6 +425,7 @@ const RESTART_SECTIONS = [
   'files',
   'responses',
   'webhooks',
+  'receipts',
 ] as const
 
 function reloadReport(

@@ -50,6 +50,8 @@ export type AdmitReply =
       readonly apiKey: string | undefined
       /** The line's trace, continued upstream (tracing on). */
       readonly traceparent?: string
+      /** The receipt key the line's ledger row records (null: receipts off). */
+      readonly receiptKid: string | null
     }
   /** No node has headroom beyond the interactive reserve: try again later. */
   | { readonly kind: 'wait'; readonly ms: number }

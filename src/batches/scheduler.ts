@@ -31,6 +31,8 @@ export interface BatchSettings {
   readonly quietMs: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
+  /** The receipt key a line's ledger row records (an export signs the row with it); none when receipts are off. */
+  readonly receiptKid?: (() => string | undefined) | undefined
   /**
    * Told of every worker and tick error first; true when it was a full disk, already reported
    * once (the job fails again every tick until space is freed: logging each would fill the disk
@@ -47,6 +49,8 @@ export interface BatchSettings {
 }
 
 interface Admitted {
+  /** The receipt key of the line's ledger row (the worker writes it with the result). */
+  readonly receiptKid: string | null
   readonly reservation: Reservation
   readonly candidate: Candidate
   readonly batchId: string
@@ -571,7 +575,9 @@ export class BatchScheduler {
       'tropa.org_id': orgId,
       'tropa.node': best.node.name,
     })
+    const receiptKid = this.settings.receiptKid?.() ?? null
     this.admitted.get(w)?.set(m.reqId, {
+      receiptKid,
       reservation,
       candidate: best,
       batchId: m.batchId,
@@ -589,6 +595,7 @@ export class BatchScheduler {
       upstreamModel: best.route.upstreamModel,
       apiKey: best.route.apiKey,
       ...(traced && { traceparent: traced.traceparent }),
+      receiptKid,
     }
   }
 
@@ -624,6 +631,7 @@ export class BatchScheduler {
       estimated: false,
       cachedTokens: m.usage.cachedTokens,
       ttftMs: m.usage.ttftMs,
+      receiptKid: a.receiptKid,
     })
     if (a.trace) {
       a.trace.child('settle').end()

@@ -341,6 +341,7 @@ async function callUpstream(
       estimated: false,
       cachedTokens: usage.cachedTokens,
       ttftMs: usage.ttftMs,
+      receiptKid: reply.receiptKid,
     })
     // A line already final (finished by a worker that died after writing) is not billed again.
     return {

@@ -1,8 +1,11 @@
 import { RedisClient } from 'bun'
 
-/** What one router node tells the others: a key changed (with its new status when that is the change). */
+/**
+ * What one router node tells the others: a key changed (with its new status when that is the
+ * change), an organization changed, or the receipt keys did (`id` is then the new signing kid).
+ */
 export type ClusterEvent = {
-  readonly t: 'key' | 'org'
+  readonly t: 'key' | 'org' | 'receipt-keys'
   readonly id: string
   readonly from: string
   readonly status?: 'active' | 'disabled' | 'revoked'
@@ -30,6 +33,11 @@ export interface ClusterBus {
   publishAndConfirm(e: ClusterEvent, timeoutMs: number): Promise<boolean>
   /** The handler runs synchronously on arrival; the node acknowledges once it returns. */
   subscribe(handler: (e: ClusterEvent) => void): Promise<void>
+  /**
+   * Another handler, of the events of one kind; the node acknowledges once it returns, or once
+   * the promise it returns settles (so publishAndConfirm waits for what it does).
+   */
+  on(t: ClusterEvent['t'], handler: (e: ClusterEvent) => unknown): void
   healthy(): boolean
   /**
    * When this node last (re)subscribed: events published before it may never have arrived, so a
@@ -58,6 +66,7 @@ export class RedisBus implements ClusterBus {
   private seq = 0
   private readonly waiting = new Map<string, () => void>()
   private handler: ((e: ClusterEvent) => void) | undefined
+  private readonly handlers = new Map<ClusterEvent['t'], (e: ClusterEvent) => unknown>()
   private resubscribing = false
   private resubscribedAtMs = 0
 
@@ -98,8 +107,14 @@ export class RedisBus implements ClusterBus {
       return
     }
     if (w.from === this.nodeId) return
-    this.handler?.(w)
-    void this.pub.publish(this.channel, JSON.stringify({ t: 'ack', msg: w.msg, to: w.from })).catch(() => {})
+    const ack = () =>
+      void this.pub
+        .publish(this.channel, JSON.stringify({ t: 'ack', msg: w.msg, to: w.from }))
+        .catch(() => {})
+    const own = this.handlers.get(w.t)
+    const done = own ? own(w) : this.handler?.(w)
+    if (done instanceof Promise) done.then(ack, ack)
+    else ack()
   }
 
   private async listen(): Promise<void> {
@@ -143,6 +158,10 @@ export class RedisBus implements ClusterBus {
       Math.max(50, Math.floor(this.boundMs / 4)),
     )
     this.timer.unref?.()
+  }
+
+  on(t: ClusterEvent['t'], handler: (e: ClusterEvent) => unknown): void {
+    this.handlers.set(t, handler)
   }
 
   healthy(): boolean {

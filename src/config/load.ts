@@ -122,6 +122,12 @@ export interface Config {
     readonly enabled: boolean
     readonly sessionIdleSec: number
   }
+  readonly receipts: {
+    /** Signing keys, the published key set, each ledger row's key, receipts in JSONL exports. */
+    readonly enabled: boolean
+    /** Every billed response carries its receipt (x-tropa-receipt, usage.receipt). */
+    readonly responses: boolean
+  }
   readonly responses: {
     /** 0: stored responses are kept until deleted. */
     readonly retentionSec: number
@@ -205,7 +211,7 @@ type Env = Record<string, string | undefined>
 const ENV_KEYS: Record<
   string,
   readonly [
-    section: 'server' | 'storage' | 'demo' | 'redis' | 'access_log',
+    section: 'server' | 'storage' | 'demo' | 'redis' | 'access_log' | 'receipts',
     key: string,
     kind: 'int' | 'str' | 'bool',
   ]
@@ -224,6 +230,8 @@ const ENV_KEYS: Record<
   TROPA_REDIS_PREFIX: ['redis', 'prefix', 'str'],
   TROPA_DEMO: ['demo', 'enabled', 'bool'],
   TROPA_ACCESS_LOG: ['access_log', 'sink', 'str'],
+  TROPA_RECEIPTS: ['receipts', 'enabled', 'bool'],
+  TROPA_RECEIPTS_RESPONSES: ['receipts', 'responses', 'bool'],
 }
 /** Benchmarks compare the money path on and off in one run; this turns it off. */
 const NO_BILLING_ENV = 'TROPA_BENCH_NO_BILLING'
@@ -383,6 +391,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       enabled: cfg.console?.enabled ?? true,
       sessionIdleSec: cfg.console?.session_idle_sec ?? 8 * 3600,
     },
+    receipts: { enabled: cfg.receipts?.enabled ?? true, responses: cfg.receipts?.responses ?? false },
     responses: {
       retentionSec: (cfg.responses?.retention_days ?? 30) * 86_400,
       maxStoredBytes: cfg.responses?.max_stored_bytes ?? 8 * 1024 * 1024,

@@ -309,6 +309,17 @@ export const ConsoleSchema = T.Object(
   { additionalProperties: false },
 )
 
+/** Signed receipts on billed responses (docs/api.md, "Receipts"). */
+export const ReceiptsSchema = T.Object(
+  {
+    /** Signing keys, /.well-known/tropa-receipts.json, and a receipt on every row of a JSONL export. */
+    enabled: T.Optional(T.Boolean()),
+    /** Sign every billed response too (x-tropa-receipt, usage.receipt): costs each request (docs/config.md). */
+    responses: T.Optional(T.Boolean()),
+  },
+  { additionalProperties: false },
+)
+
 export const ConfigFileSchema = T.Object(
   {
     server: T.Optional(ServerSchema),
@@ -325,6 +336,7 @@ export const ConfigFileSchema = T.Object(
     access_log: T.Optional(AccessLogSchema),
     tracing: T.Optional(TracingSchema),
     console: T.Optional(ConsoleSchema),
+    receipts: T.Optional(ReceiptsSchema),
     models: T.Optional(T.Array(ModelSchema)),
   },
   { additionalProperties: false },

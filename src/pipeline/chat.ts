@@ -1,8 +1,10 @@
 import type { ChatMessage, ChatRequest } from '../api/chat.ts'
 import type { ConcurrencyLimiter, Slot } from '../billing/concurrency.ts'
-import type { MoneyMeter, Reservation } from '../billing/meter.ts'
+import type { MoneyMeter, Reservation, Settlement } from '../billing/meter.ts'
 import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import { hasRateLimits, type RateLimiter } from '../billing/rate-limiter.ts'
+import type { Receipts } from '../billing/receipt-keys.ts'
+import { RECEIPT_HEADER, receiptCount } from '../billing/receipts.ts'
 import type { Catalogue } from '../catalogue/catalogue.ts'
 import type { ModelConfig } from '../config/load.ts'
 import {
@@ -60,6 +62,8 @@ export interface ChatDeps extends UpstreamDeps {
   readonly sseKeepAliveMs: number
   /** The streams open now (a graceful stop ends those left at its deadline). */
   readonly streams: OpenStreams
+  /** Receipt keys (each ledger row records its kid) and, with receipts.responses, the signer of answers; undefined when receipts.enabled is false. */
+  readonly receipts?: Receipts | undefined
 }
 
 /** Who pays for a request. */
@@ -334,6 +338,8 @@ export async function runModelCall(
     usage ?? estimatedUsage(promptTokens, completionTokens())
   /** Set when the chosen node's first byte (stream) or whole body (JSON) arrived. */
   let ttftMs: number | null = null
+  /** The settlement (receipts on: its receipt is signed from it). */
+  let settled: Settlement | undefined
   const settle = (
     c: Candidate,
     usage: Usage | undefined,
@@ -346,7 +352,7 @@ export async function runModelCall(
     const cached = cachedOf(u)
     slot?.release()
     deps.limiter.used(payer.key, payer.org, model.id, cTokens)
-    const charged = deps.meter.settle(reservation, {
+    const s: Settlement = {
       requestId,
       model: model.id,
       node: c.node.name,
@@ -362,10 +368,30 @@ export async function runModelCall(
       cachedTokens: cached ?? null,
       ttftMs,
       endUser: payer.endUser ?? null,
-    })
+      // The key the receipt is signed with: an export signs the row again with it.
+      receiptKid: deps.receipts?.kid ?? null,
+    }
+    const charged = deps.meter.settle(reservation, s)
+    settled = s
     rec?.settled(p, cTokens, cached ?? 0, charged)
     if (trace) traceSettled(trace, c, model.id, u, charged)
     return charged
+  }
+  /** The receipt of the charge just settled; undefined when receipts are off (or nothing was settled). */
+  const receiptOf = (charged: bigint): Promise<string | undefined> | undefined => {
+    const s = settled
+    if (!deps.receipts?.responses || !s?.receiptKid) return undefined
+    return deps.receipts.sign(s.receiptKid, {
+      requestId,
+      orgId: payer.org.id,
+      keyId: payer.key.id,
+      model: model.id,
+      promptTokens: s.promptTokens,
+      cachedTokens: receiptCount(s.cachedTokens),
+      completionTokens: s.completionTokens,
+      costNano: charged,
+      endedAtMs: s.endedAtMs,
+    })
   }
 
   try {
@@ -391,12 +417,20 @@ export async function runModelCall(
       value.model = model.id
       const usage = billed(sanitizeUsage(value.usage), () => countTokens(call.textOf(value)))
       finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage.completion_tokens)
-      const costText = formatRub(settle(candidate, usage, () => 0, 'ok'))
+      const charged = settle(candidate, usage, () => 0, 'ok')
+      const costText = formatRub(charged)
       usage.cost_rub = Number(costText)
       value.usage = usage
-      return Response.json(value, {
-        headers: { ...headers(candidate), 'x-tropa-cost-rub': costText },
-      })
+      const h: Record<string, string> = { ...headers(candidate), 'x-tropa-cost-rub': costText }
+      const receipt = receiptOf(charged)
+      if (receipt) {
+        const signed = await receipt
+        if (signed) {
+          usage.receipt = signed
+          h[RECEIPT_HEADER] = signed
+        }
+      }
+      return Response.json(value, { headers: h })
     }
 
     const dispatched = dispatch(
@@ -429,8 +463,15 @@ export async function runModelCall(
         call.includeUsage,
         (usage) => {
           const u = billed(usage, () => countTokens(relay.generated))
-          u.cost_rub = nanoToRubNumber(settle(candidate, u, () => 0, 'ok'))
-          return u
+          const charged = settle(candidate, u, () => 0, 'ok')
+          u.cost_rub = nanoToRubNumber(charged)
+          // The receipt rides in the usage chunk, so only a client that asked for it is signed one.
+          const receipt = call.includeUsage ? receiptOf(charged) : undefined
+          if (!receipt) return u
+          return receipt.then((signed) => {
+            if (signed) u.receipt = signed
+            return u
+          })
         },
         call.shape,
       )
@@ -789,14 +830,22 @@ function relaySource(
           await pending
         } else controller.close(new Error('client stopped reading'))
       }
+      /** The usage event waited for its receipt: send it (and what followed); true if the client stalled. */
+      const resumed = async (): Promise<boolean> => {
+        await relay.held
+        const wait = send(relay.resume())
+        return wait ? await wait : false
+      }
       try {
         let wait = send(relay.push(first.chunk))
         if (wait && (await wait)) return cutStalled()
+        if (relay.held && (await resumed())) return cutStalled()
         for (;;) {
           const { done, value } = await reader.read()
           if (done) {
             wait = send(relay.end())
             if (wait && (await wait)) return cutStalled()
+            if (relay.held && (await resumed())) return cutStalled()
             if (!relay.sawDone && !relay.usage) {
               finish('upstream_broken', false)
               send(errorEvent(`${c.node.name} ended the stream early`, 'upstream_error'))
@@ -808,6 +857,7 @@ function relaySource(
           if (relayedThisTurn(value.length) > TURN_BUDGET_BYTES) await nextTurn()
           wait = send(relay.push(value))
           if (wait && (await wait)) return cutStalled()
+          if (relay.held && (await resumed())) return cutStalled()
           if (relay.upstreamError !== undefined) {
             finish('upstream_error', false)
             reply.abort(new UpstreamFailed('upstream sent an error event'))

@@ -3,6 +3,7 @@ import type { Slot } from '../billing/concurrency.ts'
 import type { Reservation } from '../billing/meter.ts'
 import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import { hasRateLimits } from '../billing/rate-limiter.ts'
+import { RECEIPT_HEADER } from '../billing/receipts.ts'
 import {
   ContextLengthExceeded,
   InvalidValue,
@@ -119,6 +120,8 @@ export async function createEmbeddings(
     finishAttempt(deps, attempt, 'ok')
     const tokens = value.tokens ?? promptTokens
     slot?.release()
+    const receiptKid = deps.receipts?.kid ?? null
+    const endedAtMs = Date.now()
     const charged = deps.meter.settle(reservation, {
       requestId,
       model: model.id,
@@ -128,11 +131,12 @@ export async function createEmbeddings(
       costNano: costNano(tokens, 0, model.price),
       batchId: null,
       startedAtMs,
-      endedAtMs: Date.now(),
+      endedAtMs,
       outcome: 'ok',
       estimated: value.tokens === undefined,
       ttftMs,
       endUser: payer.endUser ?? null,
+      receiptKid,
     })
     rec?.settled(tokens, 0, 0, charged)
     if (trace) {
@@ -147,6 +151,20 @@ export async function createEmbeddings(
       })
     }
     const costRub = nanoToRubNumber(charged)
+    const receipt =
+      deps.receipts?.responses && receiptKid
+        ? await deps.receipts.sign(receiptKid, {
+            requestId,
+            orgId: payer.org.id,
+            keyId: payer.key.id,
+            model: model.id,
+            promptTokens: tokens,
+            cachedTokens: 0,
+            completionTokens: 0,
+            costNano: charged,
+            endedAtMs,
+          })
+        : undefined
     // The client sees the usage billed: the upstream's with its cost, or Tropa's count, marked.
     const shown =
       value.tokens === undefined
@@ -155,14 +173,16 @@ export async function createEmbeddings(
             total_tokens: tokens,
             estimated: true,
             cost_rub: costRub,
+            ...(receipt && { receipt }),
           })
-        : withCost(value.text, costRub)
+        : withCost(value.text, costRub, receipt)
     const headers: Record<string, string> = {
       'content-type': 'application/json',
       'x-request-id': requestId,
       'x-tropa-node': candidate.node.name,
       'x-tropa-cost-rub': formatRub(charged),
     }
+    if (receipt) headers[RECEIPT_HEADER] = receipt
     if (rec) deps.telemetry.stamp(rec, headers)
     return new Response(shown, { headers })
   } catch (err) {
@@ -200,11 +220,12 @@ function usageSpan(text: string): { key: number; start: number; end: number; obj
   return { key, start: end - value.length, end, object: value.startsWith('{') }
 }
 
-/** Adds `cost_rub` to the usage object without re-serialising the vectors. */
-function withCost(text: string, costRub: number): string {
+/** Adds `cost_rub` (and the receipt) to the usage object without re-serialising the vectors. */
+function withCost(text: string, costRub: number, receipt: string | undefined): string {
   const u = usageSpan(text)
   if (!u?.object) return text
-  return `${text.slice(0, u.end - 1)},"cost_rub":${costRub}${text.slice(u.end - 1)}`
+  const extra = receipt === undefined ? '' : `,"receipt":${JSON.stringify(receipt)}`
+  return `${text.slice(0, u.end - 1)},"cost_rub":${costRub}${extra}${text.slice(u.end - 1)}`
 }
 
 /** Puts `usage` in place of the body's usage value, or adds it when there is none. */

@@ -238,10 +238,10 @@ function stopOf(
 }
 
 /** Anthropic's usage for an OpenAI one: input_tokens excludes the cache reads, as Anthropic's does. */
-function usageOf(u: Usage | null | undefined): Record<string, number> {
+function usageOf(u: Usage | null | undefined): Record<string, number | string> {
   const prompt = u?.prompt_tokens ?? 0
   const cached = Math.min(prompt, u?.prompt_tokens_details?.cached_tokens ?? 0)
-  const out: Record<string, number> = {
+  const out: Record<string, number | string> = {
     input_tokens: prompt - cached,
     output_tokens: u?.completion_tokens ?? 0,
     cache_creation_input_tokens: 0,
@@ -249,6 +249,8 @@ function usageOf(u: Usage | null | undefined): Record<string, number> {
   }
   // Tropa's: what the request was charged, roubles (as chat's usage.cost_rub).
   if (typeof u?.cost_rub === 'number') out.cost_rub = u.cost_rub
+  // And its signed receipt (docs/api.md, "Receipts").
+  if (typeof u?.receipt === 'string') out.receipt = u.receipt
   return out
 }
 

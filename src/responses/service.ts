@@ -1,4 +1,5 @@
 import type { ResponsesRequest } from '../api/responses.ts'
+import { RECEIPT_HEADER } from '../billing/receipts.ts'
 import { InvalidValue, quoted, responseNotFound } from '../errors.ts'
 import { sortableId } from '../ids.ts'
 import { EXPLAIN_HEADER, OVERHEAD_HEADER } from '../metrics/telemetry.ts'
@@ -121,7 +122,13 @@ export class ResponsesService {
     const answer = await chatCompletion(this.deps, payer, chat, signal, requestId, sessionHint, cut, trace)
     if (payer.quoteOnly) return answer // a quote, nothing stored
     const headers: Record<string, string> = {}
-    for (const name of ['x-tropa-node', 'x-tropa-cost-rub', OVERHEAD_HEADER, EXPLAIN_HEADER]) {
+    for (const name of [
+      'x-tropa-node',
+      'x-tropa-cost-rub',
+      RECEIPT_HEADER,
+      OVERHEAD_HEADER,
+      EXPLAIN_HEADER,
+    ]) {
       const v = answer.headers.get(name)
       if (v !== null) headers[name] = v
     }

@@ -204,6 +204,7 @@ export function responsesUsage(u: Usage) {
     output_tokens_details: { reasoning_tokens: 0 },
     total_tokens: u.total_tokens ?? u.prompt_tokens + u.completion_tokens,
     ...(u.cost_rub !== undefined && { cost_rub: u.cost_rub }),
+    ...(u.receipt !== undefined && { receipt: u.receipt }),
     ...(u.estimated === true && { estimated: true }),
   }
 }

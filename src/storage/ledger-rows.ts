@@ -9,7 +9,8 @@ const REF_NODE = 4
 const REF_BATCH = 5
 const REF_OUTCOME = 6
 const REF_END_USER = 7
-const REFS = 8
+const REF_RECEIPT = 8
+const REFS = 9
 /** Numbers of a row. */
 const NUM_PROMPT = 0
 const NUM_COMPLETION = 1
@@ -42,6 +43,7 @@ export const LEDGER_COLUMN_NAMES = [
   'ttft_ms',
   'end_user',
   'admitted_at_ms',
+  'receipt_kid',
 ] as const
 export const LEDGER_COLUMNS = LEDGER_COLUMN_NAMES.length
 
@@ -159,6 +161,7 @@ export class LedgerRows {
     refs[r + REF_BATCH] = this.ref(s.batchId)
     refs[r + REF_OUTCOME] = this.ref(outcome)
     refs[r + REF_END_USER] = this.ref(s.endUser ?? null)
+    refs[r + REF_RECEIPT] = this.ref(s.receiptKid ?? null)
     const m = i * NUMS
     this.nums[m + NUM_PROMPT] = s.promptTokens
     this.nums[m + NUM_COMPLETION] = s.completionTokens
@@ -224,6 +227,9 @@ export class LedgerRows {
   outcome(i: number): string {
     return this.str(i, REF_OUTCOME)!
   }
+  receiptKid(i: number): string | null {
+    return this.str(i, REF_RECEIPT)
+  }
   promptTokens(i: number): number {
     return this.nums[i * NUMS + NUM_PROMPT]!
   }
@@ -280,6 +286,7 @@ export class LedgerRows {
     args[at + 15] = numOrNull(nums[m + NUM_TTFT]!)
     args[at + 16] = strAt(strings, refs[r + REF_END_USER]!)
     args[at + 17] = numOrNull(nums[m + NUM_ADMITTED]!)
+    args[at + 18] = strAt(strings, refs[r + REF_RECEIPT]!)
   }
 
   entry(i: number): LedgerEntry {
@@ -302,6 +309,7 @@ export class LedgerRows {
       ttftMs: this.ttftMs(i),
       endUser: this.endUser(i),
       admittedAtMs: this.admittedAtMs(i),
+      receiptKid: this.receiptKid(i),
     }
   }
 

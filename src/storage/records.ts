@@ -38,6 +38,11 @@ export interface LedgerEntry {
    * money counts into the periods containing this instant (a restarted node reads them back).
    */
   readonly admittedAtMs?: number | null
+  /**
+   * The receipt key the request was signed with (docs/api.md, "Receipts"); null or absent when
+   * receipts were off, and for credits. An export re-signs the row with it.
+   */
+  readonly receiptKid?: string | null
 }
 
 /** A budget as both stores keep it: JSON text, the amount as a decimal string (exact past 2^53). */

@@ -218,6 +218,18 @@ export interface ConsoleSessionRecord {
   readonly lastSeenAt: number
 }
 
+/** A receipt signing key (docs/api.md, "Receipts"). */
+export interface ReceiptKeyRecord {
+  readonly kid: string
+  /** 1 for the first key; the highest signs. Unique, so two nodes rotating at once make one key. */
+  readonly generation: number
+  /** The raw Ed25519 public key, base64url. */
+  readonly publicKey: string
+  /** The PKCS #8 private key, encrypted (billing/receipt-keys.ts sealKey). */
+  readonly privateKey: string
+  readonly createdAt: number
+}
+
 export interface KeyListQuery {
   readonly orgId: string
   readonly kind: KeyKind
@@ -458,6 +470,10 @@ export interface Store {
   listWebhookEvents(webhookId: string, limit: number): Promise<WebhookEventRecord[]>
   /** Deletes up to `limit` delivered or failed rows created before `beforeMs`; how many. */
   pruneWebhookEvents(beforeMs: number, limit: number): Promise<number>
+  /** Every receipt key, oldest generation first. */
+  receiptKeys(): Promise<ReceiptKeyRecord[]>
+  /** Adds a receipt key unless its generation (or kid) is taken; whether it was added. */
+  addReceiptKey(k: ReceiptKeyRecord): Promise<boolean>
 
   close(): Promise<void>
 }

@@ -8,6 +8,8 @@ export interface Usage {
   cost_rub?: number
   /** Added by Tropa: true when these are Tropa's own counts (the upstream sent none it could bill). */
   estimated?: boolean
+  /** Added by Tropa: the signed receipt of the charge (docs/api.md, "Receipts"). */
+  receipt?: string
 }
 
 const MAX_TOKENS_REPORTED = 2 ** 31 - 1
@@ -80,6 +82,13 @@ export class ChatStreamRelay {
   /** The final usage event was billed. */
   private settled = false
   /**
+   * Set while the usage event waits for what onUsage promised (its receipt, signed in a thread):
+   * the relay's caller awaits it, then takes the event and the rest with resume(). Nothing is
+   * relayed meanwhile (the caller reads no more of the upstream).
+   */
+  held: Promise<void> | undefined
+  private heldText: string | undefined
+  /**
    * Pieces of the generated text relayed so far (content, tool names and arguments), to count
    * tokens if the stream ends without usage. Only the text is kept: a few bytes a token, not the
    * events. Each piece is a copy: the text is cut out of the decoded chunks with regexes, and in
@@ -105,7 +114,7 @@ export class ChatStreamRelay {
      * sane (undefined otherwise): settles, and returns the usage the client is shown (the billed
      * counts with their cost, marked estimated when they are Tropa's own).
      */
-    private readonly onUsage: (usage: Usage | undefined) => Usage,
+    private readonly onUsage: (usage: Usage | undefined) => Usage | Promise<Usage>,
     private readonly shape: StreamShape = CHAT_STREAM,
   ) {
     this.idTo = `"id":${JSON.stringify(completionId)}`
@@ -116,16 +125,45 @@ export class ChatStreamRelay {
   push(chunk: Uint8Array): Uint8Array | undefined {
     this.buffer += this.decoder.decode(chunk, { stream: true })
     if (this.buffer.includes('\r')) this.buffer = this.buffer.replaceAll('\r\n', '\n')
+    const out = this.events()
+    return out.length > 0 ? encoder.encode(out) : undefined
+  }
+
+  /** After `held` settled: the usage event it held, then the events buffered behind it. */
+  resume(): Uint8Array | undefined {
+    const text = this.heldText ?? ''
+    this.held = undefined
+    this.heldText = undefined
+    const out = text + this.events()
+    return out.length > 0 ? encoder.encode(out) : undefined
+  }
+
+  /** The whole events buffered, relayed; stops after an event that is held. */
+  private events(): string {
     let out = ''
     let start = 0
-    for (;;) {
+    while (this.held === undefined) {
       const end = this.buffer.indexOf('\n\n', start)
       if (end < 0) break
       out += this.event(this.buffer.slice(start, end + 2))
       start = end + 2
     }
     if (start > 0) this.buffer = this.buffer.slice(start)
-    return out.length > 0 ? encoder.encode(out) : undefined
+    return out
+  }
+
+  /** The event `shown` makes, now or (a promise) once it is known: then it is held. */
+  private usageEvent(shown: Usage | Promise<Usage>, text: (u: Usage) => string): string {
+    if (!(shown instanceof Promise)) return text(shown)
+    this.held = shown.then(
+      (u) => {
+        this.heldText = text(u)
+      },
+      () => {
+        this.heldText = ''
+      },
+    )
+    return ''
   }
 
   /** Whatever is left when the upstream closes (an event without its blank line). */
@@ -148,7 +186,11 @@ export class ChatStreamRelay {
       const shown = this.onUsage(this.usage)
       if (!this.includeUsage) return text
       const usageEvent = { id: this.completionId, object: this.shape.object, model: this.modelId }
-      return `data: ${JSON.stringify({ ...usageEvent, created: Math.floor(Date.now() / 1000), choices: [], usage: shown })}\n\n${text}`
+      return this.usageEvent(
+        shown,
+        (u) =>
+          `data: ${JSON.stringify({ ...usageEvent, created: Math.floor(Date.now() / 1000), choices: [], usage: u })}\n\n${text}`,
+      )
     }
     if (this.idFrom === undefined) {
       const opening = this.learn(payload, text)
@@ -169,10 +211,12 @@ export class ChatStreamRelay {
         const shown = this.onUsage(usage)
         if (!this.includeUsage) return ''
         // The one event Tropa re-serialises: its usage is the one billed.
-        parsed.usage = shown
         parsed.id = this.completionId
         parsed.model = this.modelId
-        return `data: ${JSON.stringify(parsed)}\n\n`
+        return this.usageEvent(shown, (u) => {
+          parsed.usage = u
+          return `data: ${JSON.stringify(parsed)}\n\n`
+        })
       }
       if (!final) this.addGenerated(deltaText(payload, this.shape.text))
       if (!this.includeUsage && final) return ''

@@ -753,5 +753,33 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect(await store.deleteWebhook('wh1')).toBe(true)
       expect(await store.listWebhookEvents('wh1', 10)).toEqual([])
     })
+
+    test('receipt keys: oldest generation first, a generation taken once; ledger rows keep their receipt key', async () => {
+      const k = (kid: string, generation: number) => ({
+        kid,
+        generation,
+        publicKey: `pub-${kid}`,
+        privateKey: `sealed-${kid}`,
+        createdAt: 1_700_000_000 + generation,
+      })
+      expect(await store.receiptKeys()).toEqual([])
+      expect(await store.addReceiptKey(k('rk_b', 2))).toBe(true)
+      expect(await store.addReceiptKey(k('rk_a', 1))).toBe(true)
+      // Two nodes rotating at once: the second key of the same generation is not added.
+      expect(await store.addReceiptKey(k('rk_c', 2))).toBe(false)
+      expect(await store.addReceiptKey(k('rk_a', 3))).toBe(false)
+      expect(await store.receiptKeys()).toEqual([k('rk_a', 1), k('rk_b', 2)])
+
+      await store.insertOrg(org('o1', 1_000_000n))
+      await store.recordLedger([
+        { ...usage('r-signed', 'o1', 'k1', 100n), receiptKid: 'rk_b' },
+        usage('r-plain', 'o1', 'k1', 100n),
+      ])
+      const rows = await store.listActivity({ orgId: 'o1', limit: 10 })
+      expect(Object.fromEntries(rows.map((r) => [r.requestId, r.receiptKid]))).toEqual({
+        'r-signed': 'rk_b',
+        'r-plain': null,
+      })
+    })
   })
 }

@@ -139,6 +139,7 @@ describe('ledger rows posted to the ledger thread', () => {
     ttftMs: i % 5 === 1 ? null : i % 9,
     endUser: i % 3 === 0 ? null : `user ${i % 4} ∞`,
     admittedAtMs: i % 2 ? null : 1_795_000_000_000 + i,
+    receiptKid: i % 3 === 1 ? null : `rk_${i % 2}`,
   })
 
   test('every field survives the columns and the copy to the thread, amounts exact', () => {

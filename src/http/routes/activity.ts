@@ -96,10 +96,14 @@ export const activityRoutes = (svc: Services) =>
           let text = headed ? '' : `${ACTIVITY_CSV_COLUMNS.join(',')}\r\n`
           headed = true
           const rows = await svc.store.listActivity({ ...q, before: cursor, limit: EXPORT_PAGE })
-          for (const e of rows)
+          // JSONL carries each row's receipt, signed again (in the receipt thread) with its key.
+          const receipts = !csv && svc.deps.receipts ? await svc.deps.receipts.signRows(rows) : undefined
+          for (let i = 0; i < rows.length; i++) {
+            const e = rows[i]!
             text += csv
               ? activityCsvRecord(e, keyName(e))
-              : `${JSON.stringify(activityView(e, keyName(e)))}\n`
+              : `${JSON.stringify(receipts ? { ...activityView(e, keyName(e)), receipt: receipts[i] ?? null } : activityView(e, keyName(e)))}\n`
+          }
           const last = rows.at(-1)
           if (last) cursor = { endedAtMs: last.endedAtMs, requestId: last.requestId }
           if (text.length > 0) controller.enqueue(encoder.encode(text))

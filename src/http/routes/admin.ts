@@ -7,6 +7,7 @@ import { authenticate, authenticateFirst, requireAdmin } from '../auth.ts'
 import { jsonBody, jsonRequestBody } from '../body.ts'
 import { keyView, orgView } from '../views.ts'
 import { limitOf } from './keys.ts'
+import { receiptsDisabled } from './receipts.ts'
 
 const OrgParams = t.Object({ org_id: t.String() })
 
@@ -220,6 +221,22 @@ export const adminRoutes = (svc: Services) => {
       {
         params: t.Object({ org_id: t.String(), key_id: t.String() }),
         detail: { tags, summary: 'Revoke a master key' },
+      },
+    )
+    .post(
+      '/v1/admin/receipt-keys/rotate',
+      async () => {
+        const receipts = svc.deps.receipts
+        if (!receipts) throw receiptsDisabled()
+        const kid = await receipts.rotate()
+        return { object: 'receipt_keys', ...receipts.keySet(), current_kid: kid ?? null }
+      },
+      {
+        detail: {
+          tags,
+          summary:
+            'Rotate the receipt signing key: a new Ed25519 key signs from now on (every node of a cluster); the old ones stay published',
+        },
       },
     )
     .post('/v1/admin/reload', () => ({ object: 'config.reload', ...svc.reload() }), {

@@ -10,6 +10,7 @@ import m0007 from './migrations/0007_usage_rollups.sql' with { type: 'text' }
 import m0008 from './migrations/0008_webhooks.sql' with { type: 'text' }
 import m0009 from './migrations/0009_rate_limits.sql' with { type: 'text' }
 import m0010 from './migrations/0010_budgets.sql' with { type: 'text' }
+import m0011 from './migrations/0011_receipts.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // As for SQLite: the SQL travels inside the executable (a test checks every file is listed).
@@ -25,6 +26,7 @@ const SQL: Record<string, string> = {
   '0008_webhooks': m0008,
   '0009_rate_limits': m0009,
   '0010_budgets': m0010,
+  '0011_receipts': m0011,
 }
 
 export function embeddedPgMigrations(): Migration[] {

@@ -99,6 +99,8 @@ export const ledger = pgTable(
     ttftMs: integer('ttft_ms'),
     endUser: text('end_user'),
     admittedAtMs: ms('admitted_at_ms'),
+    /** The receipt key a billed request was signed with (null: receipts were off); an export re-signs with it. */
+    receiptKid: text('receipt_kid'),
   },
   (t) => [
     index('ledger_org_time').on(t.orgId, t.endedAtMs, t.kind, t.keyId, t.model, t.outcome),
@@ -288,4 +290,22 @@ export const webhookEvents = pgTable(
     index('webhook_events_due').on(t.status, t.nextAttemptAtMs),
     index('webhook_events_created').on(t.webhookId, t.createdAtMs),
   ],
+)
+
+/**
+ * Receipt signing keys (docs/api.md, "Receipts"): Ed25519, one row per key, the newest generation
+ * signs. `public_key` is the raw 32 bytes in base64url; `private_key` the PKCS #8 key encrypted
+ * with AES-256-GCM under a key derived from server.secret. Rows are never deleted: exports re-sign
+ * old rows with the key that signed them, and the public keys stay published.
+ */
+export const receiptKeys = pgTable(
+  'receipt_keys',
+  {
+    kid: text('kid').primaryKey(),
+    generation: integer('generation').notNull(),
+    publicKey: text('public_key').notNull(),
+    privateKey: text('private_key').notNull(),
+    createdAt: integer('created_at').notNull(),
+  },
+  (t) => [uniqueIndex('receipt_keys_generation').on(t.generation)],
 )

@@ -40,6 +40,7 @@ import type {
   LedgerEntry,
   OrgPatch,
   OrgRecord,
+  ReceiptKeyRecord,
   ResponseRecord,
   Store,
   UsageHoursQuery,
@@ -179,6 +180,18 @@ export class PostgresStore implements Store {
   async initMeta(key: string, value: string) {
     await this.db.insert(schema.meta).values({ key, value }).onConflictDoNothing()
     return (await this.getMeta(key))!
+  }
+  async receiptKeys() {
+    return this.db.select().from(schema.receiptKeys).orderBy(asc(schema.receiptKeys.generation))
+  }
+
+  async addReceiptKey(k: ReceiptKeyRecord) {
+    const added = await this.db
+      .insert(schema.receiptKeys)
+      .values(k)
+      .onConflictDoNothing()
+      .returning({ kid: schema.receiptKeys.kid })
+    return added.length === 1
   }
 
   async insertOrg(org: OrgRecord) {

@@ -10,6 +10,7 @@ import m0008 from './migrations/0008_usage_rollups.sql' with { type: 'text' }
 import m0009 from './migrations/0009_webhooks.sql' with { type: 'text' }
 import m0010 from './migrations/0010_rate_limits.sql' with { type: 'text' }
 import m0011 from './migrations/0011_budgets.sql' with { type: 'text' }
+import m0012 from './migrations/0012_receipts.sql' with { type: 'text' }
 import journal from './migrations/meta/_journal.json'
 
 // Migrations travel inside the executable: each SQL file is imported as text here (a test
@@ -27,6 +28,7 @@ const SQL: Record<string, string> = {
   '0009_webhooks': m0009,
   '0010_rate_limits': m0010,
   '0011_budgets': m0011,
+  '0012_receipts': m0012,
 }
 
 export interface Migration {

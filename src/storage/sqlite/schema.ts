@@ -78,6 +78,8 @@ export const ledger = sqliteTable(
     endUser: text('end_user'),
     /** When a request on a key with a period budget was admitted (Unix ms); null otherwise. */
     admittedAtMs: epoch('admitted_at_ms'),
+    /** The receipt key a billed request was signed with (null: receipts were off); an export re-signs with it. */
+    receiptKid: text('receipt_kid'),
   },
   // Usage and Activity read by organization and time, newest first (GET /v1/activity). Its
   // filters (kind, key, model, outcome) are columns of that index, so a filtered page scans index
@@ -310,4 +312,22 @@ export const webhookEvents = sqliteTable(
     index('webhook_events_due').on(t.status, t.nextAttemptAtMs),
     index('webhook_events_created').on(t.webhookId, t.createdAtMs),
   ],
+)
+
+/**
+ * Receipt signing keys (docs/api.md, "Receipts"): Ed25519, one row per key, the newest generation
+ * signs. `public_key` is the raw 32 bytes in base64url; `private_key` the PKCS #8 key encrypted
+ * with AES-256-GCM under a key derived from server.secret. Rows are never deleted: exports re-sign
+ * old rows with the key that signed them, and the public keys stay published.
+ */
+export const receiptKeys = sqliteTable(
+  'receipt_keys',
+  {
+    kid: text('kid').primaryKey(),
+    generation: count('generation').notNull(),
+    publicKey: text('public_key').notNull(),
+    privateKey: text('private_key').notNull(),
+    createdAt: epoch('created_at').notNull(),
+  },
+  (t) => [uniqueIndex('receipt_keys_generation').on(t.generation)],
 )

@@ -40,6 +40,7 @@ import type {
   LedgerEntry,
   OrgPatch,
   OrgRecord,
+  ReceiptKeyRecord,
   ResponseRecord,
   Store,
   UsageHoursQuery,
@@ -180,6 +181,19 @@ export class SqliteStore implements Store {
   async initMeta(key: string, value: string) {
     this.db.insert(schema.meta).values({ key, value }).onConflictDoNothing().run()
     return (await this.getMeta(key))!
+  }
+  async receiptKeys() {
+    return this.db.select().from(schema.receiptKeys).orderBy(asc(schema.receiptKeys.generation)).all()
+  }
+
+  async addReceiptKey(k: ReceiptKeyRecord) {
+    const added = this.db
+      .insert(schema.receiptKeys)
+      .values(k)
+      .onConflictDoNothing()
+      .returning({ kid: schema.receiptKeys.kid })
+      .all()
+    return added.length === 1
   }
 
   async insertOrg(org: OrgRecord) {
