@@ -69,7 +69,11 @@ export function createApp(svc: Services) {
     // readers enforce the configured limits themselves (server.max_body_bytes for JSON,
     // files.max_bytes for uploads: by Content-Length before reading, by counting while reading),
     // so the runtime's is lifted out of their way and every 413 carries OpenAI's error body.
-    serve: { maxRequestBodySize: RUNTIME_BODY_CAP, idleTimeout },
+    // Elysia turns on SO_REUSEPORT: a second Tropa started on a port in use would then share it
+    // silently, each answering a part of the connections with its own keys. Off, the second
+    // start fails (address in use). Bun's development mode (error pages) is off whatever
+    // NODE_ENV says.
+    serve: { maxRequestBodySize: RUNTIME_BODY_CAP, idleTimeout, reusePort: false, development: false },
   })
     .onRequest(({ request, set }) => {
       const id = requestId()

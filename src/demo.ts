@@ -20,7 +20,7 @@ const PROVIDER_NODES = [
 ] as const satisfies readonly SimProtocol[]
 
 /** The demo's credentials for the simulated providers (they accept these, and only these shapes). */
-const DEMO_ENV = { GIGACHAT_SIM_AUTH_KEY: btoa('sim:secret'), YANDEX_SIM_KEY: 'AQVNsimkey' }
+export const DEMO_ENV = { GIGACHAT_SIM_AUTH_KEY: btoa('sim:secret'), YANDEX_SIM_KEY: 'AQVNsimkey' }
 
 /**
  * The demo fleet, in this process: `n` OpenAI-compatible nodes serving the sim/ models, and one
@@ -47,6 +47,16 @@ export async function startDemoFleet(n: number): Promise<{ nodes: SimNode[]; sto
 
 export function demoModels(nodes: readonly SimNode[]): ModelConfig[] {
   const problems: string[] = []
+  const models = demoModelFiles(nodes).map((f) => checkModel(f, `demo: ${f.id}`, DEMO_ENV, problems))
+  if (problems.length > 0) throw new ConfigError(problems)
+  return models
+}
+
+/**
+ * The demo's models as a config file would write them (`models = [...]`); the provider ones
+ * read their credentials from DEMO_ENV's variables.
+ */
+export function demoModelFiles(nodes: readonly Pick<SimNode, 'name' | 'url'>[]): ModelFile[] {
   const openai = nodes.filter((n) => n.name.startsWith('sim-'))
   const routes = (upstream: string) =>
     openai.map((n) => ({ name: n.name, base_url: n.url, upstream_model: upstream, max_concurrency: 64 }))
@@ -152,9 +162,7 @@ export function demoModels(nodes: readonly SimNode[]): ModelConfig[] {
     const at = origin(protocol)
     if (at) files.push(chat(id, price, { name: `${protocol}-sim`, ...route(at) }))
   }
-  const models = files.map((f) => checkModel(f, `demo: ${f.id}`, DEMO_ENV, problems))
-  if (problems.length > 0) throw new ConfigError(problems)
-  return models
+  return files
 }
 
 export interface DemoCredentials {
