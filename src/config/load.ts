@@ -161,6 +161,7 @@ export interface Config {
     readonly leaseMs: number | undefined
   }
   readonly metrics: {
+    readonly requests: boolean
     readonly perOrg: boolean
     readonly perOrgMax: number
   }
@@ -425,6 +426,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       leaseMs: cfg.batches?.lease_ms,
     },
     metrics: {
+      requests: cfg.metrics?.requests ?? true,
       perOrg: cfg.metrics?.per_org ?? false,
       perOrgMax: cfg.metrics?.per_org_max ?? 100,
     },

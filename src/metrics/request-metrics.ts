@@ -43,6 +43,8 @@ class ModelSeries {
 }
 
 export interface RequestMetricsOptions {
+  /** Record request metrics at all (metrics.requests). */
+  readonly requests?: boolean
   /** Label requests, tokens and roubles by organization (metrics.per_org). */
   readonly perOrg: boolean
   /** Distinct organizations labelled; the rest are counted as `other` (metrics.per_org_max). */

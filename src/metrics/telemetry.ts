@@ -24,6 +24,10 @@ export interface CaptureOptions {
 export class Telemetry {
   readonly metrics: RequestMetrics
   private readonly open = new Map<string, RequestRecord>()
+  /** Requests get a record: for the metrics, or for the access log. */
+  private readonly recording: boolean
+  /** Records go into the metrics (metrics.requests). */
+  private readonly metered: boolean
   /** Undefined unless someone's bodies are captured (then requests keep their body until they end). */
   private readonly capture:
     | { orgs: ReadonlySet<string>; keys: ReadonlySet<string>; maxChars: number }
@@ -37,6 +41,8 @@ export class Telemetry {
     capture?: CaptureOptions,
   ) {
     this.metrics = new RequestMetrics(opts)
+    this.metered = opts.requests !== false
+    this.recording = this.metered || accessLog !== undefined
     this.capture =
       accessLog && capture && capture.captureOrgs.length + capture.captureKeys.length > 0
         ? {
@@ -64,6 +70,7 @@ export class Telemetry {
 
   /** A request arrived; only POSTs to model endpoints get a record. */
   begin(id: string, request: Request): void {
+    if (!this.recording) return
     const endpoint = endpointOf(request.method, request.url)
     if (endpoint < 0) return
     const rec = new RequestRecord(this, id, endpoint, performance.now())
@@ -78,7 +85,7 @@ export class Telemetry {
 
   /** The answer first reached the upstream: time to first token, observed at once. */
   firstToken(rec: RequestRecord): void {
-    if (rec.model !== undefined && rec.node !== undefined && rec.ttftMs !== undefined)
+    if (this.metered && rec.model !== undefined && rec.node !== undefined && rec.ttftMs !== undefined)
       this.metrics.firstToken(rec.model, rec.node, rec.ttftMs / 1000)
   }
 
@@ -139,7 +146,7 @@ export class Telemetry {
     const durationMs = performance.now() - rec.startedAt
     rec.outcome =
       rec.streamEnded !== undefined ? outcomeOfStream(rec.streamEnded) : outcomeOfStatus(rec.status)
-    this.metrics.record(rec, durationMs / 1000)
+    if (this.metered) this.metrics.record(rec, durationMs / 1000)
     const log = this.accessLog
     if (!log) return
     if (!this.captured(rec)) {

@@ -460,6 +460,28 @@ describe('per-organization labels off (the default)', () => {
   })
 })
 
+describe('metrics.requests = false (and no access log)', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    t = await startTropa({ extra: { metrics: { requests: false } } })
+  })
+  afterAll(() => t.stop())
+
+  test('no request is recorded: no request series move, no overhead header, no record kept', async () => {
+    const answer = await t
+      .client()
+      .chat.completions.create({ model: 'test/chat', messages, max_tokens: 3 })
+      .withResponse()
+    expect(answer.response.status).toBe(200)
+    expect(answer.response.headers.get('x-tropa-overhead-ms')).toBeNull()
+    const text = await metrics(t)
+    expect(sample(text, 'tropa_requests_total', okLabels)).toBe(0)
+    expect(text).not.toMatch(/^tropa_requests_total\{/m)
+    expect(text).not.toMatch(/^tropa_request_duration_seconds_count\{/m)
+    expect(t.svc.telemetry.openCount).toBe(0)
+  })
+})
+
 describe('access log sink', () => {
   test('a file is rotated by size, keeping `keep` old ones', async () => {
     const t = await startTropa({

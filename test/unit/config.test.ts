@@ -173,7 +173,7 @@ describe('config', () => {
 
   test('metrics and access log: defaults, TROPA_ACCESS_LOG, and capture needs a sink', () => {
     const c = loadConfig({ configPath: write(GOOD) }, { ACME_KEY: 'k' })
-    expect(c.metrics).toEqual({ perOrg: false, perOrgMax: 100 })
+    expect(c.metrics).toEqual({ requests: true, perOrg: false, perOrgMax: 100 })
     expect(c.accessLog).toMatchObject({ sink: 'off', keep: 5, captureOrgs: [], captureKeys: [] })
     expect(c.accessLog.path.endsWith('access.log')).toBe(true)
     const env = loadConfig({ configPath: write(GOOD) }, { ACME_KEY: 'k', TROPA_ACCESS_LOG: 'stderr' })
