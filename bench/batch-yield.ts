@@ -312,9 +312,23 @@ function phaseRates(
   return byName
 }
 
+/** The router's view of the fleet's interactive load, as batch admission reads it (/metrics). */
+async function interactiveLoad(): Promise<number> {
+  const text = await (await fetch(`${router.url}/metrics`)).text()
+  const m = /^tropa_batch_interactive_load (\S+)$/m.exec(text)
+  return m ? Number(m[1]) : Number.NaN
+}
+
 async function scenario(name: string, phases: Phase[], capacity: number, withBatch: boolean, rep: number) {
   let batchId: string | undefined
   const counts: { atMs: number; done: number }[] = []
+  const loads: { atMs: number; load: number }[] = []
+  const loadSampling = setInterval(() => {
+    void interactiveLoad().then(
+      (load) => loads.push({ atMs: performance.now(), load }),
+      () => {},
+    )
+  }, 250)
   let sampling: ReturnType<typeof setInterval> | undefined
   if (withBatch) {
     batchId = await startBatch(QUICK ? 600 : 3000)
@@ -326,6 +340,13 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
   }
   const { samples, bounds } = await openLoop(phases, capacity, SEED * 1000 + name.length + rep * 7919, 0)
   if (sampling) clearInterval(sampling)
+  clearInterval(loadSampling)
+  // The load each phase ran at, past its first second (the switch-over).
+  const load = new Map<string, number[]>()
+  for (const b of bounds)
+    for (const l of loads)
+      if (l.atMs >= b.startMs + 1000 && l.atMs < b.endMs)
+        load.set(b.name, [...(load.get(b.name) ?? []), l.load])
   let lines = new Map<string, { lines: number; seconds: number }>()
   let finished = false
   if (batchId) {
@@ -335,7 +356,7 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
     lines = phaseRates(counts, bounds)
     await stopBatch(batchId)
   } else await quiet()
-  return { samples, lines, batchFinishedEarly: finished }
+  return { samples, lines, load, batchFinishedEarly: finished }
 }
 
 const log = (...a: unknown[]) => console.log(...a)
@@ -356,6 +377,7 @@ export interface BatchYieldReport {
     /** The same per phase of the load (peak, valley; steady). */
     phases: Record<string, { without: Figures; with: Figures }>
     rates: Record<string, number>
+    load: Record<string, number>
     early: boolean
   }[]
   checks: { what: string; value: number; target: string; met: boolean }[]
@@ -402,6 +424,7 @@ try {
       with: [] as (Sample & { phase: string })[],
     }
     const lines = new Map<string, { lines: number; seconds: number }>()
+    const loadWithout = new Map<string, number[]>()
     let early = false
     for (let rep = 0; rep < REPS; rep++) {
       // ABBA: even pairs run without the batch first, odd pairs with it first.
@@ -409,7 +432,10 @@ try {
       for (const withBatch of order) {
         const run = await scenario(s.name, s.phases, capacity, withBatch, rep)
         pooled[withBatch ? 'with' : 'without'].push(...run.samples)
-        if (!withBatch) continue
+        if (!withBatch) {
+          for (const [ph, xs] of run.load) loadWithout.set(ph, [...(loadWithout.get(ph) ?? []), ...xs])
+          continue
+        }
         early ||= run.batchFinishedEarly
         for (const [phase, done] of run.lines) {
           const cur = lines.get(phase) ?? { lines: 0, seconds: 0 }
@@ -434,6 +460,10 @@ try {
         ]),
       ),
       rates: Object.fromEntries([...lines].map(([k, v]) => [k, v.lines / v.seconds])),
+      /** The fleet's interactive load per phase without a batch (mean of the router's gauge). */
+      load: Object.fromEntries(
+        [...loadWithout].map(([k, xs]) => [k, xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)]),
+      ),
       early,
     }
     results.push(result)
@@ -510,13 +540,13 @@ try {
           .join(', ')} |`,
       )
     console.log(
-      '\n| scenario, phase | requests | TTFT p50 without / with (ms) | TTFT p99 without / with | inter-token p99 without / with |',
+      '\n| scenario, phase | interactive load | requests | TTFT p50 without / with (ms) | TTFT p99 without / with | inter-token p99 without / with |',
     )
-    console.log('|---|---|---|---|---|')
+    console.log('|---|---|---|---|---|---|')
     for (const r of results)
       for (const [ph, x] of Object.entries(r.phases))
         console.log(
-          `| ${r.name}, ${ph} | ${x.without.requests} / ${x.with.requests} | ${f(x.without.ttftP50)} / ${f(x.with.ttftP50)} | ${f(x.without.ttftP99)} / ${f(x.with.ttftP99)} | ${f(x.without.itlP99)} / ${f(x.with.itlP99)} |`,
+          `| ${r.name}, ${ph} | ${(r.load[ph] ?? Number.NaN).toFixed(3)} | ${x.without.requests} / ${x.with.requests} | ${f(x.without.ttftP50)} / ${f(x.with.ttftP50)} | ${f(x.without.ttftP99)} / ${f(x.with.ttftP99)} | ${f(x.without.itlP99)} / ${f(x.with.itlP99)} |`,
         )
     console.log('\n| target | value | wanted | |')
     console.log('|---|---|---|---|')

@@ -18,6 +18,9 @@ const FINALIZE_STALE_S = 30
 /** The statuses a batch has until it is finished. */
 const UNFINISHED: readonly BatchStatus[] = ['validating', 'in_progress', 'finalizing', 'cancelling']
 
+/** How fast the fleet's interactive load, as batch admission reads it, follows a fall. */
+const LOAD_FALL_MS = 500
+
 export interface BatchSettings {
   readonly workers: number
   /** Share of each node's max_concurrency batch lines leave free on a node with no interactive traffic. */
@@ -29,6 +32,14 @@ export interface BatchSettings {
   readonly busyShare: number
   /** A node counts as free of interactive traffic once none has been in flight there for this long. */
   readonly quietMs: number
+  /**
+   * The fleet's interactive load (interactive requests in flight over its slots, see
+   * `interactiveLoad`) at or under which lines fill every node beside interactive traffic, one
+   * slot kept free for the next arrival (a valley).
+   */
+  readonly fillLoad?: number
+  /** The load over which even a quiet node takes no line (a peak's lulls are no valley). */
+  readonly quietLoad?: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
   /** The receipt key a line's ledger row records (an export signs the row with it); none when receipts are off. */
@@ -161,6 +172,7 @@ export class BatchScheduler {
   /** A reloaded config's models, for lines admitted from now on (here and in the workers). */
   useModels(models: readonly ModelConfig[]): void {
     this.models = new Map(models.map((m) => [m.id, m]))
+    this.slots = undefined
     if (this.init) this.init = { ...this.init, models }
     for (const w of this.workers) w.postMessage({ t: 'models', models } satisfies ToWorker)
   }
@@ -508,15 +520,52 @@ export class BatchScheduler {
     return this.fund(w, m, key, b.orgId, node, now)
   }
 
-  /** How many batch lines the node may run now. */
+  /**
+   * How many batch lines the node may run now. A quiet node takes its share (at least one line,
+   * however small its max_concurrency), unless the fleet is busy (its lulls are short: a line
+   * started there would meet the next request). In a valley of the fleet's load, every node takes
+   * lines beside its interactive requests, keeping one slot free for the next (pre-emption frees
+   * more when more come). Otherwise lines keep `busyShare` of a node serving interactive traffic.
+   */
   private batchCap(c: Candidate, nowMs: number): number {
-    // A quiet node always takes at least one line, however small its max_concurrency.
-    if (c.node.quiet(nowMs, this.settings.quietMs))
-      return Math.max(1, Math.floor(c.route.maxConcurrency * (1 - this.settings.interactiveReserve)))
-    return Math.min(
-      Math.floor(c.route.maxConcurrency * this.settings.busyShare),
-      c.route.maxConcurrency - c.node.interactiveInFlight,
-    )
+    const slots = c.route.maxConcurrency
+    const share = Math.max(1, Math.floor(slots * (1 - this.settings.interactiveReserve)))
+    const load = this.interactiveLoad(nowMs)
+    if (c.node.quiet(nowMs, this.settings.quietMs) && load <= (this.settings.quietLoad ?? 1)) return share
+    const fill = this.settings.fillLoad ?? 0
+    if (fill > 0 && load <= fill) return Math.max(0, Math.min(share, slots - c.node.interactiveInFlight - 1))
+    return Math.min(Math.floor(slots * this.settings.busyShare), slots - c.node.interactiveInFlight)
+  }
+
+  /** Every node's max_concurrency summed (a node of several models at its largest); undefined: to count. */
+  private slots: number | undefined
+  private load = 0
+  private loadAtMs = 0
+
+  /**
+   * The fleet's interactive load: interactive requests in flight over the fleet's slots, followed
+   * at once when it rises and over about LOAD_FALL_MS when it falls, so a valley counts as one
+   * only once the load has stayed low for a moment.
+   */
+  interactiveLoad(nowMs: number): number {
+    if (nowMs === this.loadAtMs) return this.load
+    if (this.slots === undefined) {
+      const byNode = new Map<string, number>()
+      for (const m of this.models.values())
+        for (const r of m.routes)
+          byNode.set(r.baseUrl, Math.max(byNode.get(r.baseUrl) ?? 0, r.maxConcurrency))
+      this.slots = Math.max(
+        1,
+        [...byNode.values()].reduce((a, b) => a + b, 0),
+      )
+    }
+    let inFlight = 0
+    for (const n of this.pool.nodes.values()) inFlight += n.interactiveInFlight
+    const now = inFlight / this.slots
+    const dt = nowMs - this.loadAtMs
+    this.loadAtMs = nowMs
+    this.load = now >= this.load ? now : now + (this.load - now) * Math.exp(-dt / LOAD_FALL_MS)
+    return this.load
   }
 
   /**

@@ -48,7 +48,7 @@ export class BatchService {
   constructor(
     private readonly store: Store,
     private readonly files: FilesService,
-    private readonly scheduler: BatchScheduler | undefined,
+    readonly scheduler: BatchScheduler | undefined,
     readonly signer: LinkSigner,
     private readonly windowSec: number,
     private readonly linkTtlSec: number,

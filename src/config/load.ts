@@ -4,6 +4,13 @@ import { Value, ValueErrorType } from '@sinclair/typebox/value'
 import { type NanoRub, parseRub, perMillionToPerTokenNano } from '../billing/money.ts'
 import { type ConfigFile, ConfigFileSchema, type ModelFile, type ProviderKind } from './schema.ts'
 
+/**
+ * batches.fill_load (0: off) and batches.quiet_load by default: docs/batches.md has why, and
+ * bench/batch-yield.ts the fleet's interactive load at each of its loads (0.32 at 50%, 0.55 at 80%).
+ */
+const FILL_LOAD = 0
+const QUIET_LOAD = 0.25
+
 export interface RouteConfig {
   /** Stable node name (defaults to host:port of the base URL); routing state is kept per node. */
   readonly node: string
@@ -155,6 +162,8 @@ export interface Config {
     readonly interactiveReserve: number
     readonly busyShare: number
     readonly quietMs: number
+    readonly fillLoad: number
+    readonly quietLoad: number
     readonly tickMs: number
     readonly linkTtlSec: number
     readonly maxAttempts: number
@@ -420,6 +429,8 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       interactiveReserve: cfg.batches?.interactive_reserve ?? 0,
       busyShare: cfg.batches?.busy_share ?? 0,
       quietMs: cfg.batches?.quiet_ms ?? 1000,
+      fillLoad: cfg.batches?.fill_load ?? FILL_LOAD,
+      quietLoad: cfg.batches?.quiet_load ?? QUIET_LOAD,
       tickMs: cfg.batches?.tick_ms ?? 200,
       linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
       maxAttempts: cfg.batches?.max_attempts ?? 5,

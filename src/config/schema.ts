@@ -189,6 +189,10 @@ export const BatchesSchema = T.Object(
     busy_share: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
     /** A node takes batch lines once no interactive request has been in flight there for this long. */
     quiet_ms: T.Optional(T.Integer({ minimum: 0, maximum: 60_000 })),
+    /** The fleet's interactive load (in flight over slots) at or under which lines fill every node, one slot kept free. */
+    fill_load: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
+    /** The fleet's interactive load over which even a quiet node takes no line. */
+    quiet_load: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
     tick_ms: T.Optional(T.Integer({ minimum: 10, maximum: 10_000 })),
     link_ttl_sec: T.Optional(T.Integer({ minimum: 1 })),
     max_attempts: T.Optional(T.Integer({ minimum: 1, maximum: 20 })),

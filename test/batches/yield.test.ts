@@ -24,7 +24,7 @@ const node = (i: number, extra: Partial<SimNodeOptions> = {}): SimNodeOptions =>
 })
 const PRICE = { prompt: '0.000001', completion: '0.000002' }
 
-function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false) {
+function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false, batches: object = {}) {
   return startTropa({
     nodes: [node(1, extraNodes), node(2, extraNodes)],
     models: (nodes) => [
@@ -42,7 +42,7 @@ function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false)
         })),
       },
     ],
-    extra: { batches: { tick_ms: 20, workers: 1, concurrency: 32, quiet_ms: 300 } },
+    extra: { batches: { tick_ms: 20, workers: 1, concurrency: 32, quiet_ms: 300, ...batches } },
   })
 }
 
@@ -181,5 +181,50 @@ describe('routes marked priority_scheduling', () => {
     const chats = t.nodes.reduce((s, x) => s + x.stats().chatRequests, 0)
     expect(low).toBe(8)
     expect(chats).toBe(9)
+  }, 60_000)
+})
+
+describe('batches.quiet_load: a busy fleet has no quiet node', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    // One interactive stream is a load of 1/8 (two nodes of 4 slots): over 0.1.
+    t = await start({}, false, { quiet_load: 0.1 })
+  })
+  afterAll(() => t.stop())
+
+  test('while the fleet is busier than quiet_load, no node takes a new line, though one has no interactive request', async () => {
+    const client = t.client()
+    const batch = await startBatch(client, 200)
+    await until(() => running(t.nodes) === 2 * SEQS)
+    // A long stream: about 4 s of tokens on one node.
+    const long = t
+      .fetch('/v1/chat/completions', {
+        method: 'POST',
+        body: JSON.stringify({
+          model: 'test/chat',
+          messages: [{ role: 'user', content: 'a long answer' }],
+          max_tokens: 200,
+          stream: true,
+        }),
+      })
+      .then(async (res) => ({ node: res.headers.get('x-tropa-node'), text: await res.text() }))
+    // The lines already running end (about a second each); none starts while the stream runs.
+    await until(() => running(t.nodes) === 1)
+    const load = Number(
+      /^tropa_batch_interactive_load (\S+)$/m.exec(await (await fetch(`${t.url}/metrics`)).text())![1],
+    )
+    expect(load).toBeGreaterThan(0.1)
+    const before = await client.batches.retrieve(batch.id)
+    await Bun.sleep(600)
+    expect(running(t.nodes)).toBe(1) // the interactive stream alone
+    expect((await client.batches.retrieve(batch.id)).request_counts!.completed).toBe(
+      before.request_counts!.completed,
+    )
+    const done = await long
+    expect(done.text).toContain('data: [DONE]')
+    // The stream over and the load fallen: both nodes take lines again.
+    await until(() => running(t.nodes) === 2 * SEQS)
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
   }, 60_000)
 })

@@ -141,6 +141,12 @@ async function operationsText(svc: Services): Promise<string> {
       '# TYPE tropa_batches gauge',
     )
     for (const [status, n] of byStatus) lines.push(`tropa_batches{status="${status}"} ${n}`)
+    if (svc.batches.scheduler)
+      lines.push(
+        "# HELP tropa_batch_interactive_load This node's view of the fleet's interactive load, as batch admission reads it (in flight over slots).",
+        '# TYPE tropa_batch_interactive_load gauge',
+        `tropa_batch_interactive_load ${svc.batches.scheduler.interactiveLoad(Date.now()).toFixed(4)}`,
+      )
     lines.push(
       '# HELP tropa_batch_lines_pending Lines of running batches not finished yet (all nodes).',
       '# TYPE tropa_batch_lines_pending gauge',
