@@ -1,4 +1,5 @@
 import type { NanoRub } from './money.ts'
+import { zoneFormatter } from './time-zones.ts'
 
 // Period budgets: a key's `budget` and its `end_user_budget` reset at the start of each day,
 // week (ISO: Monday) or month, in an IANA time zone. A request's money counts into the period in
@@ -29,33 +30,11 @@ export const END_USER_HEADER = 'x-tropa-end-user'
 /** The header of a 402 for a spent budget: when it resets, Unix seconds. */
 export const BUDGET_RESETS_HEADER = 'x-tropa-budget-resets-at'
 
-const formatters = new Map<string, Intl.DateTimeFormat>()
-/** A formatter of wall-clock fields in `tz` (throws RangeError for a zone the runtime does not know). */
-function formatter(tz: string): Intl.DateTimeFormat {
-  let f = formatters.get(tz)
-  if (!f) {
-    f = new Intl.DateTimeFormat('en-US', {
-      timeZone: tz,
-      hourCycle: 'h23',
-      year: 'numeric',
-      month: 'numeric',
-      day: 'numeric',
-      hour: 'numeric',
-      minute: 'numeric',
-      second: 'numeric',
-      weekday: 'short',
-    })
-    // Zones are a closed set (a few hundred); the bound only keeps a hostile caller from growing it.
-    if (formatters.size < 1024) formatters.set(tz, f)
-  }
-  return f
-}
-
 /** Whether Intl knows the zone (an IANA name such as Europe/Moscow, or UTC). */
 export function isBudgetTimeZone(tz: string): boolean {
   if (tz.length === 0 || tz.length > 64) return false
   try {
-    formatter(tz)
+    zoneFormatter(tz)
     return true
   } catch {
     return false
@@ -131,7 +110,7 @@ function midnight(f: Intl.DateTimeFormat, y: number, m: number, d: number): numb
 
 /** The period of `period` in zone `tz` that contains `nowMs`. DST-correct: boundaries are local midnights. */
 export function periodAt(period: BudgetPeriod, tz: string, nowMs: number): PeriodSpan {
-  const f = formatter(tz)
+  const f = zoneFormatter(tz)
   const w = wallAt(f, nowMs)
   // Calendar arithmetic on the local date, with Date.UTC as a plain calendar.
   let start: [number, number, number]

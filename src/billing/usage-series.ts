@@ -1,5 +1,6 @@
 import type { UsageHourSum } from '../storage/store.ts'
 import type { NanoRub } from './money.ts'
+import { zoneFormatter } from './time-zones.ts'
 
 // GET /v1/usage/series: the store keeps billed usage per UTC hour (usage_hours); these functions
 // cut those hours into hour or day buckets, days in a time zone. Zones whose offset is not whole
@@ -30,27 +31,7 @@ export interface SeriesPoint {
 const HOUR = 3600
 const DAY = 86_400
 
-/** Seconds to add to a UTC instant for the zone's wall clock; a cache of formatters by zone. */
-const formatters = new Map<string, Intl.DateTimeFormat>()
-function formatter(tz: string): Intl.DateTimeFormat {
-  let f = formatters.get(tz)
-  if (!f) {
-    // Throws RangeError for a zone the runtime does not know.
-    f = new Intl.DateTimeFormat('en-US', {
-      timeZone: tz,
-      hourCycle: 'h23',
-      year: 'numeric',
-      month: 'numeric',
-      day: 'numeric',
-      hour: 'numeric',
-      minute: 'numeric',
-      second: 'numeric',
-    })
-    if (formatters.size < 64) formatters.set(tz, f)
-  }
-  return f
-}
-
+/** Seconds to add to a UTC instant for the zone's wall clock. */
 function offsetAt(f: Intl.DateTimeFormat, sec: number): number {
   const p: Record<string, number> = {}
   for (const part of f.formatToParts(sec * 1000))
@@ -61,7 +42,7 @@ function offsetAt(f: Intl.DateTimeFormat, sec: number): number {
 /** Whether the runtime knows the zone (an IANA name such as Europe/Moscow, or UTC). */
 export function isTimeZone(tz: string): boolean {
   try {
-    formatter(tz)
+    zoneFormatter(tz)
     return true
   } catch {
     return false
@@ -77,7 +58,7 @@ function hourOffsets(tz: string, fromHour: number, toHour: number): Int32Array {
   const n = (toHour - fromHour) / HOUR
   const out = new Int32Array(n)
   if (tz === 'UTC') return out
-  const f = formatter(tz)
+  const f = zoneFormatter(tz)
   for (let i = 0; i < n; i += 24) {
     const end = Math.min(n, i + 24)
     const a = offsetAt(f, fromHour + i * HOUR)
@@ -108,7 +89,7 @@ export function seriesHours(
   if (toHour === fromHour) toHour += HOUR
   if (bucket === 'day') {
     // A local day is at most 25 hours: step out to the midnights around the range.
-    const f = tz === 'UTC' ? undefined : formatter(tz)
+    const f = tz === 'UTC' ? undefined : zoneFormatter(tz)
     const local = (h: number) => h + (f ? offsetAt(f, h) : 0)
     for (let i = 0; i < 26 && local(fromHour) % DAY !== 0; i++) fromHour -= HOUR
     for (let i = 0; i < 26 && local(toHour) % DAY !== 0; i++) toHour += HOUR

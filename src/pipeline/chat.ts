@@ -1,7 +1,7 @@
 import type { ChatMessage, ChatRequest } from '../api/chat.ts'
 import type { ConcurrencyLimiter, Slot } from '../billing/concurrency.ts'
 import type { MoneyMeter, Reservation, Settlement } from '../billing/meter.ts'
-import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
+import { costNano, formatRub, type NanoRub, nanoToRubNumber } from '../billing/money.ts'
 import { hasRateLimits, type RateLimiter } from '../billing/rate-limiter.ts'
 import type { Receipts } from '../billing/receipt-keys.ts'
 import { RECEIPT_HEADER, receiptCount } from '../billing/receipts.ts'
@@ -296,17 +296,8 @@ export async function runModelCall(
   if (payer.quoteOnly) return quoteCall(deps, payer, call, worst, requestId)
   // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
   const trace = call.trace
-  const reserving = trace?.child('reserve')
-  let reservation: Reservation
-  try {
-    const reserved = deps.meter.reserve(payer.key, payer.org, worst, payer.endUser)
-    reservation = reserved instanceof Promise ? await reserved : reserved
-  } catch (err) {
-    if (reserving) fail(reserving, err)
-    throw err
-  } finally {
-    reserving?.end()
-  }
+  const reserved = reserve(deps, payer, worst, trace)
+  const reservation = reserved instanceof Promise ? await reserved : reserved
   // Counted only once the money is reserved, so a 402 does not eat into the limits below. The
   // slot, when the key has max_concurrency, is held until the reservation is settled or released.
   let slot: Slot | undefined
@@ -546,6 +537,39 @@ export async function admit(
     throw err
   }
   return slot
+}
+
+/**
+ * The worst case reserved (402 when a limit refuses it), as the trace's `reserve` span when there
+ * is a trace. Answers at once where the meter does (one node), so the pass-through path awaits
+ * nothing here.
+ */
+export function reserve(
+  deps: Pick<ChatDeps, 'meter'>,
+  payer: Payer,
+  amountNano: NanoRub,
+  trace: RequestTrace | undefined,
+): Reservation | Promise<Reservation> {
+  if (!trace) return deps.meter.reserve(payer.key, payer.org, amountNano, payer.endUser)
+  const span = trace.child('reserve')
+  const failed = (err: unknown): never => {
+    fail(span, err)
+    span.end()
+    throw err
+  }
+  let reserved: Reservation | Promise<Reservation>
+  try {
+    reserved = deps.meter.reserve(payer.key, payer.org, amountNano, payer.endUser)
+  } catch (err) {
+    return failed(err)
+  }
+  if (reserved instanceof Promise)
+    return reserved.then((r) => {
+      span.end()
+      return r
+    }, failed)
+  span.end()
+  return reserved
 }
 
 /** The settle span, and the root's GenAI attributes (OpenTelemetry's semantic conventions). */

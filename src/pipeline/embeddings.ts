@@ -12,7 +12,7 @@ import {
   UpstreamFailed,
 } from '../errors.ts'
 import { fail, type RequestTrace } from '../tracing/span.ts'
-import { admit, type ChatDeps, type Payer } from './chat.ts'
+import { admit, type ChatDeps, type Payer, reserve } from './chat.ts'
 import { dispatch, finishAttempt, readBody } from './dispatch.ts'
 import { loadTokenizer, PromptCounter, reservedPromptTokens } from './tokens.ts'
 
@@ -59,21 +59,12 @@ export async function createEmbeddings(
   const promptTokens = counter.n
   const rec = deps.telemetry.of(requestId)
   rec?.call(model.id, payer.org.id, payer.key.id)
-  const reserving = trace?.child('reserve')
-  let reservation: Reservation
-  try {
-    reservation = await deps.meter.reserve(
-      payer.key,
-      payer.org,
-      costNano(reservedPromptTokens(promptTokens), 0, model.price),
-      payer.endUser,
-    )
-  } catch (err) {
-    if (reserving) fail(reserving, err)
-    throw err
-  } finally {
-    reserving?.end()
-  }
+  const reservation = await reserve(
+    deps,
+    payer,
+    costNano(reservedPromptTokens(promptTokens), 0, model.price),
+    trace,
+  )
   // Counted only once the money is reserved, so a 402 does not eat into the limits (chat.ts admit).
   let slot: Slot | undefined
   try {
