@@ -26,12 +26,11 @@ import { dirname, join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 import Anthropic from '@anthropic-ai/sdk'
 import OpenAI, { toFile } from 'openai'
-import { chromium } from 'playwright-core'
 import { DEMO_ENV, demoModelFiles, startDemoFleet } from '../src/demo.ts'
+import { launchChromium } from '../test/helpers/browser.ts'
 
 const ROOT = join(import.meta.dir, '..')
 const DASHBOARD = join(ROOT, 'docs/observability/grafana-dashboard.json')
-const CHROMIUM = '/usr/bin/chromium'
 const PROMETHEUS = '/usr/bin/prometheus'
 
 // ---------------------------------------------------------------------------------------------
@@ -952,19 +951,7 @@ async function main() {
   // 5. The page, and its screenshot.
   const html = renderPage(dashboard, rendered, times, new Date(start * 1000), new Date(end * 1000))
   if (args.html) writeFileSync(args.html, html)
-  const browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: [
-      '--headless',
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-quic',
-      '--no-first-run',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-    ],
-  })
+  const browser = await launchChromium()
   cleanups.push(() => browser.close())
   const page = await browser.newPage({ viewport: { width: PAGE_W, height: 900 }, deviceScaleFactor: 1 })
   const problems: string[] = []

@@ -1,5 +1,5 @@
 import { type Static, Type as T } from '@sinclair/typebox'
-import { WEBHOOK_EVENT_TYPES } from '../webhooks/events.ts'
+import { WEBHOOK_EVENT_TYPES } from '../webhooks/event-types.ts'
 import { MAX_URL_LENGTH } from '../webhooks/urls.ts'
 
 const Url = T.String({ minLength: 1, maxLength: MAX_URL_LENGTH, description: 'an http or https URL' })

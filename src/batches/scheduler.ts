@@ -37,9 +37,9 @@ export interface BatchSettings {
    * `interactiveLoad`) at or under which lines fill every node beside interactive traffic, one
    * slot kept free for the next arrival (a valley).
    */
-  readonly fillLoad?: number
+  readonly fillLoad: number
   /** The load over which even a quiet node takes no line (a peak's lulls are no valley). */
-  readonly quietLoad?: number
+  readonly quietLoad: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
   /** The receipt key a line's ledger row records (an export signs the row with it); none when receipts are off. */
@@ -531,8 +531,8 @@ export class BatchScheduler {
     const slots = c.route.maxConcurrency
     const share = Math.max(1, Math.floor(slots * (1 - this.settings.interactiveReserve)))
     const load = this.interactiveLoad(nowMs)
-    if (c.node.quiet(nowMs, this.settings.quietMs) && load <= (this.settings.quietLoad ?? 1)) return share
-    const fill = this.settings.fillLoad ?? 0
+    if (c.node.quiet(nowMs, this.settings.quietMs) && load <= this.settings.quietLoad) return share
+    const fill = this.settings.fillLoad
     if (fill > 0 && load <= fill) return Math.max(0, Math.min(share, slots - c.node.interactiveInFlight - 1))
     return Math.min(Math.floor(slots * this.settings.busyShare), slots - c.node.interactiveInFlight)
   }

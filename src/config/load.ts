@@ -2,7 +2,13 @@ import { existsSync, readFileSync } from 'node:fs'
 import { resolve } from 'node:path'
 import { Value, ValueErrorType } from '@sinclair/typebox/value'
 import { type NanoRub, parseRub, perMillionToPerTokenNano } from '../billing/money.ts'
-import { type ConfigFile, ConfigFileSchema, type ModelFile, type ProviderKind } from './schema.ts'
+import {
+  type ConfigFile,
+  ConfigFileSchema,
+  type ModelFile,
+  type ProviderKind,
+  TRACE_SAMPLERS,
+} from './schema.ts'
 
 /**
  * batches.fill_load (0: off) and batches.quiet_load by default: docs/batches.md has why, and
@@ -457,14 +463,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
   } satisfies Config)
 }
 
-const SAMPLERS = new Set([
-  'always_on',
-  'always_off',
-  'traceidratio',
-  'parentbased_always_on',
-  'parentbased_always_off',
-  'parentbased_traceidratio',
-])
+const SAMPLERS: ReadonlySet<string> = new Set(TRACE_SAMPLERS)
 
 /**
  * Tracing from the file's [tracing] and OpenTelemetry's standard variables (which win):

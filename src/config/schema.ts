@@ -285,23 +285,22 @@ export const AccessLogSchema = T.Object(
   { additionalProperties: false },
 )
 
+/** The samplers OTEL_TRACES_SAMPLER (and tracing.sampler) may name: OpenTelemetry's standard ones. */
+export const TRACE_SAMPLERS = [
+  'always_on',
+  'always_off',
+  'traceidratio',
+  'parentbased_always_on',
+  'parentbased_always_off',
+  'parentbased_traceidratio',
+] as const
+
 export const TracingSchema = T.Object(
   {
     /** The OTLP/HTTP traces URL (e.g. http://collector:4318/v1/traces); the OTEL_* variables override it. Unset: tracing off. */
     endpoint: T.Optional(T.String({ pattern: '^https?://' })),
     service_name: T.Optional(T.String({ minLength: 1 })),
-    sampler: T.Optional(
-      T.Union(
-        [
-          'always_on',
-          'always_off',
-          'traceidratio',
-          'parentbased_always_on',
-          'parentbased_always_off',
-          'parentbased_traceidratio',
-        ].map((s) => T.Literal(s)),
-      ),
-    ),
+    sampler: T.Optional(T.Union(TRACE_SAMPLERS.map((s) => T.Literal(s)))),
     /** The ratio of the traceidratio samplers. */
     sampler_arg: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
   },

@@ -105,13 +105,3 @@ function samplerOf(name: string, arg: number): Sampler {
       return new ParentBasedSampler({ root: new AlwaysOnSampler() })
   }
 }
-
-/** The samplers OTEL_TRACES_SAMPLER (and tracing.sampler) may name. */
-export const SAMPLERS = [
-  'always_on',
-  'always_off',
-  'traceidratio',
-  'parentbased_always_on',
-  'parentbased_always_off',
-  'parentbased_traceidratio',
-] as const

@@ -1,18 +1,15 @@
 import { lookup } from 'node:dns/promises'
 import { isIP } from 'node:net'
+import type { Config } from '../config/load.ts'
 import type { Log } from '../log.ts'
 import type { Store, WebhookAttempt, WebhookDeliveryJob } from '../storage/store.ts'
 import { signatureHeader } from './events.ts'
 import { privateAddress } from './urls.ts'
 
-export interface DeliverySettings {
-  readonly pollMs: number
-  readonly timeoutMs: number
-  readonly retryBaseMs: number
-  readonly retryMaxMs: number
-  readonly giveUpAfterMs: number
-  readonly concurrency: number
-  readonly allowPrivateUrls: boolean
+type WebhookConfig = Config['webhooks']
+
+/** The config's `webhooks` section, and what the node adds. */
+export interface DeliverySettings extends WebhookConfig {
   /** One node owns the store (SQLite): leases left by a killed process are dropped at start. */
   readonly soleOwner: boolean
   /** Called every poll before claiming (with several nodes: read the webhooks again). */

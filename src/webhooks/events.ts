@@ -1,17 +1,6 @@
 import { createHmac } from 'node:crypto'
 
-/** The events a webhook may subscribe to (docs/api.md, "Webhooks"). */
-export const WEBHOOK_EVENT_TYPES = [
-  'balance.below_threshold',
-  'key.limit_80',
-  'key.limit_100',
-  'key.budget_80',
-  'key.budget_100',
-  'batch.completed',
-  'batch.failed',
-  'batch.expired',
-] as const
-export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number]
+import type { WebhookEventType } from './event-types.ts'
 
 /**
  * An event's id from what happened, the same on every node that sees it (`key.limit_80:<key>:<limit>`),

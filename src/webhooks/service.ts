@@ -5,7 +5,8 @@ import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import { randomBase62, sortableId } from '../ids.ts'
 import type { Log } from '../log.ts'
 import type { BatchRecord, NewWebhookEvent, Store, WebhookRecord } from '../storage/store.ts'
-import { eventId, eventPayload, type WebhookEventType } from './events.ts'
+import type { WebhookEventType } from './event-types.ts'
+import { eventId, eventPayload } from './events.ts'
 import { webhookUrl } from './urls.ts'
 
 /** Webhooks one organization may have. */

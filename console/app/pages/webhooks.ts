@@ -1,5 +1,6 @@
 import { html } from 'htm/preact'
 import { useState } from 'preact/hooks'
+import { WEBHOOK_EVENT_TYPES } from '../../../src/webhooks/event-types.ts'
 import { api } from '../api.ts'
 import { rub, t, when } from '../i18n.ts'
 import { ErrorBox, Scroll, Secret, useAction, useLoad } from '../ui.ts'
@@ -24,16 +25,7 @@ interface Delivery {
 }
 
 /** The events a webhook may receive (docs/webhooks.md). */
-const EVENTS = [
-  'balance.below_threshold',
-  'key.limit_80',
-  'key.limit_100',
-  'key.budget_80',
-  'key.budget_100',
-  'batch.completed',
-  'batch.failed',
-  'batch.expired',
-] as const
+const EVENTS = WEBHOOK_EVENT_TYPES
 
 const amountOf = (v: string): number | null => (v.trim() === '' ? null : Number(v.trim().replace(',', '.')))
 

@@ -132,9 +132,16 @@ const LEDGER_ROWS_PER_INSERT = 1000
 /** The time in ms by PostgreSQL's clock (now() is the statement's start in autocommit). */
 const NOW_MS = '(extract(epoch from now()) * 1000)::bigint'
 const COST_COLUMN = LEDGER_COLUMN_NAMES.indexOf('cost_nano')
+/** The texts bound() splits (a few fixed statements), split once. */
+const textParts = new Map<string, string[]>()
+
 /** SQL text with $1..$n placeholders, in order, as a Drizzle query with those values bound. */
 function bound(text: string, params: readonly unknown[]): Query {
-  const parts = text.split(/\$\d+/)
+  let parts = textParts.get(text)
+  if (!parts) {
+    parts = text.split(/\$\d+/)
+    textParts.set(text, parts)
+  }
   const chunks: Query[] = []
   parts.forEach((part, i) => {
     chunks.push(sql.raw(part))
