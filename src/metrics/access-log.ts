@@ -83,11 +83,16 @@ export class AccessLog {
         else process.stderr.once('drain', resolve)
       })
     } else {
-      const bytes = Buffer.byteLength(text)
+      const bytes = Buffer.from(text)
       if (this.file === undefined) await this.openFile()
-      else if (this.size > 0 && this.size + bytes > this.opts.maxBytes) await this.rotate()
-      await this.file!.write(text)
-      this.size += bytes
+      else if (this.size > 0 && this.size + bytes.length > this.opts.maxBytes) await this.rotate()
+      // A write may take less than it was given; the rest follows, so no line is cut.
+      for (let at = 0; at < bytes.length; ) {
+        const { bytesWritten } = await this.file!.write(bytes, at, bytes.length - at)
+        if (bytesWritten <= 0) throw new Error('access log: the file took no bytes')
+        at += bytesWritten
+      }
+      this.size += bytes.length
     }
     this.written += count
   }

@@ -493,14 +493,33 @@ describe('access log sink', () => {
         await client.chat.completions.create({ model: 'test/chat', messages, max_tokens: 2 })
       const path = join(t.dir, 'rot.log')
       // Flushed and closed: no write or rotation is under way while the files are read.
-      await t.svc.telemetry.accessLog!.stop()
-      expect(t.svc.telemetry.accessLog!.written).toBe(40)
-      for (const f of [path, `${path}.1`, `${path}.2`]) {
-        expect(statSync(f).size).toBeLessThanOrEqual(4096)
-        for (const line of readFileSync(f, 'utf8').trim().split('\n'))
-          expect(JSON.parse(line).status).toBe(200)
+      const log = t.svc.telemetry.accessLog!
+      await log.stop()
+      // Everything is gathered first and compared in one piece, so a failure shows all of it.
+      const files = [path, `${path}.1`, `${path}.2`, `${path}.3`].map((f) => {
+        if (!existsSync(f)) return { f, size: -1, statuses: [] as number[] }
+        const lines = readFileSync(f, 'utf8').trim().split('\n')
+        return { f, size: statSync(f).size, statuses: lines.map((l) => JSON.parse(l).status as number) }
+      })
+      const seen = {
+        written: log.written,
+        dropped: log.dropped,
+        oversized: files.filter((x) => x.size > 4096).map((x) => `${x.f}: ${x.size}`),
+        missing: files
+          .slice(0, 3)
+          .filter((x) => x.size < 0)
+          .map((x) => x.f),
+        fourthKept: files[3]!.size >= 0,
+        notOk: files.flatMap((x) => x.statuses).filter((s) => s !== 200).length,
       }
-      expect(existsSync(`${path}.3`)).toBe(false)
+      expect(seen).toEqual({
+        written: 40,
+        dropped: 0,
+        oversized: [],
+        missing: [],
+        fourthKept: false,
+        notOk: 0,
+      })
     } finally {
       await t.stop()
     }
