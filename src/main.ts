@@ -15,6 +15,9 @@ import { runSimCommand } from './simulator/cli.ts'
 import { openStore } from './storage/open.ts'
 import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
 import { VERSION } from './version.ts'
+import { runPrimary } from './workers/primary.ts'
+import { type ToWorker, WORKER_ENV, WORKER_PORT_ENV } from './workers/protocol.ts'
+import { PrimaryLink } from './workers/worker.ts'
 
 const HELP = `tropa ${VERSION}: an OpenAI-compatible model router with hard spending limits in roubles
 
@@ -113,6 +116,29 @@ function parseFlags(args: string[]) {
 }
 
 async function serve(base: Config, reload: () => Config): Promise<void> {
+  const index = process.env[WORKER_ENV]
+  // Several processes on the port: this one starts and watches them (docs/workers.md).
+  if (index === undefined && base.server.workers > 1)
+    return runPrimary(base, {
+      log: consoleLog(base.server.logLevel),
+      reload,
+      adminToken: (c) => adminTokenOf(c),
+      threads: threadEntries(),
+      clockOffsetMs: Number(process.env[TEST_CLOCK_ENV] ?? 0),
+    })
+  // One of them: with PostgreSQL and Redis each is a node of the cluster; on the embedded store
+  // its primary holds the money, the limits and the ledger for all of them.
+  const link =
+    index !== undefined && !base.redis.url ? new PrimaryLink((m) => void process.send?.(m)) : undefined
+  if (index !== undefined) {
+    process.on('message', (m: ToWorker) => link?.receive(m))
+    // The primary is gone (killed): so is what held this worker's money; stop at once.
+    process.on('disconnect', () => {
+      link?.lost()
+      console.error(`tropa: worker ${index}: its primary is gone; exiting`)
+      process.exit(1)
+    })
+  }
   const log = consoleLog(base.server.logLevel)
   mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
   // The store first: a damaged one stops the start before anything is generated or started.
@@ -132,6 +158,7 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
     threadEntries(),
     undefined,
     Number.isFinite(offset) && offset !== 0 ? { clock: () => Date.now() + offset } : {},
+    link && { kind: 'worker', link, index: Number(index) },
   )
   svc.loadConfig = () => {
     // The demo's models are generated for its in-process fleet; only a config file's reload.
@@ -139,9 +166,26 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
       throw new ConfigError(['the demo fleet was started without a config file: there is nothing to reload'])
     return reload()
   }
-  const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
+  // SIGHUP reloads this process only (the primary sends it to each worker).
+  let reloadHere = () => svc.reload()
+  if (link) {
+    // POST /v1/admin/reload on one worker: the primary reloads itself and the other workers.
+    const own = svc.reload.bind(svc)
+    reloadHere = own
+    svc.reload = () => {
+      const report = own()
+      link.tell('reloaded')
+      return report
+    }
+  }
+  const workerPort = index === undefined ? undefined : Number(process.env[WORKER_PORT_ENV])
+  const app = createApp(svc, { reusePort: index !== undefined }).listen({
+    port: workerPort ?? config.server.port,
+    hostname: config.server.host,
+  })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`
-  log('info', 'tropa listening', {
+  if (index !== undefined) process.send?.({ ready: app.server!.port })
+  log(index === undefined ? 'info' : 'debug', index === undefined ? 'tropa listening' : 'worker listening', {
     url: baseUrl,
     config: config.source,
     data_dir: config.server.dataDir,
@@ -199,14 +243,16 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
       process.exit(1)
     })
   // SIGHUP reloads models, routes and prices; an invalid file is logged and changes nothing.
+  // A worker is stopped and reloaded by its primary (a terminal's Ctrl-C reaches the whole group).
+  if (index !== undefined) process.on('SIGINT', () => {})
   process.on('SIGHUP', () => {
     try {
-      svc.reload()
+      reloadHere()
     } catch {
       // logged by reload(), with every problem
     }
   })
-  process.on('SIGINT', () => void onSignal('SIGINT'))
+  if (index === undefined) process.on('SIGINT', () => void onSignal('SIGINT'))
   process.on('SIGTERM', () => void onSignal('SIGTERM'))
 
   if (generated)
@@ -250,7 +296,7 @@ function threadEntries(): ThreadEntries {
 }
 
 /** The admin token: configured, or (embedded default) generated once into the data dir. */
-function adminTokenOf(cfg: Config): { token: string; generated: boolean } {
+export function adminTokenOf(cfg: Config): { token: string; generated: boolean } {
   if (cfg.server.adminToken) return { token: cfg.server.adminToken, generated: false }
   const file = join(cfg.server.dataDir, 'admin-token')
   if (existsSync(file)) return { token: readFileSync(file, 'utf8').trim(), generated: false }

@@ -4,10 +4,18 @@ import { tokenizerReady } from '../../pipeline/tokens.ts'
 import { PredictedTtft } from '../../routing/predicted.ts'
 import type { Services } from '../../services.ts'
 
+/** Which of several workers answers (docs/workers.md); undefined in a process alone. */
+const WORKER = process.env.TROPA_WORKER
+
 /** Liveness, readiness and Prometheus metrics: no authentication. */
 export const healthRoutes = (svc: Services) =>
   new Elysia()
-    .get('/health', () => ({ status: 'ok' }), { detail: { tags: ['ops'], summary: 'Liveness' } })
+    .get(
+      '/health',
+      () =>
+        WORKER === undefined ? { status: 'ok' } : { status: 'ok', worker: Number(WORKER), pid: process.pid },
+      { detail: { tags: ['ops'], summary: 'Liveness' } },
+    )
     .get(
       '/ready',
       ({ set }) => {

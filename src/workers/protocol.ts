@@ -1,0 +1,53 @@
+import * as errors from '../errors.ts'
+
+/**
+ * The messages between the primary and its workers, over Bun's IPC channel (structured clone, so
+ * bigints pass as they are). A worker asks (`c` is its call's number and the primary answers with
+ * the same `c`) or tells (no `c`, no answer); the primary sends bus events (`ev`) that the worker
+ * acknowledges with an `ack` telling.
+ */
+export type ToPrimary =
+  | { readonly c?: number; readonly op: string; readonly a: readonly unknown[] }
+  | { readonly ready: number }
+
+export type ToWorker =
+  | { readonly c: number; readonly ok: unknown }
+  | { readonly c: number; readonly err: EncodedError }
+  | { readonly ev: Record<string, unknown> & { readonly msg: string } }
+
+/** The environment variable that makes a process one of the workers (its value: the worker's number). */
+export const WORKER_ENV = 'TROPA_WORKER'
+/** The port the workers listen on, chosen by the primary (a configured 0 is a real port by then). */
+export const WORKER_PORT_ENV = 'TROPA_WORKER_PORT'
+
+/** An error as it crosses the channel: its class's name and its own fields. */
+export interface EncodedError {
+  readonly name: string
+  readonly fields: Record<string, unknown>
+}
+
+export function encodeError(err: unknown): EncodedError {
+  if (!(err instanceof Error)) return { name: 'Error', fields: { message: String(err) } }
+  const fields: Record<string, unknown> = {}
+  for (const k of Object.getOwnPropertyNames(err)) {
+    if (k === 'stack') continue
+    const v = (err as unknown as Record<string, unknown>)[k]
+    if (typeof v !== 'function') fields[k] = v
+  }
+  return { name: err.constructor.name, fields }
+}
+
+const CLASSES = new Map<string, object>(
+  Object.values(errors)
+    .filter((v): v is typeof errors.TropaError => typeof v === 'function' && v.prototype instanceof Error)
+    .map((c) => [c.name, c.prototype]),
+)
+
+/** The same error on this side: a TropaError of the same class with the same fields (the HTTP answer is the same). */
+export function decodeError(e: EncodedError): Error {
+  const proto = CLASSES.get(e.name) ?? Error.prototype
+  const err = Object.create(proto) as Error
+  Object.assign(err, e.fields)
+  Object.defineProperty(err, 'stack', { value: `${e.name}: ${String(e.fields.message)}`, configurable: true })
+  return err
+}
