@@ -107,7 +107,11 @@ async function router(receipts: boolean) {
     {
       stdout: 'ignore',
       stderr: 'inherit',
-      env: { PATH: process.env.PATH ?? '', TROPA_RECEIPTS_RESPONSES: receipts ? '1' : '0' },
+      env: {
+        PATH: process.env.PATH ?? '',
+        TROPA_WORKERS: '1',
+        TROPA_RECEIPTS_RESPONSES: receipts ? '1' : '0',
+      },
     },
   )
   const url = `http://127.0.0.1:${port}`

@@ -129,9 +129,11 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
   // One of them: with PostgreSQL and Redis each is a node of the cluster; on the embedded store
   // its primary holds the money, the limits and the ledger for all of them.
   const link =
-    index !== undefined && !base.redis.url ? new PrimaryLink((m) => void process.send?.(m)) : undefined
+    index !== undefined && !base.redis.url
+      ? new PrimaryLink((batch) => void process.send?.(batch))
+      : undefined
   if (index !== undefined) {
-    process.on('message', (m: ToWorker) => link?.receive(m))
+    process.on('message', (batch: ToWorker[]) => link?.receiveAll(batch))
     // The primary is gone (killed): so is what held this worker's money; stop at once.
     process.on('disconnect', () => {
       link?.lost()

@@ -7,7 +7,7 @@ import type { ClusterBus, ClusterEvent } from '../cluster/bus.ts'
 import { SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { IdentityService } from '../identity/service.ts'
-import { encodeError, type ToPrimary, type ToWorker } from './protocol.ts'
+import { encodeError, Outbox, type ToPrimary, type ToWorker } from './protocol.ts'
 
 /** One worker as the primary sees it: how to send to it, and what it holds. */
 interface WorkerEnd {
@@ -129,8 +129,10 @@ export class Hub {
     readonly bus: HubBus,
   ) {}
 
-  attach(worker: number, send: (m: ToWorker) => void): void {
-    this.bus.workers.set(worker, { send, holds: new Map(), slots: new Map() })
+  /** `send` takes a batch of messages (src/workers/protocol.ts Outbox). */
+  attach(worker: number, send: (batch: ToWorker[]) => void): void {
+    const out = new Outbox(send)
+    this.bus.workers.set(worker, { send: (m) => out.push(m), holds: new Map(), slots: new Map() })
   }
 
   /** A worker exited: its requests died with it, so their holds and slots come back (unbilled). */
@@ -143,7 +145,11 @@ export class Hub {
     return { holds: w.holds.size, slots: w.slots.size }
   }
 
-  receive(worker: number, m: ToPrimary): void {
+  receiveAll(worker: number, batch: readonly ToPrimary[]): void {
+    for (const m of batch) this.receive(worker, m)
+  }
+
+  private receive(worker: number, m: ToPrimary): void {
     if ('ready' in m) return
     const w = this.bus.workers.get(worker)
     if (!w) return
@@ -315,6 +321,8 @@ export class Hub {
         return this.bus.relay(a[0] as ClusterEvent, worker, a[1] as number)
       case 'ack':
         return this.bus.acked(worker, a[0] as string)
+      case 'reloaded':
+        return // the primary's process handler reloads (src/workers/primary.ts)
       default:
         throw new Error(`unknown operation ${op}`)
     }

@@ -98,22 +98,26 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
       env: { ...process.env, [WORKER_ENV]: String(i), [WORKER_PORT_ENV]: String(port) },
       stdio: ['ignore', 'inherit', 'inherit'],
       serialization: 'advanced',
-      ipc: (m: ToPrimary) => {
+      ipc: (m: ToPrimary | ToPrimary[]) => {
+        if (Array.isArray(m)) {
+          // A worker's POST /v1/admin/reload: the primary and the other workers reload too.
+          if (m.some((x) => 'op' in x && x.op === 'reloaded')) reloadAll(i)
+          hub?.receiveAll(i, m)
+          return
+        }
         if ('ready' in m) {
           const c = children.get(i)
           if (c) c.ready = true
           if (starting && [...children.values()].every((x) => x.ready)) started()
           return
         }
-        if (m.op === 'reloaded') return reloadAll(i)
-        hub?.receive(i, m)
       },
     })
     const child: Child = { proc, ready: false, startedAtMs: Date.now() }
     children.set(i, child)
-    hub?.attach(i, (m: ToWorker) => {
+    hub?.attach(i, (batch: ToWorker[]) => {
       try {
-        proc.send(m)
+        proc.send(batch)
       } catch {
         // gone: its exit is handled below
       }

@@ -51,3 +51,29 @@ export function decodeError(e: EncodedError): Error {
   Object.defineProperty(err, 'stack', { value: `${e.name}: ${String(e.fields.message)}`, configurable: true })
   return err
 }
+
+/**
+ * Messages sent in one event-loop turn leave together, as one array: under load a worker's
+ * reservations and settlements (and the primary's answers) cross the channel in batches, so the
+ * per-message cost of the channel (a system call and a wake-up on each side) is paid once per turn.
+ */
+export class Outbox<M> {
+  private queue: M[] = []
+  private scheduled = false
+
+  constructor(private readonly send: (batch: M[]) => void) {}
+
+  push(m: M): void {
+    this.queue.push(m)
+    if (this.scheduled) return
+    this.scheduled = true
+    setImmediate(this.flush)
+  }
+
+  private readonly flush = () => {
+    this.scheduled = false
+    const batch = this.queue
+    this.queue = []
+    if (batch.length > 0) this.send(batch)
+  }
+}

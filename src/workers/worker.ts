@@ -9,11 +9,11 @@ import type {
   Standing,
 } from '../billing/meter.ts'
 import type { NanoRub } from '../billing/money.ts'
-import type { RateLimiter } from '../billing/rate-limiter.ts'
+import { hasRateLimits, type RateLimiter } from '../billing/rate-limiter.ts'
 import type { ClusterBus, ClusterEvent } from '../cluster/bus.ts'
 import { type RateLimited, SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
-import { decodeError, type EncodedError, type ToPrimary, type ToWorker } from './protocol.ts'
+import { decodeError, type EncodedError, Outbox, type ToPrimary, type ToWorker } from './protocol.ts'
 
 /**
  * A worker's channel to its primary: `call` asks and waits for the answer, `tell` sends and goes
@@ -25,11 +25,18 @@ export class PrimaryLink {
   private readonly waiting = new Map<number, { ok: (v: unknown) => void; fail: (e: Error) => void }>()
   private eventHandler: ((ev: ToWorker & { ev: unknown }) => void) | undefined
   gone = false
+  private readonly out: Outbox<ToPrimary>
 
-  constructor(private readonly send: (m: ToPrimary) => void) {}
+  constructor(send: (batch: ToPrimary[]) => void) {
+    this.out = new Outbox(send)
+  }
 
-  /** Called with each message from the primary. */
-  receive(m: ToWorker): void {
+  /** Called with each batch of messages from the primary. */
+  receiveAll(batch: readonly ToWorker[]): void {
+    for (const m of batch) this.receive(m)
+  }
+
+  private receive(m: ToWorker): void {
     if ('ev' in m) {
       this.eventHandler?.(m)
       return
@@ -57,12 +64,12 @@ export class PrimaryLink {
     const c = ++this.seq
     return new Promise<T>((ok, fail) => {
       this.waiting.set(c, { ok: ok as (v: unknown) => void, fail })
-      this.send({ c, op, a })
+      this.out.push({ c, op, a })
     })
   }
 
   tell(op: string, ...a: unknown[]): void {
-    if (!this.gone) this.send({ op, a })
+    if (!this.gone) this.out.push({ op, a })
   }
 }
 
@@ -144,13 +151,14 @@ export class RemoteMeter implements MoneyMeter {
 export class RemoteRateLimiter implements RateLimiter {
   constructor(private readonly link: PrimaryLink) {}
 
-  admit(key: LiveKey, org: LiveOrg, modelId: string, promptTokens: number): Promise<void> {
+  admit(key: LiveKey, org: LiveOrg, modelId: string, promptTokens: number): Promise<void> | undefined {
+    // Nothing to count (two field checks): no round trip.
+    if (!hasRateLimits(key, org)) return undefined
     return this.link.call<void>('admit', key.id, org.id, modelId, promptTokens)
   }
 
   used(key: LiveKey, org: LiveOrg, modelId: string, completionTokens: number): void {
-    if (key.rpmLimit !== null || key.tpmLimit !== null || org.rates !== null)
-      this.link.tell('used', key.id, org.id, modelId, completionTokens)
+    if (hasRateLimits(key, org)) this.link.tell('used', key.id, org.id, modelId, completionTokens)
   }
 
   async refusal(
