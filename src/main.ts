@@ -141,7 +141,12 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
       process.exit(1)
     })
   }
-  const log = consoleLog(base.server.logLevel)
+  const plain = consoleLog(base.server.logLevel)
+  // A worker's lines say which worker wrote them.
+  const log: typeof plain =
+    index === undefined
+      ? plain
+      : (level, msg, fields) => plain(level, msg, { worker: Number(index), ...fields })
   mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
   // The store first: a damaged one stops the start before anything is generated or started.
   const store = await openStore(base.storage)

@@ -266,5 +266,11 @@ export class PrimaryLedger extends LedgerWriter {
 
   override start(): void {}
 
-  override async stop(): Promise<void> {}
+  /**
+   * At a worker's stop: once the primary answers, it has every settlement sent before (the channel
+   * keeps order) and has written them.
+   */
+  override async stop(): Promise<void> {
+    await this.flush().catch(() => {})
+  }
 }

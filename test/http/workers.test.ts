@@ -265,3 +265,64 @@ test('several workers: one killed is started again, its holds come back; SIGTERM
     rmSync(dir, { recursive: true, force: true })
   }
 })
+
+test("several workers: a key's max_concurrency holds across them; SIGTERM lets every worker's streams finish", async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'tropa-workers-stop-'))
+  const configPath = join(dir, 'tropa.json')
+  writeFileSync(
+    configPath,
+    JSON.stringify({
+      server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers: 2 },
+      models: defaultModels(fleet.nodes),
+    }),
+  )
+  const router = await startRouterProcess(configPath, freePort(), { TROPA_WORKERS: '2' })
+  const url = router.url
+  try {
+    const org = (await jsonCall(url, '/v1/admin/organizations', ADMIN_TOKEN, {
+      name: 'stop',
+      balance_rub: 100,
+    })) as { id: string; master_key: string }
+    const key = (await jsonCall(url, '/v1/keys', org.master_key, { name: 'k', max_concurrency: 3 })) as {
+      key: string
+    }
+    const other = (await jsonCall(url, '/v1/keys', org.master_key, { name: 'other' })) as { key: string }
+    // Streams of 300 tokens (600 ms of the simulator's 2 ms per token) all started at once:
+    // exactly max_concurrency of them are admitted, wherever each lands.
+    const stream = (k: string, i: number) =>
+      sdk(url, k)
+        .chat.completions.create({
+          model: 'test/chat',
+          messages: [{ role: 'user', content: `stream ${i}` }],
+          max_tokens: 300,
+          stream: true,
+        })
+        .then(async (s) => {
+          let done = false
+          for await (const c of s) if (c.choices[0]?.finish_reason) done = true
+          return done ? 200 : -2
+        })
+        .catch((err) => (err as { status?: number }).status ?? -1)
+    const limited = await Promise.all(Array.from({ length: 16 }, (_, i) => stream(key.key, i)))
+    expect(limited.filter((c) => c === 200).length).toBe(3)
+    expect(limited.filter((c) => c === 429).length).toBe(13)
+    // In-flight streams on both workers, then SIGTERM: each finishes, then everything exits.
+    const running = Array.from({ length: 12 }, (_, i) => stream(other.key, i))
+    await Bun.sleep(150)
+    router.proc.kill('SIGTERM')
+    expect(await Promise.all(running)).toEqual(Array(12).fill(200))
+    expect(await router.proc.exited).toBe(0)
+    // Every admitted stream has its one ledger row: the last settlements reached the primary.
+    const db = new Database(join(dir, 'tropa.db'), { readonly: true })
+    const rows = db
+      .query("SELECT count(*) AS n FROM ledger WHERE org_id = ? AND kind = 'usage'")
+      .get(org.id) as {
+      n: number
+    }
+    db.close()
+    expect(rows.n).toBe(15)
+  } finally {
+    router.proc.kill('SIGKILL')
+    rmSync(dir, { recursive: true, force: true })
+  }
+})
