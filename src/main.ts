@@ -8,6 +8,7 @@ import { runReceiptsCommand } from './cli/receipts.ts'
 import { runStoreCommand } from './cli/store.ts'
 import { type Config, ConfigError, loadConfig, TEST_CLOCK_ENV } from './config/load.ts'
 import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
+import { localMetrics } from './http/routes/health.ts'
 import { randomBase62 } from './ids.ts'
 import { loadTokenizer } from './pipeline/tokens.ts'
 import { buildServices, consoleLog, type ThreadEntries } from './services.ts'
@@ -15,6 +16,7 @@ import { runSimCommand } from './simulator/cli.ts'
 import { openStore } from './storage/open.ts'
 import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
 import { VERSION } from './version.ts'
+import { mergeMetrics } from './workers/metrics.ts'
 import { runPrimary } from './workers/primary.ts'
 import { type ToWorker, WORKER_ENV, WORKER_PORT_ENV } from './workers/protocol.ts'
 import { PrimaryLink } from './workers/worker.ts'
@@ -165,13 +167,22 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
     threadEntries(),
     undefined,
     Number.isFinite(offset) && offset !== 0 ? { clock: () => Date.now() + offset } : {},
-    link && { kind: 'worker', link, index: Number(index) },
+    link
+      ? { kind: 'worker', link, index: Number(index) }
+      : index !== undefined
+        ? { kind: 'node', index: Number(index) }
+        : undefined,
   )
   svc.loadConfig = () => {
     // The demo's models are generated for its in-process fleet; only a config file's reload.
     if (fleet)
       throw new ConfigError(['the demo fleet was started without a config file: there is nothing to reload'])
     return reload()
+  }
+  if (link) {
+    link.metricsHere = () => localMetrics(svc)
+    svc.gatherMetrics = () =>
+      link.call<{ worker: string; text: string }[]>('metrics').then(mergeMetrics, () => localMetrics(svc))
   }
   // SIGHUP reloads this process only (the primary sends it to each worker).
   let reloadHere = () => svc.reload()

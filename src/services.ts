@@ -68,6 +68,8 @@ export interface Services {
   readonly log: Log
   /** Reads the config again for a reload (main.ts sets it with its flags); throws ConfigError. */
   loadConfig: () => Config
+  /** One of several workers (main.ts sets it): /metrics answers with every process's series. */
+  gatherMetrics?: () => Promise<string>
   /**
    * Reloads models, routes and prices (SIGHUP, POST /v1/admin/reload) with no request dropped:
    * requests admitted before keep their model's price; nodes that stay keep what was learned of
@@ -102,6 +104,8 @@ export interface ThreadEntries {
 export type ProcessRole =
   | { readonly kind: 'primary'; readonly bus: HubBus }
   | { readonly kind: 'worker'; readonly link: PrimaryLink; readonly index: number }
+  /** A worker on PostgreSQL and Redis: a node of the cluster like any other. */
+  | { readonly kind: 'node'; readonly index: number }
 
 /** For tests only, never set in production: main.ts sets `clock` from TROPA_TEST_CLOCK_OFFSET_MS. */
 export interface TestHooks {
@@ -142,18 +146,19 @@ export async function buildServices(
   const missing = unsupported(config.models)
   if (missing.length > 0) throw new ConfigError(missing)
   const workerUrl = threads.batchWorker
-  const bus = role
-    ? role.kind === 'primary'
+  const bus =
+    role?.kind === 'primary'
       ? role.bus
-      : new IpcBus(role.link, `worker-${role.index}`)
-    : config.redis.url
-      ? new RedisBus(
-          config.redis.url,
-          config.redis.prefix,
-          `node-${randomBase62(8)}`,
-          config.redis.revocationBoundMs,
-        )
-      : undefined
+      : role?.kind === 'worker'
+        ? new IpcBus(role.link, `worker-${role.index}`)
+        : config.redis.url
+          ? new RedisBus(
+              config.redis.url,
+              config.redis.prefix,
+              `node-${randomBase62(8)}`,
+              config.redis.revocationBoundMs,
+            )
+          : undefined
   const identity = await IdentityService.open(
     store,
     config.server.adminToken,
@@ -259,8 +264,17 @@ export async function buildServices(
   const accessLog =
     access.sink === 'off'
       ? undefined
-      : new AccessLog({ ...access, sink: access.sink }, (err) =>
-          log('error', 'writing the access log failed; its lines were dropped', { error: String(err) }),
+      : new AccessLog(
+          {
+            ...access,
+            sink: access.sink,
+            // Each worker its own file (access.log → access.worker-0.log): one writer rotates each.
+            ...((role?.kind === 'worker' || role?.kind === 'node') && {
+              path: workerPath(access.path, role.index),
+            }),
+          },
+          (err) =>
+            log('error', 'writing the access log failed; its lines were dropped', { error: String(err) }),
         )
   const telemetry = new Telemetry(
     config.metrics,
@@ -442,6 +456,15 @@ export async function buildServices(
     setTimeout(() => forgetWhenIdle(node), 1000).unref?.()
   }
   return svc
+}
+
+/** A worker's own file beside the configured one: `access.log` → `access.worker-3.log`. */
+export function workerPath(path: string, index: number): string {
+  const slash = path.lastIndexOf('/')
+  const dot = path.lastIndexOf('.')
+  return dot > slash + 1
+    ? `${path.slice(0, dot)}.worker-${index}${path.slice(dot)}`
+    : `${path}.worker-${index}`
 }
 
 /** What a reload changed, as the log and POST /v1/admin/reload show it. */

@@ -119,6 +119,8 @@ export class HubBus implements ClusterBus {
  */
 export class Hub {
   private nextId = 0
+  /** Questions to workers awaiting their answers, by number. */
+  private readonly asked = new Map<number, (worker: number, answer: unknown) => void>()
 
   constructor(
     private readonly identity: IdentityService,
@@ -127,7 +129,37 @@ export class Hub {
     private readonly concurrency: ConcurrencyLimiter,
     private readonly ledger: LedgerWriter,
     readonly bus: HubBus,
+    /** The primary's own metrics' text (its ledger, batches, the nodes its batches use). */
+    private readonly metricsHere: () => Promise<string>,
   ) {}
+
+  /** Every process's metrics: the primary's and each worker's that answers within 2 s. */
+  private async gatherMetrics(): Promise<{ worker: string; text: string }[]> {
+    const q = ++this.nextId
+    const answers: { worker: string; text: string }[] = []
+    const waiting = new Set(this.bus.workers.keys())
+    const all = new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, 2000)
+      this.asked.set(q, (worker, text) => {
+        if (!waiting.delete(worker)) return
+        answers.push({ worker: String(worker), text: String(text) })
+        if (waiting.size === 0) {
+          clearTimeout(timer)
+          resolve()
+        }
+      })
+      if (waiting.size === 0) {
+        clearTimeout(timer)
+        resolve()
+      }
+    })
+    for (const w of this.bus.workers.values()) w.send({ q, ask: 'metrics' })
+    const here = await this.metricsHere().catch(() => '')
+    await all
+    this.asked.delete(q)
+    answers.sort((a, b) => Number(a.worker) - Number(b.worker))
+    return [{ worker: 'primary', text: here }, ...answers]
+  }
 
   /** `send` takes a batch of messages (src/workers/protocol.ts Outbox). */
   attach(worker: number, send: (batch: ToWorker[]) => void): void {
@@ -321,6 +353,10 @@ export class Hub {
         return this.bus.relay(a[0] as ClusterEvent, worker, a[1] as number)
       case 'ack':
         return this.bus.acked(worker, a[0] as string)
+      case 'metrics':
+        return this.gatherMetrics()
+      case 'answer':
+        return this.asked.get(a[0] as number)?.(worker, a[1])
       case 'reloaded':
         return // the primary's process handler reloads (src/workers/primary.ts)
       default:

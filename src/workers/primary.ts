@@ -1,5 +1,6 @@
 import { mkdirSync } from 'node:fs'
 import type { Config } from '../config/load.ts'
+import { localMetrics } from '../http/routes/health.ts'
 import type { Log } from '../log.ts'
 import { buildServices, type Services, type ThreadEntries } from '../services.ts'
 import { openStore } from '../storage/open.ts'
@@ -56,7 +57,10 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
     svc.loadConfig = o.reload
   }
   const hub =
-    svc && new Hub(svc.identity, svc.deps.meter, svc.deps.limiter, svc.deps.concurrency, svc.ledger, bus)
+    svc &&
+    new Hub(svc.identity, svc.deps.meter, svc.deps.limiter, svc.deps.concurrency, svc.ledger, bus, () =>
+      localMetrics(svc!),
+    )
 
   // The port: free now (no one else listens on it, with or without SO_REUSEPORT), and a real one.
   let port: number

@@ -14,6 +14,8 @@ export type ToWorker =
   | { readonly c: number; readonly ok: unknown }
   | { readonly c: number; readonly err: EncodedError }
   | { readonly ev: Record<string, unknown> & { readonly msg: string } }
+  /** The primary asks the worker (its metrics); the worker answers with an `answer` telling. */
+  | { readonly q: number; readonly ask: 'metrics' }
 
 /** The environment variable that makes a process one of the workers (its value: the worker's number). */
 export const WORKER_ENV = 'TROPA_WORKER'

@@ -24,6 +24,8 @@ export class PrimaryLink {
   private seq = 0
   private readonly waiting = new Map<number, { ok: (v: unknown) => void; fail: (e: Error) => void }>()
   private eventHandler: ((ev: ToWorker & { ev: unknown }) => void) | undefined
+  /** What this worker answers when the primary asks (its metrics' text). */
+  metricsHere: (() => Promise<string>) | undefined
   gone = false
   private readonly out: Outbox<ToPrimary>
 
@@ -39,6 +41,14 @@ export class PrimaryLink {
   private receive(m: ToWorker): void {
     if ('ev' in m) {
       this.eventHandler?.(m)
+      return
+    }
+    if ('ask' in m) {
+      const q = m.q
+      void (this.metricsHere?.() ?? Promise.resolve('')).then(
+        (text) => this.tell('answer', q, text),
+        () => this.tell('answer', q, ''),
+      )
       return
     }
     const w = this.waiting.get(m.c)

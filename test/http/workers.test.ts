@@ -163,6 +163,30 @@ describe.each([1, 2])('%i worker(s)', (workers) => {
     expect(after.every((c) => c === 401)).toBe(true)
   })
 
+  test('/metrics answers for every process, each series labelled with its worker', async () => {
+    const org = await newOrg(`metrics-${workers}`, 100)
+    const key = (await jsonCall(url, '/v1/keys', org.master_key, { name: 'k' })) as { key: string }
+    const client = sdk(url, key.key)
+    const before = await upstreamRequests()
+    await Promise.all(Array.from({ length: 20 }, (_, i) => chat(client, i)))
+    const text = await (await freshFetch(`${url}/metrics`)).text()
+    // One group per family, whoever answered.
+    expect(text.match(/^# TYPE tropa_upstream_requests_total /gm)?.length).toBe(1)
+    if (workers > 1) {
+      for (const w of ['primary', ...Array.from({ length: workers }, (_, i) => String(i))])
+        expect(text).toContain(`worker="${w}"`)
+    }
+    expect((await upstreamRequests()) - before).toBe(20)
+  })
+
+  /** Requests sent upstream, summed over every process's series. */
+  const upstreamRequests = async () => {
+    const text = await (await freshFetch(`${url}/metrics`)).text()
+    let n = 0
+    for (const m of text.matchAll(/^tropa_upstream_requests_total\{[^}]*\} (\d+)$/gm)) n += Number(m[1])
+    return n
+  }
+
   test('a batch runs each line once, billed once', async () => {
     const org = await newOrg(`batch-${workers}`, 100)
     const key = (await jsonCall(url, '/v1/keys', org.master_key, { name: 'k' })) as { key: string }

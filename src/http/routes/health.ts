@@ -45,10 +45,16 @@ export const healthRoutes = (svc: Services) =>
       '/metrics',
       async ({ set }) => {
         set.headers['content-type'] = 'text/plain; version=0.0.4'
-        return `${metricsText(svc)}${await operationsText(svc)}`
+        // Several workers: every process's series, each labelled with its worker (docs/workers.md).
+        return svc.gatherMetrics ? svc.gatherMetrics() : localMetrics(svc)
       },
       { detail: { tags: ['ops'], summary: 'Prometheus metrics' } },
     )
+
+/** This process's metrics in Prometheus' text format. */
+export async function localMetrics(svc: Services): Promise<string> {
+  return `${metricsText(svc)}${await operationsText(svc)}`
+}
 
 /** A write found the disk full (uploads, result files, the store, the ledger) and none has succeeded since. */
 const diskFull = (svc: Services) => svc.files.disk?.full !== undefined || isDiskFull(svc.ledger.lastError)
