@@ -237,8 +237,9 @@ export class Hub {
       case 'reserve': {
         const [keyId, orgId, amount, endUser] = a as [string, string, NanoRub, string | undefined]
         const keep = (r: Reservation) => {
-          // The worker may have died while this waited: then nothing holds it.
-          if (!this.bus.workers.has(worker)) {
+          // The worker may have died while this waited (its number may be a new worker's by now): then
+          // nothing holds it.
+          if (this.bus.workers.get(worker) !== w) {
             this.meter.release(r)
             throw new SharedStateUnavailable()
           }
@@ -321,7 +322,7 @@ export class Hub {
       case 'acquire': {
         const k = this.key(a[0] as string)
         const keep = (s: Slot) => {
-          if (!this.bus.workers.has(worker)) {
+          if (this.bus.workers.get(worker) !== w) {
             s.release()
             throw new SharedStateUnavailable()
           }

@@ -350,3 +350,57 @@ test("several workers: a key's max_concurrency holds across them; SIGTERM lets e
     rmSync(dir, { recursive: true, force: true })
   }
 })
+
+test('several workers: POST /v1/admin/reload on one reloads every worker and the primary; so does SIGHUP', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'tropa-workers-reload-'))
+  const configPath = join(dir, 'tropa.json')
+  const write = (ids: string[]) =>
+    writeFileSync(
+      configPath,
+      JSON.stringify({
+        server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers: 2 },
+        models: ids.map((id) => ({ ...defaultModels(fleet.nodes)[0]!, id })),
+      }),
+    )
+  write(['test/chat'])
+  const router = await startRouterProcess(configPath, freePort(), { TROPA_WORKERS: '2' })
+  const url = router.url
+  /** The models each of 8 fresh connections sees. */
+  const seen = async () =>
+    Promise.all(
+      Array.from({ length: 8 }, async () => {
+        const r = (await (
+          await freshFetch(`${url}/v1/models`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
+        ).json()) as { data: { id: string }[] }
+        return r.data
+          .map((m) => m.id)
+          .sort()
+          .join(',')
+      }),
+    )
+  try {
+    write(['test/chat', 'test/other'])
+    const r = await freshFetch(`${url}/v1/admin/reload`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+    })
+    expect(r.status).toBe(200)
+    // The other worker reloads on the primary's SIGHUP, a moment after this answer.
+    let views = await seen()
+    for (let i = 0; i < 100 && views.some((v) => v !== 'test/chat,test/other'); i++) {
+      await Bun.sleep(20)
+      views = await seen()
+    }
+    expect(new Set(views)).toEqual(new Set(['test/chat,test/other']))
+    write(['test/third'])
+    router.proc.kill('SIGHUP')
+    for (let i = 0; i < 100 && views.some((v) => v !== 'test/third'); i++) {
+      await Bun.sleep(20)
+      views = await seen()
+    }
+    expect(new Set(views)).toEqual(new Set(['test/third']))
+  } finally {
+    router.proc.kill('SIGKILL')
+    rmSync(dir, { recursive: true, force: true })
+  }
+})
