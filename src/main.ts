@@ -180,9 +180,11 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
     return reload()
   }
   if (link) {
-    link.metricsHere = () => localMetrics(svc)
+    link.metricsHere = () => localMetrics(svc, { worker: true })
     svc.gatherMetrics = () =>
-      link.call<{ worker: string; text: string }[]>('metrics').then(mergeMetrics, () => localMetrics(svc))
+      link
+        .call<{ worker: string; text: string }[]>('metrics')
+        .then(mergeMetrics, () => localMetrics(svc, { worker: true }))
   }
   // SIGHUP reloads this process only (the primary sends it to each worker).
   let reloadHere = () => svc.reload()

@@ -175,6 +175,11 @@ describe.each([1, 2])('%i worker(s)', (workers) => {
     if (workers > 1) {
       for (const w of ['primary', ...Array.from({ length: workers }, (_, i) => String(i))])
         expect(text).toContain(`worker="${w}"`)
+      // What is read from the store, or held by the primary, is reported once: by the primary.
+      expect(text.match(/^tropa_ledger_queue_depth\{.*$/gm)).toEqual([
+        expect.stringContaining('worker="primary"'),
+      ])
+      for (const line of text.match(/^tropa_batches\{.*$/gm) ?? []) expect(line).toContain('worker="primary"')
     }
     expect((await upstreamRequests()) - before).toBe(20)
   })

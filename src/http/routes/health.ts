@@ -51,9 +51,13 @@ export const healthRoutes = (svc: Services) =>
       { detail: { tags: ['ops'], summary: 'Prometheus metrics' } },
     )
 
-/** This process's metrics in Prometheus' text format. */
-export async function localMetrics(svc: Services): Promise<string> {
-  return `${metricsText(svc)}${await operationsText(svc)}`
+/**
+ * This process's metrics in Prometheus' text format. A worker of several leaves out what the
+ * primary reports for all of them (the ledger's queue, the batches read from the store), so a sum
+ * over `worker` is the whole.
+ */
+export async function localMetrics(svc: Services, o: { readonly worker?: boolean } = {}): Promise<string> {
+  return `${metricsText(svc)}${await operationsText(svc, o.worker !== true)}`
 }
 
 /** A write found the disk full (uploads, result files, the store, the ledger) and none has succeeded since. */
@@ -129,12 +133,8 @@ function metricsText(svc: Services): string {
 const OPEN_BATCH_STATUSES = ['validating', 'in_progress', 'finalizing', 'cancelling'] as const
 
 /** The ledger's queue, the access log's drops, and the batches (read from the store at each scrape). */
-async function operationsText(svc: Services): Promise<string> {
-  const lines = [
-    '# HELP tropa_ledger_queue_depth Ledger rows settled and not yet written to the store.',
-    '# TYPE tropa_ledger_queue_depth gauge',
-    `tropa_ledger_queue_depth ${svc.ledger.backlog}`,
-  ]
+async function operationsText(svc: Services, storeWide: boolean): Promise<string> {
+  const lines: string[] = []
   const access = svc.telemetry.accessLog
   if (access)
     lines.push(
@@ -142,6 +142,12 @@ async function operationsText(svc: Services): Promise<string> {
       '# TYPE tropa_access_log_dropped_total counter',
       `tropa_access_log_dropped_total ${access.dropped}`,
     )
+  if (!storeWide) return `${lines.join('\n')}\n`
+  lines.unshift(
+    '# HELP tropa_ledger_queue_depth Ledger rows settled and not yet written to the store.',
+    '# TYPE tropa_ledger_queue_depth gauge',
+    `tropa_ledger_queue_depth ${svc.ledger.backlog}`,
+  )
   try {
     const open = await svc.store.batchesInStatus(OPEN_BATCH_STATUSES)
     const byStatus = new Map<string, number>(OPEN_BATCH_STATUSES.map((s) => [s, 0]))
