@@ -133,6 +133,28 @@ describe.each([1, 2])('%i worker(s)', (workers) => {
     for (const b of shown) expect(rubNumberToNano(b)).toBe(rubNumberToNano(balanceRub)! - sum)
   })
 
+  test("a key's period budget is never exceeded, and every worker shows what it spent", async () => {
+    const org = await newOrg(`budget-${workers}`, 100)
+    const amountRub = 0.02
+    const key = (await jsonCall(url, '/v1/keys', org.master_key, {
+      name: 'k',
+      budget: { amount_rub: amountRub, period: 'day', timezone: 'UTC' },
+    })) as { key_id: string; key: string }
+    const client = sdk(url, key.key)
+    const codes = await Promise.all(Array.from({ length: 60 }, (_, i) => status(chat(client, i))))
+    expect(codes.filter((c) => c === 402).length).toBeGreaterThan(0)
+    await Bun.sleep(300)
+    const sum = ledger(org.id).reduce((a, r) => a + BigInt(r.cost_nano), 0n)
+    expect(sum).toBeLessThanOrEqual(rubNumberToNano(amountRub)!)
+    for (let i = 0; i < 4; i++) {
+      const shown = (await jsonCall(url, `/v1/keys/${key.key_id}`, org.master_key)) as {
+        budget: { spent_rub: number; reserved_rub: number }
+      }
+      expect(rubNumberToNano(shown.budget.spent_rub)).toBe(sum)
+      expect(shown.budget.reserved_rub).toBe(0)
+    }
+  })
+
   test('a rate limit admits exactly its requests per minute across workers', async () => {
     const org = await newOrg(`rate-${workers}`, 100)
     const key = (await jsonCall(url, '/v1/keys', org.master_key, { name: 'k', rpm_limit: 12 })) as {
