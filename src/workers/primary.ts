@@ -163,8 +163,14 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
 
   const n = config.server.workers
   for (let i = 0; i < n; i++) spawn(i)
+  // A worker that neither listens nor exits within a minute stops the start too.
+  const slow = setTimeout(
+    () => failedToStart(new Error('the workers did not all listen within 60 s')),
+    60_000,
+  )
   try {
     await allReady
+    clearTimeout(slow)
   } catch (err) {
     stopping = true
     console.error(`tropa: ${(err as Error).message}`)
