@@ -28,11 +28,14 @@ export interface EncodedError {
   readonly fields: Record<string, unknown>
 }
 
+/** What the runtime puts on every error (where it was thrown): not the error's own. */
+const RUNTIME_FIELDS = new Set(['stack', 'line', 'column', 'sourceURL', 'originalLine', 'originalColumn'])
+
 export function encodeError(err: unknown): EncodedError {
   if (!(err instanceof Error)) return { name: 'Error', fields: { message: String(err) } }
   const fields: Record<string, unknown> = {}
   for (const k of Object.getOwnPropertyNames(err)) {
-    if (k === 'stack') continue
+    if (RUNTIME_FIELDS.has(k)) continue
     const v = (err as unknown as Record<string, unknown>)[k]
     if (typeof v !== 'function') fields[k] = v
   }
