@@ -88,7 +88,8 @@ export function baseEnv(extra: Record<string, string> = {}): Record<string, stri
     const v = process.env[k]
     if (v !== undefined) env[k] = v
   }
-  return { ...env, BUN_CONFIG_MAX_HTTP_REQUESTS: MAX_HTTP_REQUESTS, ...extra }
+  // Tropa in one process unless a benchmark asks for workers (server.workers defaults to the cores).
+  return { ...env, BUN_CONFIG_MAX_HTTP_REQUESTS: MAX_HTTP_REQUESTS, TROPA_WORKERS: '1', ...extra }
 }
 
 /** Waits until `file` exists and is non-empty, or the child dies, or the timeout passes. */

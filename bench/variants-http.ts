@@ -94,7 +94,7 @@ async function router(index: number) {
   const port = free()
   const cfg = join(dir, `v${index}.json`)
   const base = {
-    server: { host: '127.0.0.1', port, data_dir: sub, log_level: 'error', admin_token: ADMIN },
+    server: { host: '127.0.0.1', port, data_dir: sub, log_level: 'error', admin_token: ADMIN, workers: 1 },
     storage: { ledger_queue_max: 5_000_000 },
     models: [
       {

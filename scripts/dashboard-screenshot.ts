@@ -213,7 +213,13 @@ function tempDir(prefix: string): string {
 function spawnChild(name: string, cmd: string[], logFile: string, env: Record<string, string>) {
   const proc = Bun.spawn(cmd, {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...env },
+    // One Tropa process (server.workers defaults to the cores): the dashboard's series as one.
+    env: {
+      PATH: process.env.PATH ?? '/usr/bin:/bin',
+      HOME: process.env.HOME ?? '/tmp',
+      TROPA_WORKERS: '1',
+      ...env,
+    },
     stdin: 'ignore',
     stdout: Bun.file(logFile),
     stderr: Bun.file(logFile),

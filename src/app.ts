@@ -49,7 +49,11 @@ function headersOver(headers: Headers, max: number): boolean {
 }
 
 /** The HTTP app: request id, error mapper, docs, then the routes in the order a request meets them. */
-export function createApp(svc: Services) {
+export function createApp(
+  svc: Services,
+  /** Workers of one Tropa share the port (src/workers/); alone, the port is never shared. */
+  o: { readonly reusePort?: boolean } = {},
+) {
   const maxHeaderBytes = svc.config.server.maxHeaderBytes
   let table: { method: string; re: RegExp }[] = []
   // The console hands its calls to this same app (set once it is built).
@@ -71,9 +75,15 @@ export function createApp(svc: Services) {
     // so the runtime's is lifted out of their way and every 413 carries OpenAI's error body.
     // Elysia turns on SO_REUSEPORT: a second Tropa started on a port in use would then share it
     // silently, each answering a part of the connections with its own keys. Off, the second
-    // start fails (address in use). Bun's development mode (error pages) is off whatever
+    // start fails (address in use). Only a Tropa's own workers share it: their primary has checked
+    // the port is free (listening without the option) before starting them. Bun's development mode (error pages) is off whatever
     // NODE_ENV says.
-    serve: { maxRequestBodySize: RUNTIME_BODY_CAP, idleTimeout, reusePort: false, development: false },
+    serve: {
+      maxRequestBodySize: RUNTIME_BODY_CAP,
+      idleTimeout,
+      reusePort: o.reusePort === true,
+      development: false,
+    },
   })
     .onRequest(({ request, set }) => {
       const id = requestId()

@@ -8,6 +8,7 @@ import { runReceiptsCommand } from './cli/receipts.ts'
 import { runStoreCommand } from './cli/store.ts'
 import { type Config, ConfigError, loadConfig, TEST_CLOCK_ENV } from './config/load.ts'
 import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
+import { localMetrics } from './http/routes/health.ts'
 import { randomBase62 } from './ids.ts'
 import { loadTokenizer } from './pipeline/tokens.ts'
 import { buildServices, consoleLog, type ThreadEntries } from './services.ts'
@@ -15,6 +16,10 @@ import { runSimCommand } from './simulator/cli.ts'
 import { openStore } from './storage/open.ts'
 import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
 import { VERSION } from './version.ts'
+import { mergeMetrics } from './workers/metrics.ts'
+import { runPrimary } from './workers/primary.ts'
+import { type ToWorker, WORKER_ENV, WORKER_PORT_ENV } from './workers/protocol.ts'
+import { PrimaryLink } from './workers/worker.ts'
 
 const HELP = `tropa ${VERSION}: an OpenAI-compatible model router with hard spending limits in roubles
 
@@ -113,7 +118,37 @@ function parseFlags(args: string[]) {
 }
 
 async function serve(base: Config, reload: () => Config): Promise<void> {
-  const log = consoleLog(base.server.logLevel)
+  const index = process.env[WORKER_ENV]
+  // Several processes on the port: this one starts and watches them (docs/workers.md).
+  if (index === undefined && base.server.workers > 1)
+    return runPrimary(base, {
+      log: consoleLog(base.server.logLevel),
+      reload,
+      adminToken: (c) => adminTokenOf(c),
+      threads: threadEntries(),
+      clockOffsetMs: Number(process.env[TEST_CLOCK_ENV] ?? 0),
+    })
+  // One of them: with PostgreSQL and Redis each is a node of the cluster; on the embedded store
+  // its primary holds the money, the limits and the ledger for all of them.
+  const link =
+    index !== undefined && !base.redis.url
+      ? new PrimaryLink((batch) => void process.send?.(batch))
+      : undefined
+  if (index !== undefined) {
+    process.on('message', (batch: ToWorker[]) => link?.receiveAll(batch))
+    // The primary is gone (killed): so is what held this worker's money; stop at once.
+    process.on('disconnect', () => {
+      link?.lost()
+      console.error(`tropa: worker ${index}: its primary is gone; exiting`)
+      process.exit(1)
+    })
+  }
+  const plain = consoleLog(base.server.logLevel)
+  // A worker's lines say which worker wrote them.
+  const log: typeof plain =
+    index === undefined
+      ? plain
+      : (level, msg, fields) => plain(level, msg, { worker: Number(index), ...fields })
   mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
   // The store first: a damaged one stops the start before anything is generated or started.
   const store = await openStore(base.storage)
@@ -132,6 +167,11 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
     threadEntries(),
     undefined,
     Number.isFinite(offset) && offset !== 0 ? { clock: () => Date.now() + offset } : {},
+    link
+      ? { kind: 'worker', link, index: Number(index) }
+      : index !== undefined
+        ? { kind: 'node', index: Number(index) }
+        : undefined,
   )
   svc.loadConfig = () => {
     // The demo's models are generated for its in-process fleet; only a config file's reload.
@@ -139,9 +179,33 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
       throw new ConfigError(['the demo fleet was started without a config file: there is nothing to reload'])
     return reload()
   }
-  const app = createApp(svc).listen({ port: config.server.port, hostname: config.server.host })
+  if (link) {
+    link.metricsHere = () => localMetrics(svc, { worker: true })
+    svc.gatherMetrics = () =>
+      link
+        .call<{ worker: string; text: string }[]>('metrics')
+        .then(mergeMetrics, () => localMetrics(svc, { worker: true }))
+  }
+  // SIGHUP reloads this process only (the primary sends it to each worker).
+  let reloadHere = () => svc.reload()
+  if (link) {
+    // POST /v1/admin/reload on one worker: the primary reloads itself and the other workers.
+    const own = svc.reload.bind(svc)
+    reloadHere = own
+    svc.reload = () => {
+      const report = own()
+      link.tell('reloaded')
+      return report
+    }
+  }
+  const workerPort = index === undefined ? undefined : Number(process.env[WORKER_PORT_ENV])
+  const app = createApp(svc, { reusePort: index !== undefined }).listen({
+    port: workerPort ?? config.server.port,
+    hostname: config.server.host,
+  })
   const baseUrl = `http://${config.server.host}:${app.server?.port}`
-  log('info', 'tropa listening', {
+  if (index !== undefined) process.send?.({ ready: app.server!.port })
+  log(index === undefined ? 'info' : 'debug', index === undefined ? 'tropa listening' : 'worker listening', {
     url: baseUrl,
     config: config.source,
     data_dir: config.server.dataDir,
@@ -199,14 +263,16 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
       process.exit(1)
     })
   // SIGHUP reloads models, routes and prices; an invalid file is logged and changes nothing.
+  // A worker is stopped and reloaded by its primary (a terminal's Ctrl-C reaches the whole group).
+  if (index !== undefined) process.on('SIGINT', () => {})
   process.on('SIGHUP', () => {
     try {
-      svc.reload()
+      reloadHere()
     } catch {
       // logged by reload(), with every problem
     }
   })
-  process.on('SIGINT', () => void onSignal('SIGINT'))
+  if (index === undefined) process.on('SIGINT', () => void onSignal('SIGINT'))
   process.on('SIGTERM', () => void onSignal('SIGTERM'))
 
   if (generated)
@@ -250,7 +316,7 @@ function threadEntries(): ThreadEntries {
 }
 
 /** The admin token: configured, or (embedded default) generated once into the data dir. */
-function adminTokenOf(cfg: Config): { token: string; generated: boolean } {
+export function adminTokenOf(cfg: Config): { token: string; generated: boolean } {
   if (cfg.server.adminToken) return { token: cfg.server.adminToken, generated: false }
   const file = join(cfg.server.dataDir, 'admin-token')
   if (existsSync(file)) return { token: readFileSync(file, 'utf8').trim(), generated: false }

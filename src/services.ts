@@ -38,6 +38,15 @@ import { Watchdog } from './upstream/watchdog.ts'
 import { VERSION } from './version.ts'
 import { WebhookDelivery } from './webhooks/delivery.ts'
 import { Webhooks } from './webhooks/service.ts'
+import type { HubBus } from './workers/hub.ts'
+import {
+  IpcBus,
+  PrimaryLedger,
+  type PrimaryLink,
+  RemoteConcurrency,
+  RemoteMeter,
+  RemoteRateLimiter,
+} from './workers/worker.ts'
 
 export { consoleLog, type Log, type LogLevel } from './log.ts'
 
@@ -59,6 +68,8 @@ export interface Services {
   readonly log: Log
   /** Reads the config again for a reload (main.ts sets it with its flags); throws ConfigError. */
   loadConfig: () => Config
+  /** One of several workers (main.ts sets it): /metrics answers with every process's series. */
+  gatherMetrics?: () => Promise<string>
   /**
    * Reloads models, routes and prices (SIGHUP, POST /v1/admin/reload) with no request dropped:
    * requests admitted before keep their model's price; nodes that stay keep what was learned of
@@ -85,6 +96,17 @@ export interface ThreadEntries {
   readonly receiptThread?: string | URL
 }
 
+/**
+ * One of several processes serving one port (src/workers/, docs/workers.md): the primary holds the
+ * money, rate limits, concurrency, ledger, batches and webhooks' delivery for all of them and
+ * serves no HTTP; a worker serves HTTP and asks the primary for those. Absent: a process alone.
+ */
+export type ProcessRole =
+  | { readonly kind: 'primary'; readonly bus: HubBus }
+  | { readonly kind: 'worker'; readonly link: PrimaryLink; readonly index: number }
+  /** A worker on PostgreSQL and Redis: a node of the cluster like any other. */
+  | { readonly kind: 'node'; readonly index: number }
+
 /** For tests only, never set in production: main.ts sets `clock` from TROPA_TEST_CLOCK_OFFSET_MS. */
 export interface TestHooks {
   /**
@@ -103,7 +125,10 @@ export async function buildServices(
   policyOverride?: RoutingPolicy,
   /** For tests only: what stands in for the world (see TestHooks). */
   hooks: TestHooks = {},
+  /** Several processes on one port (docs/workers.md); absent: one process. */
+  role?: ProcessRole,
 ): Promise<Services> {
+  const link = role?.kind === 'worker' ? role.link : undefined
   // The OpenTelemetry SDK is loaded only when tracing is configured.
   const tracing = config.tracing
     ? new (await import('./tracing/tracing.ts')).Tracing(config.tracing, VERSION)
@@ -121,35 +146,47 @@ export async function buildServices(
   const missing = unsupported(config.models)
   if (missing.length > 0) throw new ConfigError(missing)
   const workerUrl = threads.batchWorker
-  const bus = config.redis.url
-    ? new RedisBus(
-        config.redis.url,
-        config.redis.prefix,
-        `node-${randomBase62(8)}`,
-        config.redis.revocationBoundMs,
-      )
-    : undefined
+  const bus =
+    role?.kind === 'primary'
+      ? role.bus
+      : role?.kind === 'worker'
+        ? new IpcBus(role.link, `worker-${role.index}`)
+        : config.redis.url
+          ? new RedisBus(
+              config.redis.url,
+              config.redis.prefix,
+              `node-${randomBase62(8)}`,
+              config.redis.revocationBoundMs,
+            )
+          : undefined
   const identity = await IdentityService.open(
     store,
     config.server.adminToken,
     bus,
     config.redis.revocationBoundMs,
   )
+  if (role?.kind === 'primary') identity.balancesHere = true
+  if (link) identity.useCreditor((org, amountNano, reason) => link.call('credit', org.id, amountNano, reason))
   // The embedded file is written from a thread of its own, so SQLite's checkpoints never stall
   // the event loop; PostgreSQL is written over the network from here.
   const sqliteFile = config.storage.kind === 'sqlite' && config.storage.sqlitePath !== ':memory:'
-  const sink = sqliteFile
-    ? new ThreadLedgerSink(
-        config.storage.sqlitePath,
-        threads.ledgerThread ?? new URL('./billing/ledger-thread.ts', import.meta.url),
+  const sink = link
+    ? storeSink(store)
+    : sqliteFile
+      ? new ThreadLedgerSink(
+          config.storage.sqlitePath,
+          threads.ledgerThread ?? new URL('./billing/ledger-thread.ts', import.meta.url),
+        )
+      : storeSink(store)
+  // A worker's settlements are written by the primary.
+  const ledger = link
+    ? new PrimaryLedger(link)
+    : new LedgerWriter(
+        sink,
+        config.storage.flushIntervalMs,
+        (err) => log('error', 'ledger flush failed; will retry', { error: String(err) }),
+        config.storage.ledgerQueueMax,
       )
-    : storeSink(store)
-  const ledger = new LedgerWriter(
-    sink,
-    config.storage.flushIntervalMs,
-    (err) => log('error', 'ledger flush failed; will retry', { error: String(err) }),
-    config.storage.ledgerQueueMax,
-  )
   ledger.start()
   // Several nodes: money is admitted in Redis so the limits hold across nodes.
   const shared =
@@ -163,6 +200,7 @@ export async function buildServices(
       : undefined
   const meter: MoneyMeter =
     shared ??
+    (link && config.server.billing ? new RemoteMeter(link, hooks.clock) : undefined) ??
     new Meter(ledger, config.server.billing, {
       ...(hooks.clock && { clock: hooks.clock }),
       // A budget counter this node does not hold is read back from the ledger.
@@ -176,16 +214,20 @@ export async function buildServices(
         }),
     })
   // Rate limits are counted in Redis too when there is one, so they hold across nodes.
-  const sharedLimiter = config.redis.url
-    ? new SharedRateLimiter(config.redis.url, config.redis.prefix)
-    : undefined
+  const sharedLimiter = link
+    ? new RemoteRateLimiter(link)
+    : config.redis.url
+      ? new SharedRateLimiter(config.redis.url, config.redis.prefix)
+      : undefined
   // And keys' max_concurrency: a dead node's slots stop counting after the same lease as its holds.
-  const sharedConcurrency = config.redis.url
-    ? new SharedConcurrency(config.redis.url, config.redis.prefix, {
-        leaseMs: config.redis.reservationLeaseMs,
-        log,
-      })
-    : undefined
+  const sharedConcurrency = link
+    ? new RemoteConcurrency(link)
+    : config.redis.url
+      ? new SharedConcurrency(config.redis.url, config.redis.prefix, {
+          leaseMs: config.redis.reservationLeaseMs,
+          log,
+        })
+      : undefined
   identity.useMeter(meter)
   // Alerts: told of settled charges only for organizations that have a webhook for them.
   const webhooks = await Webhooks.open(store, config.webhooks.allowPrivateUrls, log)
@@ -195,13 +237,16 @@ export async function buildServices(
     {
       ...config.webhooks,
       soleOwner: config.storage.kind === 'sqlite',
-      // Another node may have changed the webhooks: read them again before each poll.
-      ...(config.storage.kind === 'postgres' && { beforePoll: () => webhooks.refresh() }),
+      // Another node (or worker) may have changed the webhooks: read them again before each poll.
+      ...((config.storage.kind === 'postgres' || role?.kind === 'primary') && {
+        beforePoll: () => webhooks.refresh(),
+      }),
       userAgent: `Tropa/${VERSION} (webhooks)`,
     },
     log,
   )
-  delivery.start()
+  // A worker leaves delivery to its primary.
+  if (!link) delivery.start()
   const pool = new NodePool(config.models)
   const policy: RoutingPolicy =
     policyOverride ??
@@ -219,8 +264,17 @@ export async function buildServices(
   const accessLog =
     access.sink === 'off'
       ? undefined
-      : new AccessLog({ ...access, sink: access.sink }, (err) =>
-          log('error', 'writing the access log failed; its lines were dropped', { error: String(err) }),
+      : new AccessLog(
+          {
+            ...access,
+            sink: access.sink,
+            // Each worker its own file (access.log → access.worker-0.log): one writer rotates each.
+            ...((role?.kind === 'worker' || role?.kind === 'node') && {
+              path: workerPath(access.path, role.index),
+            }),
+          },
+          (err) =>
+            log('error', 'writing the access log failed; its lines were dropped', { error: String(err) }),
         )
   const telemetry = new Telemetry(
     config.metrics,
@@ -280,16 +334,19 @@ export async function buildServices(
   const files = new FilesService(store, contents, config.files, disk)
   // What failed uploads and crashes left behind. In the background: the router answers meanwhile.
   const sweep = setTimeout(
-    () =>
-      void files
-        .sweep(config.files.orphanGraceSec * 1000)
-        .then((n) => n > 0 && log('info', 'removed orphaned upload files', { count: n }))
-        .catch((err) => log('error', 'sweeping orphaned upload files failed', { error: String(err) })),
+    link
+      ? () => {}
+      : () =>
+          void files
+            .sweep(config.files.orphanGraceSec * 1000)
+            .then((n) => n > 0 && log('info', 'removed orphaned upload files', { count: n }))
+            .catch((err) => log('error', 'sweeping orphaned upload files failed', { error: String(err) })),
     0,
   )
   // Batches need a database file that worker threads can open too.
+  // A worker leaves batches to its primary (they are nudged by the primary's tick).
   const scheduler =
-    config.storage.kind === 'sqlite' && config.storage.sqlitePath === ':memory:'
+    link || (config.storage.kind === 'sqlite' && config.storage.sqlitePath === ':memory:')
       ? undefined
       : new BatchScheduler(
           store,
@@ -399,6 +456,15 @@ export async function buildServices(
     setTimeout(() => forgetWhenIdle(node), 1000).unref?.()
   }
   return svc
+}
+
+/** A worker's own file beside the configured one: `access.log` → `access.worker-3.log`. */
+export function workerPath(path: string, index: number): string {
+  const slash = path.lastIndexOf('/')
+  const dot = path.lastIndexOf('.')
+  return dot > slash + 1
+    ? `${path.slice(0, dot)}.worker-${index}${path.slice(dot)}`
+    : `${path}.worker-${index}`
 }
 
 /** What a reload changed, as the log and POST /v1/admin/reload show it. */

@@ -31,8 +31,11 @@ export interface ClusterBus {
    * passed): a revocation answered after this is in force on every node that heard it.
    */
   publishAndConfirm(e: ClusterEvent, timeoutMs: number): Promise<boolean>
-  /** The handler runs synchronously on arrival; the node acknowledges once it returns. */
-  subscribe(handler: (e: ClusterEvent) => void): Promise<void>
+  /**
+   * The handler runs synchronously on arrival; the node acknowledges once it returns, or once the
+   * promise it returns settles.
+   */
+  subscribe(handler: (e: ClusterEvent) => unknown): Promise<void>
   /**
    * Another handler, of the events of one kind; the node acknowledges once it returns, or once
    * the promise it returns settles (so publishAndConfirm waits for what it does).
@@ -65,7 +68,7 @@ export class RedisBus implements ClusterBus {
   private readonly channel: string
   private seq = 0
   private readonly waiting = new Map<string, () => void>()
-  private handler: ((e: ClusterEvent) => void) | undefined
+  private handler: ((e: ClusterEvent) => unknown) | undefined
   private readonly handlers = new Map<ClusterEvent['t'], (e: ClusterEvent) => unknown>()
   private resubscribing = false
   private resubscribedAtMs = 0
@@ -134,7 +137,7 @@ export class RedisBus implements ClusterBus {
       })
   }
 
-  async subscribe(handler: (e: ClusterEvent) => void): Promise<void> {
+  async subscribe(handler: (e: ClusterEvent) => unknown): Promise<void> {
     this.handler = handler
     try {
       await Promise.all([this.pub.connect(), this.sub.connect()])

@@ -1,4 +1,5 @@
 import { existsSync, readFileSync } from 'node:fs'
+import { availableParallelism } from 'node:os'
 import { resolve } from 'node:path'
 import { Value, ValueErrorType } from '@sinclair/typebox/value'
 import { type NanoRub, parseRub, perMillionToPerTokenNano } from '../billing/money.ts'
@@ -92,6 +93,11 @@ export interface Config {
     readonly sseKeepAliveMs: number
     /** On SIGTERM, how long in-flight requests and streams may take to finish. */
     readonly shutdownGraceMs: number
+    /**
+     * Processes serving the port (docs/workers.md): the number of cores by default; 1 with --demo
+     * or an in-memory store, which several processes cannot share.
+     */
+    readonly workers: number
     readonly logLevel: 'debug' | 'info' | 'warn' | 'error'
     readonly billing: boolean
     readonly secret: string | undefined
@@ -234,6 +240,7 @@ const ENV_KEYS: Record<
 > = {
   TROPA_PORT: ['server', 'port', 'int'],
   TROPA_HOST: ['server', 'host', 'str'],
+  TROPA_WORKERS: ['server', 'workers', 'int'],
   TROPA_DATA_DIR: ['server', 'data_dir', 'str'],
   TROPA_ADMIN_TOKEN: ['server', 'admin_token', 'str'],
   TROPA_LOG_LEVEL: ['server', 'log_level', 'str'],
@@ -253,7 +260,15 @@ const ENV_KEYS: Record<
 const NO_BILLING_ENV = 'TROPA_BENCH_NO_BILLING'
 /** Tests only: main.ts runs period budgets on a clock this far ahead of the real one (docs/billing.md). */
 export const TEST_CLOCK_ENV = 'TROPA_TEST_CLOCK_OFFSET_MS'
-const KNOWN_ENV = new Set([...Object.keys(ENV_KEYS), 'TROPA_CONFIG', NO_BILLING_ENV, TEST_CLOCK_ENV])
+// TROPA_WORKER and TROPA_WORKER_PORT: set by a primary for its workers (src/workers/protocol.ts).
+const KNOWN_ENV = new Set([
+  ...Object.keys(ENV_KEYS),
+  'TROPA_CONFIG',
+  NO_BILLING_ENV,
+  TEST_CLOCK_ENV,
+  'TROPA_WORKER',
+  'TROPA_WORKER_PORT',
+])
 
 /** Reads the file (TOML or JSON), applies env and flags, checks everything, returns a frozen Config. */
 export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.env): Config {
@@ -350,6 +365,16 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       `${source}: access_log.capture_orgs / capture_keys name whose bodies to write into the access log, which is off. Fix: set access_log.sink to "stderr" or "file", or remove them`,
     )
   const tracing = tracingOf(cfg, env, problems)
+  if ((cfg.server?.workers ?? 1) > 1) {
+    if ((cfg.storage?.kind ?? 'sqlite') === 'sqlite' && cfg.storage?.sqlite_path === ':memory:')
+      problems.push(
+        `${source}: server.workers is ${cfg.server?.workers}, but an in-memory store cannot be shared by several processes. Fix: set server.workers to 1, or store in a file`,
+      )
+    if (demoEnabled)
+      problems.push(
+        `${source}: server.workers is ${cfg.server?.workers}, but the demo runs in one process (its simulated fleet is in it). Fix: set server.workers to 1 (TROPA_WORKERS=1)`,
+      )
+  }
   if (problems.length > 0) throw new ConfigError(problems)
 
   const dataDir = resolve(cfg.server?.data_dir ?? './tropa-data')
@@ -366,6 +391,11 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       streamWriteTimeoutMs: cfg.server?.stream_write_timeout_ms ?? 30_000,
       sseKeepAliveMs: cfg.server?.sse_keep_alive_ms ?? 15_000,
       shutdownGraceMs: cfg.server?.shutdown_grace_ms ?? 30_000,
+      workers:
+        cfg.server?.workers ??
+        (demoEnabled || ((cfg.storage?.kind ?? 'sqlite') === 'sqlite' && sqlitePath === ':memory:')
+          ? 1
+          : availableParallelism()),
       logLevel: cfg.server?.log_level ?? 'info',
       billing: cfg.server?.billing ?? true,
       secret: cfg.server?.secret,

@@ -94,6 +94,8 @@ export const ServerSchema = T.Object(
     sse_keep_alive_ms: T.Optional(T.Integer({ minimum: 0, maximum: 600_000 })),
     /** On SIGTERM, in-flight requests and streams may finish for this long; then open streams are ended. */
     shutdown_grace_ms: T.Optional(T.Integer({ minimum: 0, maximum: 3_600_000 })),
+    /** Processes serving the port, sharing it with SO_REUSEPORT (docs/workers.md); default: the cores. */
+    workers: T.Optional(T.Integer({ minimum: 1, maximum: 1024 })),
     /** false: no reservation, charge or ledger row (benchmarks of the money path only). */
     billing: T.Optional(T.Boolean()),
     log_level: T.Optional(

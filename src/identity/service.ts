@@ -20,6 +20,8 @@ import type { KeyKind, KeyPatch, KeyRecord, KeyStatus, OrgPatch, Store } from '.
 import { LiveKey, LiveOrg, type Principal } from './live.ts'
 import { hashSecret, newSecret, secretHint } from './secrets.ts'
 
+const noop = () => {}
+
 export interface NewKey {
   readonly name: string
   readonly limitNano: NanoRub | null
@@ -61,6 +63,18 @@ export class IdentityService {
     this.meter = m
   }
 
+  /**
+   * Several workers of one process (src/workers/): a worker hands credits to the primary, which
+   * writes them and holds the balances; the primary sets `balancesHere`, so an organization's event
+   * from a worker never overwrites a balance it holds unflushed charges against.
+   */
+  private creditor: ((org: LiveOrg, amountNano: NanoRub, reason: string | null) => Promise<void>) | undefined
+  balancesHere = false
+
+  useCreditor(f: (org: LiveOrg, amountNano: NanoRub, reason: string | null) => Promise<void>): void {
+    this.creditor = f
+  }
+
   /** Hashes seen to be no key at all (shared mode), so bad keys cannot hammer the database. */
   private readonly unknown = new Map<string, number>()
   /** When a key was last confirmed against the store while the bus was down. */
@@ -87,21 +101,24 @@ export class IdentityService {
     for (const o of await store.loadOrgs()) svc.orgs.set(o.id, new LiveOrg(o))
     for (const k of await store.loadKeys()) svc.remember(new LiveKey(k))
     await bus?.subscribe((e) => {
+      // The acknowledgement (publishAndConfirm) follows the promise returned: the change is
+      // read here before the node that made it answers.
       if (e.t === 'org') {
-        // Created or credited elsewhere: take the store's balance (it holds every node's flushed spend).
-        void store.getOrg(e.id).then((o) => {
+        const live = svc.orgs.get(e.id)
+        // Created elsewhere: read once, by the path every first sight takes.
+        if (!live) return Promise.resolve(svc.orgOrLoad(e.id)).then(noop, noop)
+        // Credited elsewhere: take the store's balance (it holds every node's flushed spend).
+        if (!e.limits && svc.balancesHere) return
+        return store.getOrg(e.id).then((o) => {
           if (!o) return
-          const live = svc.orgs.get(o.id)
-          if (!live) svc.orgs.set(o.id, new LiveOrg(o))
-          else if (e.limits) live.setLimits(o)
+          if (e.limits) live.setLimits(o)
           else live.balanceNano = o.balanceNano
-        })
-        return
+        }, noop)
       }
-      // Apply the status at once (the acknowledgement follows this handler), then the rest.
+      // Apply the status at once, then the rest.
       const key = svc.byId.get(e.id)
       if (key && e.status) key.status = e.status
-      void svc.reloadKey(e.id)
+      return svc.reloadKey(e.id)
     })
     return svc
   }
@@ -189,12 +206,39 @@ export class IdentityService {
     return { kind: key.kind, key, org }
   }
 
+  /** Organizations being read on first sight: every caller waits for the same read. */
+  private readonly orgsLoading = new Map<string, Promise<LiveOrg | undefined>>()
+
+  /** An organization, read from the store on first sight (once, whoever asks meanwhile). */
+  orgOrLoad(id: string): LiveOrg | Promise<LiveOrg | undefined> {
+    const live = this.orgs.get(id)
+    if (live) return live
+    let loading = this.orgsLoading.get(id)
+    if (!loading) {
+      loading = this.store
+        .getOrg(id)
+        .then((o) => {
+          if (!o) return undefined
+          const org = this.orgs.get(id) ?? new LiveOrg(o)
+          this.orgs.set(id, org)
+          return org
+        })
+        .finally(() => this.orgsLoading.delete(id))
+      this.orgsLoading.set(id, loading)
+    }
+    return loading
+  }
+
+  /** Any key by id, read from the store on first sight (the primary of several workers). */
+  keyOrLoad(id: string): LiveKey | Promise<LiveKey | undefined> {
+    const key = this.byId.get(id)
+    if (key) return key
+    return this.store.getKey(id).then((rec) => (rec ? this.adopt(rec) : undefined))
+  }
+
   /** A key (and its organization) first seen on this node. */
   private async adopt(rec: KeyRecord): Promise<LiveKey> {
-    if (!this.orgs.has(rec.orgId)) {
-      const org = await this.store.getOrg(rec.orgId)
-      if (org) this.orgs.set(org.id, new LiveOrg(org))
-    }
+    if (!this.orgs.has(rec.orgId)) await this.orgOrLoad(rec.orgId)
     const existing = this.byId.get(rec.id)
     if (existing) return existing
     const key = new LiveKey(rec)
@@ -225,8 +269,9 @@ export class IdentityService {
     else await this.adopt(rec)
   }
 
-  private announce(id: string) {
-    if (this.bus) void this.bus.publish({ t: 'key', id, from: this.bus.nodeId }).catch(() => {})
+  /** A key was created or changed: every node has read it when this resolves (or the bound passed). */
+  private async announce(id: string): Promise<void> {
+    if (this.bus) await this.bus.publishAndConfirm({ t: 'key', id, from: this.bus.nodeId }, this.boundMs)
   }
 
   org(id: string): LiveOrg {
@@ -246,7 +291,8 @@ export class IdentityService {
     await this.store.insertOrg(rec)
     const org = new LiveOrg(rec)
     this.orgs.set(org.id, org)
-    if (this.bus) void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId }).catch(() => {})
+    // Known to every node before the answer, so the next call may reach any of them.
+    await this.bus?.publishAndConfirm({ t: 'org', id: org.id, from: this.bus.nodeId }, this.boundMs)
     return org
   }
 
@@ -258,8 +304,10 @@ export class IdentityService {
     const rec = await this.store.updateOrg(org.id, patch)
     if (!rec) throw orgNotFound(org.id)
     org.setLimits(rec)
-    if (this.bus)
-      void this.bus.publish({ t: 'org', id: org.id, from: this.bus.nodeId, limits: true }).catch(() => {})
+    await this.bus?.publishAndConfirm(
+      { t: 'org', id: org.id, from: this.bus.nodeId, limits: true },
+      this.boundMs,
+    )
     return org
   }
 
@@ -288,6 +336,12 @@ export class IdentityService {
    * own and the operator's reason; written before it counts.
    */
   async credit(org: LiveOrg, amountNano: NanoRub, reason: string | null = null): Promise<void> {
+    if (this.creditor) {
+      await this.creditor(org, amountNano, reason)
+      // This worker's copy, for what it shows until the primary's figure is asked (orgNow).
+      org.balanceNano += amountNano
+      return
+    }
     // A balance stays within what both stores hold exactly (see MAX_AMOUNT_NANO), counting the
     // credits this node is still writing (they count only once written).
     const inFlight = this.creditsInFlight.get(org.id) ?? 0n
@@ -366,7 +420,7 @@ export class IdentityService {
     await this.store.insertKey(rec)
     const key = new LiveKey(rec)
     this.remember(key)
-    this.announce(key.id)
+    await this.announce(key.id)
     return { key, secret }
   }
 
@@ -467,7 +521,7 @@ export class IdentityService {
         { t: 'key', id: key.id, from: this.bus.nodeId, status: patch.status },
         this.boundMs,
       )
-    else this.announce(key.id)
+    else await this.announce(key.id)
     return key
   }
 

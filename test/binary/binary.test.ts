@@ -94,6 +94,50 @@ describe('the compiled executable', () => {
       expect(text).toContain(word)
   })
 
+  test('starts its workers (itself again, with the same arguments); SIGTERM stops them all', async () => {
+    const dir = mkdtempSync(join(work, 'workers-'))
+    const cfg = join(dir, 'tropa.json')
+    writeFileSync(
+      cfg,
+      JSON.stringify({
+        server: { data_dir: join(dir, 'data'), log_level: 'error', workers: 2 },
+        models: [
+          {
+            id: 'm/chat',
+            kind: 'chat',
+            context_length: 1024,
+            pricing: { prompt: '0.00001', completion: '0.00001' },
+            routes: [
+              { name: 'n', base_url: 'http://127.0.0.1:9/v1', upstream_model: 'x', max_concurrency: 1 },
+            ],
+          },
+        ],
+      }),
+    )
+    const s = Bun.serve({ port: 0, hostname: '127.0.0.1', fetch: () => new Response() })
+    const port = s.port!
+    s.stop(true)
+    const proc = Bun.spawn([exe, '--config', cfg, '--port', String(port)], {
+      cwd: work,
+      stdout: 'ignore',
+      stderr: 'pipe',
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: work },
+    })
+    const pids = new Map<number, number>()
+    for (let i = 0; i < 1500 && pids.size < 2; i++) {
+      const h = (await fetch(`http://127.0.0.1:${port}/health`, { keepalive: false }).then(
+        (r) => r.json(),
+        () => undefined,
+      )) as { worker: number; pid: number } | undefined
+      if (h) pids.set(h.worker, h.pid)
+      else await Bun.sleep(10)
+    }
+    expect([...pids.keys()].sort()).toEqual([0, 1])
+    proc.kill('SIGTERM')
+    expect(await proc.exited).toBe(0)
+    for (const pid of pids.values()) expect(() => process.kill(pid, 0)).toThrow()
+  }, 60_000)
+
   test('a bad config stops the start with a message naming the key and fix', () => {
     const cfg = join(work, 'bad.toml')
     writeFileSync(cfg, '[server]\nprot = 1\n')

@@ -13,7 +13,8 @@ export async function startRouterProcess(configPath: string, port: number, env: 
       '--port',
       String(port),
     ],
-    { stdout: 'ignore', stderr: 'pipe', env: { PATH: process.env.PATH ?? '', ...env } },
+    // One process unless the test asks for more (server.workers defaults to the cores).
+    { stdout: 'ignore', stderr: 'pipe', env: { PATH: process.env.PATH ?? '', TROPA_WORKERS: '1', ...env } },
   )
   const url = `http://127.0.0.1:${port}`
   for (let i = 0; i < 500; i++) {

@@ -56,3 +56,74 @@ test('a second Tropa on a port in use does not start (no silent sharing of the p
     await first.exited
   }
 }, 60_000)
+
+// Several workers share the port with SO_REUSEPORT among themselves only: their primary first
+// listens without it, so a port held by anyone else stops the start, and a plain Tropa started
+// after them finds the port taken.
+test('workers share the port only among themselves', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'tropa-port-w-'))
+  const config = join(dir, 'tropa.json')
+  await Bun.write(
+    config,
+    JSON.stringify({
+      server: { data_dir: dir, log_level: 'error' },
+      models: [
+        {
+          id: 'm/chat',
+          kind: 'chat',
+          context_length: 1024,
+          pricing: { prompt: '0.00001', completion: '0.00001' },
+          routes: [{ name: 'n', base_url: 'http://127.0.0.1:9/v1', upstream_model: 'x', max_concurrency: 1 }],
+        },
+      ],
+    }),
+  )
+  const start = (port: number, workers: number, dataDir: string) =>
+    Bun.spawn([process.execPath, MAIN, '--config', config, '--port', String(port), '--data-dir', dataDir], {
+      stdout: 'pipe',
+      stderr: 'pipe',
+      env: { PATH: process.env.PATH ?? '', TROPA_WORKERS: String(workers) },
+    })
+  const refused = async (p: ReturnType<typeof start>) => {
+    const code = await Promise.race([p.exited, Bun.sleep(20_000).then(() => 'still running' as const)])
+    if (code === 'still running') p.kill('SIGKILL')
+    expect(code).not.toBe('still running')
+    expect(code).not.toBe(0)
+    expect(await new Response(p.stderr).text()).toMatch(/in use|EADDRINUSE/i)
+  }
+  const waitReady = async (port: number) => {
+    for (let i = 0; i < 1000; i++) {
+      if (
+        await fetch(`http://127.0.0.1:${port}/ready`).then(
+          (r) => r.ok,
+          () => false,
+        )
+      )
+        return
+      await Bun.sleep(10)
+    }
+    throw new Error('not ready')
+  }
+  // Two workers first: a Tropa of one process, and another of two, are refused.
+  const port = freePort()
+  const first = start(port, 2, join(dir, 'a'))
+  try {
+    await waitReady(port)
+    await refused(start(port, 1, join(dir, 'b')))
+    await refused(start(port, 2, join(dir, 'c')))
+    expect((await fetch(`http://127.0.0.1:${port}/ready`)).ok).toBe(true)
+  } finally {
+    first.kill('SIGTERM')
+    await first.exited
+  }
+  // One process first: a Tropa of two workers is refused.
+  const port2 = freePort()
+  const single = start(port2, 1, join(dir, 'd'))
+  try {
+    await waitReady(port2)
+    await refused(start(port2, 2, join(dir, 'e')))
+  } finally {
+    single.kill('SIGKILL')
+    await single.exited
+  }
+}, 90_000)

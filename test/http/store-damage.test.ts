@@ -61,7 +61,7 @@ const run = (args: string[]) => {
     cwd: work,
     stdout: 'pipe',
     stderr: 'pipe',
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: work },
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: work, TROPA_WORKERS: '1' },
     timeout: 30_000,
   })
   return { code: r.exitCode, out: r.stdout.toString(), err: r.stderr.toString() }

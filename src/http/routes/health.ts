@@ -4,10 +4,18 @@ import { tokenizerReady } from '../../pipeline/tokens.ts'
 import { PredictedTtft } from '../../routing/predicted.ts'
 import type { Services } from '../../services.ts'
 
+/** Which of several workers answers (docs/workers.md); undefined in a process alone. */
+const WORKER = process.env.TROPA_WORKER
+
 /** Liveness, readiness and Prometheus metrics: no authentication. */
 export const healthRoutes = (svc: Services) =>
   new Elysia()
-    .get('/health', () => ({ status: 'ok' }), { detail: { tags: ['ops'], summary: 'Liveness' } })
+    .get(
+      '/health',
+      () =>
+        WORKER === undefined ? { status: 'ok' } : { status: 'ok', worker: Number(WORKER), pid: process.pid },
+      { detail: { tags: ['ops'], summary: 'Liveness' } },
+    )
     .get(
       '/ready',
       ({ set }) => {
@@ -37,10 +45,20 @@ export const healthRoutes = (svc: Services) =>
       '/metrics',
       async ({ set }) => {
         set.headers['content-type'] = 'text/plain; version=0.0.4'
-        return `${metricsText(svc)}${await operationsText(svc)}`
+        // Several workers: every process's series, each labelled with its worker (docs/workers.md).
+        return svc.gatherMetrics ? svc.gatherMetrics() : localMetrics(svc)
       },
       { detail: { tags: ['ops'], summary: 'Prometheus metrics' } },
     )
+
+/**
+ * This process's metrics in Prometheus' text format. A worker of several leaves out what the
+ * primary reports for all of them (the ledger's queue, the batches read from the store), so a sum
+ * over `worker` is the whole.
+ */
+export async function localMetrics(svc: Services, o: { readonly worker?: boolean } = {}): Promise<string> {
+  return `${metricsText(svc)}${await operationsText(svc, o.worker !== true)}`
+}
 
 /** A write found the disk full (uploads, result files, the store, the ledger) and none has succeeded since. */
 const diskFull = (svc: Services) => svc.files.disk?.full !== undefined || isDiskFull(svc.ledger.lastError)
@@ -115,12 +133,8 @@ function metricsText(svc: Services): string {
 const OPEN_BATCH_STATUSES = ['validating', 'in_progress', 'finalizing', 'cancelling'] as const
 
 /** The ledger's queue, the access log's drops, and the batches (read from the store at each scrape). */
-async function operationsText(svc: Services): Promise<string> {
-  const lines = [
-    '# HELP tropa_ledger_queue_depth Ledger rows settled and not yet written to the store.',
-    '# TYPE tropa_ledger_queue_depth gauge',
-    `tropa_ledger_queue_depth ${svc.ledger.backlog}`,
-  ]
+async function operationsText(svc: Services, storeWide: boolean): Promise<string> {
+  const lines: string[] = []
   const access = svc.telemetry.accessLog
   if (access)
     lines.push(
@@ -128,6 +142,12 @@ async function operationsText(svc: Services): Promise<string> {
       '# TYPE tropa_access_log_dropped_total counter',
       `tropa_access_log_dropped_total ${access.dropped}`,
     )
+  if (!storeWide) return `${lines.join('\n')}\n`
+  lines.unshift(
+    '# HELP tropa_ledger_queue_depth Ledger rows settled and not yet written to the store.',
+    '# TYPE tropa_ledger_queue_depth gauge',
+    `tropa_ledger_queue_depth ${svc.ledger.backlog}`,
+  )
   try {
     const open = await svc.store.batchesInStatus(OPEN_BATCH_STATUSES)
     const byStatus = new Map<string, number>(OPEN_BATCH_STATUSES.map((s) => [s, 0]))
