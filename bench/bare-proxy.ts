@@ -5,8 +5,13 @@ import { writeFileSync } from 'node:fs'
  * else (no parsing, no auth, no accounting). `/<fleet>/v1/...` goes to the next node of that
  * fleet round-robin, so one process serves every fleet like Tropa does.
  *
- * Usage: bun bench/bare-proxy.ts <json Record<fleet, base URLs incl. /v1>> <out file>; writes
- * the port it listens on (127.0.0.1) to the out file, then runs until SIGTERM.
+ * Usage: bun bench/bare-proxy.ts <json Record<fleet, base URLs incl. /v1>> <out file> [relay];
+ * writes the port it listens on (127.0.0.1) to the out file, then runs until SIGTERM.
+ *
+ * `relay`: the floor of a proxy that reads the upstream's body in JavaScript (as any proxy that
+ * looks at the events must): each chunk read with a reader and written to a direct stream, as
+ * Tropa's relay does, with nothing else. Without it the fetch's body goes back as it is, and Bun
+ * pipes it from socket to socket without JavaScript seeing a byte.
  */
 
 /** Base URLs without their trailing /v1, by fleet, and a round-robin cursor each. */
@@ -16,7 +21,8 @@ interface Pool {
 }
 
 function main(): void {
-  const [routesText, out] = process.argv.slice(2)
+  const [routesText, out, mode] = process.argv.slice(2)
+  const relay = mode === 'relay'
   if (!routesText || !out) throw new Error('usage: bun bench/bare-proxy.ts <json routes> <out file>')
   const routes = JSON.parse(routesText) as Record<string, string[]>
   const pools = new Map<string, Pool>()
@@ -37,13 +43,14 @@ function main(): void {
       if (!pool) return new Response('unknown fleet', { status: 404 })
       const origin = pool.origins[pool.next++ % pool.origins.length]!
       try {
-        return await fetch(origin + url.slice(fleetEnd), {
+        const res = await fetch(origin + url.slice(fleetEnd), {
           method: req.method,
           headers: req.headers,
           body: req.method === 'GET' ? null : await req.arrayBuffer(),
           signal: req.signal,
           decompress: false,
         })
+        return relay && res.body ? new Response(relayed(res.body), res) : res
       } catch (err) {
         // Quietly: a log line per failed request would slow a failing run down further.
         return new Response(`upstream: ${(err as Error).message}`, { status: 502 })
@@ -57,6 +64,28 @@ function main(): void {
   }
   process.on('SIGTERM', stop)
   process.on('SIGINT', stop)
+}
+
+/** The body read chunk by chunk in JavaScript and written to a direct stream, one flush a chunk. */
+function relayed(body: ReadableStream<Uint8Array>): ReadableStream<Uint8Array> {
+  const reader = body.getReader()
+  const source: Bun.DirectUnderlyingSource<Uint8Array> = {
+    type: 'direct',
+    async pull(controller) {
+      try {
+        for (;;) {
+          const { done, value } = await reader.read()
+          if (done) return void controller.close()
+          controller.write(value)
+          controller.flush()
+        }
+      } catch {
+        controller.close()
+      }
+    },
+    cancel: () => void reader.cancel().catch(() => {}),
+  }
+  return new ReadableStream<Uint8Array>(source as unknown as UnderlyingDefaultSource<Uint8Array>)
 }
 
 if (import.meta.main) main()

@@ -105,11 +105,13 @@ function direct(ctx: RunContext): Contestant {
   }
 }
 
-async function bare(ctx: RunContext): Promise<Contestant> {
+/** The bare proxy; `relay`: its variant that reads the body in JavaScript (bare-proxy.ts). */
+export async function bare(ctx: RunContext, relay = false): Promise<Contestant> {
   const out = join(ctx.dir, `bare-${Date.now()}.port`)
+  const script = join(ctx.repoRoot, 'bench', 'bare-proxy.ts')
   const child = spawnChild({
-    name: 'bare',
-    cmd: [process.execPath, join(ctx.repoRoot, 'bench', 'bare-proxy.ts'), JSON.stringify(ctx.fleet), out],
+    name: relay ? 'bare-relay' : 'bare',
+    cmd: [process.execPath, script, JSON.stringify(ctx.fleet), out, ...(relay ? ['relay'] : [])],
     env: baseEnv(),
     cwd: ctx.repoRoot,
     logDir: ctx.logDir,

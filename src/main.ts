@@ -7,12 +7,9 @@ import { runBatchesCommand } from './cli/batches.ts'
 import { runReceiptsCommand } from './cli/receipts.ts'
 import { runStoreCommand } from './cli/store.ts'
 import { type Config, ConfigError, loadConfig, TEST_CLOCK_ENV } from './config/load.ts'
-import { demoModels, ensureDemoOrg, startDemoFleet } from './demo.ts'
 import { localMetrics } from './http/routes/health.ts'
 import { randomBase62 } from './ids.ts'
-import { loadTokenizer } from './pipeline/tokens.ts'
 import { buildServices, consoleLog, type ThreadEntries } from './services.ts'
-import { runSimCommand } from './simulator/cli.ts'
 import { openStore } from './storage/open.ts'
 import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
 import { VERSION } from './version.ts'
@@ -53,7 +50,9 @@ models, routes and prices (also POST /v1/admin/reload).`
 
 async function main(argv: string[]): Promise<void> {
   const [first, ...rest] = argv
-  if (first === 'sim') return runSimCommand(rest)
+  // The simulator and the demo are imported only when used: a router of real upstreams never
+  // loads them.
+  if (first === 'sim') return (await import('./simulator/cli.ts')).runSimCommand(rest)
   if (first === 'batches') return runBatchesCommand(rest)
   if (first === 'store') return runStoreCommand(rest)
   if (first === 'receipts') return runReceiptsCommand(rest)
@@ -152,9 +151,9 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
   mkdirSync(base.server.dataDir, { recursive: true, mode: 0o700 })
   // The store first: a damaged one stops the start before anything is generated or started.
   const store = await openStore(base.storage)
-  const fleet =
-    base.demo.enabled && base.models.length === 0 ? await startDemoFleet(base.demo.nodes) : undefined
-  const models = fleet ? demoModels(fleet.nodes) : base.models
+  const demo = base.demo.enabled ? await import('./demo.ts') : undefined
+  const fleet = demo && base.models.length === 0 ? await demo.startDemoFleet(base.demo.nodes) : undefined
+  const models = demo && fleet ? demo.demoModels(fleet.nodes) : base.models
   const { token: adminToken, generated } = adminTokenOf(base)
   const config: Config = { ...base, models, server: { ...base.server, adminToken } }
   // Tests only: a clock ahead of (or behind) the real one for period budgets, so a test of a
@@ -211,10 +210,6 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
     data_dir: config.server.dataDir,
     models: models.map((m) => `${m.id} (${m.routes.length} routes)`),
   })
-  // The tokenizer takes ~150 ms of CPU to build. Built right away it would hold /health back
-  // that long; built a moment later the server answers first. The first request that counts
-  // tokens builds it at once if it is not there yet.
-  setTimeout(() => void loadTokenizer(), 100).unref()
 
   // A graceful stop: refuse new connections, let requests and streams finish until
   // server.shutdown_grace_ms, then end the streams still open with an error event (each billed
@@ -279,8 +274,8 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
     console.log(
       `Admin token (shown once; stored in ${join(config.server.dataDir, 'admin-token')}):\n  ${adminToken}\n`,
     )
-  if (config.demo.enabled) {
-    const { creds, file } = await ensureDemoOrg(svc, config, baseUrl, adminToken)
+  if (demo) {
+    const { creds, file } = await demo.ensureDemoOrg(svc, config, baseUrl, adminToken)
     console.log(`Tropa demo is running at ${baseUrl}/v1
   models:     ${models.map((m) => m.id).join(', ')} on ${fleet?.nodes.length ?? 0} simulated nodes
   master key: ${creds.master_key}   (manages API keys: /v1/keys)

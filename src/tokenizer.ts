@@ -1,6 +1,6 @@
 // The tokenizer (o200k_base through gpt-tokenizer), shared by the pipeline and the simulator.
-// Loading it takes a few hundred milliseconds, so nothing imports it statically: start-up stays
-// fast, main.ts starts the load once the server listens, and the first user awaits it.
+// Loading it takes a few hundred milliseconds and about 30 MiB, so nothing imports it statically:
+// start-up stays fast and small, and the first user (a request that counts tokens) awaits it.
 //
 // Bounded time whatever the text. gpt-tokenizer runs its byte-pair merge once per pre-tokenizer
 // piece (a word, a run of punctuation or of whitespace), and that merge is quadratic in the
@@ -45,15 +45,23 @@ let split: RegExp | undefined
 // the library's default would throw on it (and scan every text for them first).
 const PLAIN: Options = { disallowedSpecial: new Set() }
 
+/**
+ * Where the tables are: inside the executable, the build's entry at its fixed path in Bun's
+ * embedded file system (a static import would put them into every bundle that counts tokens,
+ * mapped at start whether used or not); from source, the file beside this one.
+ */
+const TABLES = Bun.main.startsWith('/$bunfs/')
+  ? '/$bunfs/root/tokenizer-tables.js'
+  : new URL('./tokenizer-tables.ts', import.meta.url).href
+
 export function loadTokenizer(): Promise<void> {
-  loading ??= Promise.all([import('gpt-tokenizer'), import('gpt-tokenizer/encodingParams/constants')]).then(
-    ([m, c]) => {
-      m.setMergeCacheSize(MERGE_CACHE_ENTRIES)
-      classes = buildClasses()
-      split = new RegExp(c.O200K_TOKEN_SPLIT_REGEX.source, c.O200K_TOKEN_SPLIT_REGEX.flags)
-      lib = m as unknown as Lib
-    },
-  )
+  loading ??= (import(TABLES) as Promise<typeof import('./tokenizer-tables.ts')>).then((m) => {
+    m.setMergeCacheSize(MERGE_CACHE_ENTRIES)
+    classes = buildClasses()
+    const re = m.O200K_TOKEN_SPLIT_REGEX
+    split = new RegExp(re.source, re.flags)
+    lib = m as unknown as Lib
+  })
   return loading
 }
 
