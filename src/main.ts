@@ -118,6 +118,13 @@ function parseFlags(args: string[]) {
 
 async function serve(base: Config, reload: () => Config): Promise<void> {
   const index = process.env[WORKER_ENV]
+  // A worker's primary may send SIGHUP (a reload) while this worker is still starting: kept, and
+  // done once the worker serves, instead of the signal's default (the process ends).
+  let reloadAsked = false
+  const early = () => {
+    reloadAsked = true
+  }
+  if (index !== undefined) process.on('SIGHUP', early)
   // Several processes on the port: this one starts and watches them (docs/workers.md).
   if (index === undefined && base.server.workers > 1)
     return runPrimary(base, {
@@ -197,6 +204,17 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
       return report
     }
   }
+  // SIGHUP reloads models, routes and prices; an invalid file is logged and changes nothing.
+  const onHup = () => {
+    try {
+      reloadHere()
+    } catch {
+      // logged by reload(), with every problem
+    }
+  }
+  process.off('SIGHUP', early)
+  process.on('SIGHUP', onHup)
+  if (reloadAsked) onHup()
   const workerPort = index === undefined ? undefined : Number(process.env[WORKER_PORT_ENV])
   const app = createApp(svc, { reusePort: index !== undefined }).listen({
     port: workerPort ?? config.server.port,
@@ -257,16 +275,8 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
       log('error', 'stopping failed', { error: String((err as Error)?.stack ?? err) })
       process.exit(1)
     })
-  // SIGHUP reloads models, routes and prices; an invalid file is logged and changes nothing.
   // A worker is stopped and reloaded by its primary (a terminal's Ctrl-C reaches the whole group).
   if (index !== undefined) process.on('SIGINT', () => {})
-  process.on('SIGHUP', () => {
-    try {
-      reloadHere()
-    } catch {
-      // logged by reload(), with every problem
-    }
-  })
   if (index === undefined) process.on('SIGINT', () => void onSignal('SIGINT'))
   process.on('SIGTERM', () => void onSignal('SIGTERM'))
 

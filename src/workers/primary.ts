@@ -69,7 +69,8 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
       port: config.server.port,
       hostname: config.server.host,
       reusePort: false,
-      fetch: () => new Response(),
+      // Never mistaken for a worker's answer (a /ready poll that came in this moment).
+      fetch: () => new Response(null, { status: 503 }),
     })
     port = probe.port!
     probe.stop(true)
@@ -160,6 +161,9 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
     }
     for (const [i, c] of children) if (i !== from) c.proc.kill('SIGHUP')
   }
+  // Before the workers start: a SIGHUP while they do reloads (a worker still starting keeps it
+  // for when it serves) rather than ending the primary, the signal's default.
+  process.on('SIGHUP', () => reloadAll(-1))
 
   const n = config.server.workers
   for (let i = 0; i < n; i++) spawn(i)
@@ -231,5 +235,4 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
     })
   process.on('SIGINT', () => void onSignal('SIGINT'))
   process.on('SIGTERM', () => void onSignal('SIGTERM'))
-  process.on('SIGHUP', () => reloadAll(-1))
 }

@@ -318,13 +318,23 @@ test('several workers: one killed is started again, its holds come back; SIGTERM
 })
 
 test("several workers: a key's max_concurrency holds across them; SIGTERM lets every worker's streams finish", async () => {
+  // Answers that run to their max_tokens (ignore_eos), so a stream lasts as long as asked.
+  const long = await startSimFleet(
+    [1, 2].map((i) => ({
+      name: `sim-${i}`,
+      itlMs: 2,
+      prefillTokensPerSec: 50_000,
+      seed: i,
+      ignoreEos: true,
+    })),
+  )
   const dir = mkdtempSync(join(tmpdir(), 'tropa-workers-stop-'))
   const configPath = join(dir, 'tropa.json')
   writeFileSync(
     configPath,
     JSON.stringify({
       server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers: 2 },
-      models: defaultModels(fleet.nodes),
+      models: defaultModels(long.nodes),
     }),
   )
   const router = await startRouterProcess(configPath, freePort(), { TROPA_WORKERS: '2' })
@@ -338,14 +348,15 @@ test("several workers: a key's max_concurrency holds across them; SIGTERM lets e
       key: string
     }
     const other = (await jsonCall(url, '/v1/keys', org.master_key, { name: 'other' })) as { key: string }
-    // Streams of 300 tokens (600 ms of the simulator's 2 ms per token) all started at once:
-    // exactly max_concurrency of them are admitted, wherever each lands.
-    const stream = (k: string, i: number) =>
+    // Streams started at once, each long enough (1,500 tokens: 3 s of the simulator's 2 ms per
+    // token) that all are admitted or refused while the first ones still run, on a loaded
+    // machine too: exactly max_concurrency of them are admitted, wherever each lands.
+    const stream = (k: string, i: number, tokens = 300) =>
       sdk(url, k)
         .chat.completions.create({
           model: 'test/chat',
           messages: [{ role: 'user', content: `stream ${i}` }],
-          max_tokens: 300,
+          max_tokens: tokens,
           stream: true,
         })
         .then(async (s) => {
@@ -354,7 +365,7 @@ test("several workers: a key's max_concurrency holds across them; SIGTERM lets e
           return done ? 200 : -2
         })
         .catch((err) => (err as { status?: number }).status ?? -1)
-    const limited = await Promise.all(Array.from({ length: 16 }, (_, i) => stream(key.key, i)))
+    const limited = await Promise.all(Array.from({ length: 16 }, (_, i) => stream(key.key, i, 1500)))
     expect(limited.filter((c) => c === 200).length).toBe(3)
     expect(limited.filter((c) => c === 429).length).toBe(13)
     // In-flight streams on both workers, then SIGTERM: each finishes, then everything exits.
@@ -374,6 +385,7 @@ test("several workers: a key's max_concurrency holds across them; SIGTERM lets e
     expect(rows.n).toBe(15)
   } finally {
     router.proc.kill('SIGKILL')
+    await long.stop()
     rmSync(dir, { recursive: true, force: true })
   }
 })
