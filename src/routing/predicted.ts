@@ -101,6 +101,13 @@ export class NodeModel {
   metricAtMs = Number.NEGATIVE_INFINITY
   /** Time from dispatch to end of a request here, ms, EWMA: how long a slot stays taken. */
   serviceMs = 0
+  /** Time from first chunk to end here, ms, EWMA: how long a running request keeps its slot. */
+  decodeMs = 0
+  /**
+   * The node's sequence slots: the most requests /metrics showed running while some waited
+   * (0 until seen full). Beyond them, a request waits for a running one to end.
+   */
+  slots = 0
   readonly index: PrefixIndex
   /** Requests routed here (first attempts and failovers) and first chunks seen. */
   routed = 0
@@ -169,6 +176,7 @@ export class NodeModel {
  * with the longest prefix match plus `sampled` random nodes, so many routers do not all pile
  * onto one node. A session's previous node wins near-ties.
  */
+
 export class PredictedTtft implements RoutingPolicy {
   readonly name: string
   private readonly opts: PredictedTtftOptions
@@ -207,7 +215,8 @@ export class PredictedTtft implements RoutingPolicy {
     const uncached = Math.max(1, n - m.hitRatio * cached)
     const rate = m.rate(nowMs)
     const queueMs = (queued * 1000) / rate
-    let t = m.rttMs + slotWaitMs + queueMs + (uncached * 1000) / rate + this.opts.gamma * m.decoding * m.itlMs
+    let t =
+      m.rttMs + slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs)
     // Silent for longer than the head of its queue could take (3x an average queued request's
     // prefill): stalled (hung, or a partition holding the connection). Its prediction grows by
     // 8x the silence so far, until it answers.
@@ -290,6 +299,7 @@ export class PredictedTtft implements RoutingPolicy {
     a.predictedCachedTokens = cached
     a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs)
     a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
+    a.ownTokens = a.queuedTokens
     m.queuedTokens += a.queuedTokens
     a.queueAheadTokens = m.queuedTokens
     a.decodingAtStart = m.decoding
@@ -318,9 +328,16 @@ export class PredictedTtft implements RoutingPolicy {
     m.firstChunks++
     // Solve the prediction for R with what was known at dispatch: the tokens this first token
     // waited for (the queue ahead of it, its own included) over the time they took.
-    const decodeMs = this.opts.gamma * a.decodingAtStart * m.itlMs
+    const decodeMs = this.decodeStepsMs(a.decodingAtStart, m.itlMs)
     const prefillMs = ttft - m.rttMs - decodeMs
-    if (prefillMs > 0) m.observeRate((a.queueAheadTokens * 1000) / prefillMs, nowMs)
+    if (prefillMs > 0) {
+      // The rate is learned at the end, when usage says how much of the prompt was cached
+      // (predicted hits are often short of the node's); a sample far below the rate (a slowed
+      // node) prices it down now.
+      a.prefillMs = prefillMs
+      const sample = (a.queueAheadTokens * 1000) / prefillMs
+      if (sample < m.rate(nowMs) * 0.5) m.dip(sample, nowMs)
+    }
     // A tiny prompt on an idle node measures the network, not the prefill.
     if (a.queueAheadTokens <= own && own <= 64 && a.decodingAtStart === 0) m.observeRtt(ttft, nowMs)
     if (a.predictedTtftMs !== undefined && a.predictedTtftMs > 0) this.ratio.add(ttft / a.predictedTtftMs)
@@ -363,6 +380,15 @@ export class PredictedTtft implements RoutingPolicy {
       m.dip(m.rate(nowMs) / 2, nowMs)
       m.index.clear()
     }
+    if (outcome === 'ok' && a.prefillMs !== undefined) {
+      const own = Math.max(1, a.req.promptTokens - (cachedTokens ?? a.req.promptTokens - a.ownTokens))
+      m.observeRate(((a.queueAheadTokens - a.ownTokens + own) * 1000) / a.prefillMs, nowMs)
+      a.prefillMs = undefined
+    }
+    if (outcome === 'ok' && a.firstAtMs !== undefined) {
+      const d = nowMs - a.firstAtMs
+      m.decodeMs = m.decodeMs === 0 ? d : m.decodeMs + (d - m.decodeMs) * 0.1
+    }
     if (outcome === 'ok') {
       const took = nowMs - a.startedAtMs
       m.serviceMs = m.serviceMs === 0 ? took : m.serviceMs + (took - m.serviceMs) * 0.1
@@ -378,6 +404,7 @@ export class PredictedTtft implements RoutingPolicy {
     const m = this.model(node)
     m.metricWaiting = metrics.waiting
     m.metricRunning = metrics.running
+    if (metrics.waiting > 0 && metrics.running > m.slots) m.slots = metrics.running
     m.metricAtMs = nowMs
   }
 
@@ -419,6 +446,26 @@ export class PredictedTtft implements RoutingPolicy {
       ttftP99Ms: m.ttft.quantile(0.99),
       ttftSamples: m.ttft.count,
     }))
+  }
+
+  /**
+   * The wait for a slot by this router's own count: with every slot of the node taken by
+   * requests it sent, a new one waits for (in flight - slots + 1) of them to end, a decode time
+   * over the slots each.
+   */
+  ownSlotWaitMs(m: NodeModel): number {
+    const inFlight = m.waiting + m.decoding
+    if (m.slots === 0 || inFlight < m.slots) return 0
+    return ((inFlight - m.slots + 1) * m.decodeMs) / m.slots
+  }
+
+  /**
+   * What decoding neighbours add to a first token: on a node decoding D requests, a new prompt
+   * waits for the step under way (half of one, on average) and its prefill runs in a step that
+   * also decodes them: 1.5 steps of itl x (1 + gamma x D). An idle node starts it at once.
+   */
+  decodeStepsMs(decoding: number, itlMs: number): number {
+    return decoding > 0 ? 1.5 * itlMs * (1 + this.opts.gamma * decoding) : 0
   }
 
   private dequeue(m: NodeModel, a: Attempt): void {
