@@ -36,6 +36,8 @@ export interface PredictedTtftOptions {
    * out until it answers.
    */
   readonly stallMinMs: number
+  /** How long a node suspected of a stall stays priced by its silence with nothing sent to it, ms. */
+  readonly suspectMaxMs: number
   /** Prefix index size per node, in blocks. */
   readonly indexBlocks: number
   /** Time constant of the rate's recovery after a drop, ms (drops apply at once). */
@@ -65,6 +67,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sampled: 2,
   scanAll: 32,
   stallMinMs: 1000,
+  suspectMaxMs: 30_000,
   indexBlocks: 32_768,
   recoveryMs: 10_000,
   sessionSlack: 1.15,
@@ -101,13 +104,6 @@ export class NodeModel {
   metricAtMs = Number.NEGATIVE_INFINITY
   /** Time from dispatch to end of a request here, ms, EWMA: how long a slot stays taken. */
   serviceMs = 0
-  /** Time from first chunk to end here, ms, EWMA: how long a running request keeps its slot. */
-  decodeMs = 0
-  /**
-   * The node's sequence slots: the most requests /metrics showed running while some waited
-   * (0 until seen full). Beyond them, a request waits for a running one to end.
-   */
-  slots = 0
   readonly index: PrefixIndex
   /** Requests routed here (first attempts and failovers) and first chunks seen. */
   routed = 0
@@ -116,6 +112,13 @@ export class NodeModel {
   readonly ttft = new RatioQuantile(256, 1)
   /** The last sign of life: a first chunk or an end here, or a dispatch to it while it had nothing outstanding. */
   lastProgressMs = 0
+  /**
+   * Set when requests were abandoned here in silence (no first token, none since): the node
+   * stays priced by its silence with nothing outstanding, until it shows life (a first chunk, an
+   * end, its /metrics moving from `suspectMetrics`) or `suspectMaxMs` passes.
+   */
+  suspectAtMs: number | undefined
+  suspectMetrics: string | undefined
 
   constructor(
     readonly node: NodeState,
@@ -220,11 +223,27 @@ export class PredictedTtft implements RoutingPolicy {
     // Silent for longer than the head of its queue could take (3x an average queued request's
     // prefill): stalled (hung, or a partition holding the connection). Its prediction grows by
     // 8x the silence so far, until it answers.
-    if (m.waiting > 0) {
+    if (m.waiting > 0 || this.suspect(m, nowMs)) {
       const silentMs = nowMs - m.lastProgressMs
-      if (silentMs > Math.max(this.opts.stallMinMs, (3 * queueMs) / m.waiting + m.rttMs)) t += 8 * silentMs
+      if (silentMs > this.stallAfterMs(m, queueMs)) t += 8 * silentMs
     }
     return t
+  }
+
+  /** How long a node with requests outstanding may be silent before it is taken for stalled, ms. */
+  private stallAfterMs(m: NodeModel, queueMs: number): number {
+    // Longer than the head of its queue could take (3x an average queued request's prefill).
+    return Math.max(this.opts.stallMinMs, (3 * queueMs) / Math.max(1, m.waiting) + m.rttMs)
+  }
+
+  private suspect(m: NodeModel, nowMs: number): boolean {
+    return m.suspectAtMs !== undefined && nowMs - m.suspectAtMs < this.opts.suspectMaxMs
+  }
+
+  /** A sign of life: the node is not stalled. */
+  private alive(m: NodeModel, nowMs: number): void {
+    m.lastProgressMs = nowMs
+    m.suspectAtMs = undefined
   }
 
   choose(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
@@ -303,7 +322,10 @@ export class PredictedTtft implements RoutingPolicy {
     m.queuedTokens += a.queuedTokens
     a.queueAheadTokens = m.queuedTokens
     a.decodingAtStart = m.decoding
-    if (m.waiting === 0) m.lastProgressMs = Math.max(m.lastProgressMs, a.startedAtMs)
+    // With nothing owed, the node's silence starts now; one that let requests go unanswered
+    // still owes a first token, and its silence goes on.
+    if (m.waiting === 0 && !this.suspect(m, a.startedAtMs))
+      m.lastProgressMs = Math.max(m.lastProgressMs, a.startedAtMs)
     m.waiting++
     m.routed++
     if (req.prefix.length > 0) m.index.insert(req.prefix)
@@ -321,7 +343,7 @@ export class PredictedTtft implements RoutingPolicy {
     const ttft = nowMs - a.startedAtMs
     m.ttft.add(ttft)
     const own = a.queuedTokens
-    m.lastProgressMs = nowMs
+    this.alive(m, nowMs)
     this.dequeue(m, a)
     m.decoding++
     a.decoding = true
@@ -351,7 +373,7 @@ export class PredictedTtft implements RoutingPolicy {
     completionTokens?: number,
   ): void {
     const m = this.model(a.candidate.node)
-    if (outcome === 'ok') m.lastProgressMs = nowMs
+    if (outcome === 'ok') this.alive(m, nowMs)
     if (a.decoding) {
       m.decoding--
       a.decoding = false
@@ -365,6 +387,13 @@ export class PredictedTtft implements RoutingPolicy {
         m.itlMs += (itl - m.itlMs) * 0.2
       }
     } else this.dequeue(m, a)
+    if (outcome === 'cancelled' && a.firstAtMs === undefined && m.suspectAtMs === undefined) {
+      // Given up without a first token (a hedge won elsewhere, the client left): until the node
+      // shows life its silence keeps counting with nothing outstanding there, so that it does
+      // not look idle (its cached prefixes would draw traffic back into a stall).
+      m.suspectAtMs = nowMs
+      m.suspectMetrics = nowMs - m.metricAtMs < 5_000 ? `${m.metricWaiting}/${m.metricRunning}` : undefined
+    }
     if (
       outcome === 'cancelled' &&
       a.firstAtMs === undefined &&
@@ -385,10 +414,6 @@ export class PredictedTtft implements RoutingPolicy {
       m.observeRate(((a.queueAheadTokens - a.ownTokens + own) * 1000) / a.prefillMs, nowMs)
       a.prefillMs = undefined
     }
-    if (outcome === 'ok' && a.firstAtMs !== undefined) {
-      const d = nowMs - a.firstAtMs
-      m.decodeMs = m.decodeMs === 0 ? d : m.decodeMs + (d - m.decodeMs) * 0.1
-    }
     if (outcome === 'ok') {
       const took = nowMs - a.startedAtMs
       m.serviceMs = m.serviceMs === 0 ? took : m.serviceMs + (took - m.serviceMs) * 0.1
@@ -404,8 +429,14 @@ export class PredictedTtft implements RoutingPolicy {
     const m = this.model(node)
     m.metricWaiting = metrics.waiting
     m.metricRunning = metrics.running
-    if (metrics.waiting > 0 && metrics.running > m.slots) m.slots = metrics.running
     m.metricAtMs = nowMs
+    // A hung engine's gauges freeze; moving ones say it is working again.
+    if (
+      m.suspectAtMs !== undefined &&
+      m.suspectMetrics !== undefined &&
+      m.suspectMetrics !== `${metrics.waiting}/${metrics.running}`
+    )
+      this.alive(m, nowMs)
   }
 
   hedgeAtMs(a: Attempt): number | undefined {
@@ -446,17 +477,6 @@ export class PredictedTtft implements RoutingPolicy {
       ttftP99Ms: m.ttft.quantile(0.99),
       ttftSamples: m.ttft.count,
     }))
-  }
-
-  /**
-   * The wait for a slot by this router's own count: with every slot of the node taken by
-   * requests it sent, a new one waits for (in flight - slots + 1) of them to end, a decode time
-   * over the slots each.
-   */
-  ownSlotWaitMs(m: NodeModel): number {
-    const inFlight = m.waiting + m.decoding
-    if (m.slots === 0 || inFlight < m.slots) return 0
-    return ((inFlight - m.slots + 1) * m.decodeMs) / m.slots
   }
 
   /**
