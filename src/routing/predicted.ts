@@ -45,6 +45,16 @@ export interface PredictedTtftOptions {
   /** A session's previous node wins when predicted within this factor of the best. */
   readonly sessionSlack: number
   /**
+   * A new session's first request ignores cached prefixes when they draw it to a node decoding
+   * more than this many requests above the least busy candidate.
+   */
+  readonly sessionSpread: number
+  /**
+   * First tokens that waited on fewer uncached tokens than this do not teach the prefill rate:
+   * the fixed cost of a step outweighs the prefill in them.
+   */
+  readonly minRateSampleTokens: number
+  /**
    * While a batch runs, a node that is the batch's (quiet: no interactive request in flight nor
    * lately, or running batch lines and no interactive request) is priced this much higher:
    * interactive requests stay on nodes already serving interactive traffic unless those would be
@@ -71,6 +81,8 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   indexBlocks: 32_768,
   recoveryMs: 10_000,
   sessionSlack: 1.15,
+  sessionSpread: 2,
+  minRateSampleTokens: 512,
   batchNodeFactor: 1.1,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
@@ -279,24 +291,39 @@ export class PredictedTtft implements RoutingPolicy {
       picked.push(...set)
     }
 
+    const newSession = req.session !== undefined && sessionNode === undefined
     let best = -1
     let bestTtft = Number.POSITIVE_INFINITY
     let sessionTtft = Number.POSITIVE_INFINITY
-    for (const i of picked) {
-      const c = pool[i]!
-      const cached = Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1)
-      let t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
-      if (
-        c.node.interactiveInFlight === 0 &&
-        (c.node.batchInFlight > 0 ||
-          (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))
-      )
-        t *= this.opts.batchNodeFactor
-      if (i === sessionIdx) sessionTtft = t
-      if (t < bestTtft) {
-        bestTtft = t
-        best = i
+    const scan = (withCache: boolean) => {
+      best = -1
+      bestTtft = Number.POSITIVE_INFINITY
+      for (const i of picked) {
+        const c = pool[i]!
+        const cached = withCache ? Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1) : 0
+        let t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
+        if (
+          c.node.interactiveInFlight === 0 &&
+          (c.node.batchInFlight > 0 ||
+            (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))
+        )
+          t *= this.opts.batchNodeFactor
+        if (i === sessionIdx) sessionTtft = t
+        if (t < bestTtft) {
+          bestTtft = t
+          best = i
+        }
       }
+    }
+    scan(true)
+    if (newSession) {
+      // A new session settles where it starts: its turns will load that node. When the cached
+      // prefix it would find (a system prompt all sessions share, say) draws it to a node busier
+      // than the least busy by more than `sessionSpread` decoding requests, it is placed as if
+      // nothing were cached, and so the popular prefix spreads instead of piling on one node.
+      let minDecoding = Number.POSITIVE_INFINITY
+      for (const i of picked) minDecoding = Math.min(minDecoding, this.model(pool[i]!.node).decoding)
+      if (this.model(pool[best]!.node).decoding > minDecoding + this.opts.sessionSpread) scan(false)
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
@@ -352,7 +379,7 @@ export class PredictedTtft implements RoutingPolicy {
     // waited for (the queue ahead of it, its own included) over the time they took.
     const decodeMs = this.decodeStepsMs(a.decodingAtStart, m.itlMs)
     const prefillMs = ttft - m.rttMs - decodeMs
-    if (prefillMs > 0) {
+    if (prefillMs > 0 && a.queueAheadTokens >= this.opts.minRateSampleTokens) {
       // The rate is learned at the end, when usage says how much of the prompt was cached
       // (predicted hits are often short of the node's); a sample far below the rate (a slowed
       // node) prices it down now.
@@ -411,7 +438,8 @@ export class PredictedTtft implements RoutingPolicy {
     }
     if (outcome === 'ok' && a.prefillMs !== undefined) {
       const own = Math.max(1, a.req.promptTokens - (cachedTokens ?? a.req.promptTokens - a.ownTokens))
-      m.observeRate(((a.queueAheadTokens - a.ownTokens + own) * 1000) / a.prefillMs, nowMs)
+      if (a.queueAheadTokens - a.ownTokens + own >= this.opts.minRateSampleTokens)
+        m.observeRate(((a.queueAheadTokens - a.ownTokens + own) * 1000) / a.prefillMs, nowMs)
       a.prefillMs = undefined
     }
     if (outcome === 'ok') {
