@@ -57,8 +57,6 @@ export class Attempt {
   queueAheadTokens = 0
   /** Requests decoding on the node when it started. */
   decodingAtStart = 0
-  /** The wait for a slot the policy predicted at the start, ms. */
-  slotWaitMs = 0
   /**
    * The time its queue ahead took to prefill, ms (the first token's wait less the network and
    * the decode steps), kept from the first chunk until the end reports the cached tokens.
