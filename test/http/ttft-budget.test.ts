@@ -11,12 +11,18 @@ afterEach(async () => {
 const BUDGET = 'x-tropa-ttft-budget-ms'
 // About 1,500 prompt tokens: a node never observed is predicted at 8,000 tokens/s, near 190 ms.
 const LONG = 'the quarterly report covers revenue, costs and the outlook. '.repeat(150)
+async function balance(tropa: Tropa): Promise<number> {
+  await tropa.svc.ledger.flush()
+  const r = await tropa.fetch('/v1/organization', { key: tropa.masterKey })
+  return ((await r.json()) as { balance_rub: number }).balance_rub
+}
 const start = () => startTropa({ nodes: [1, 2].map((i) => ({ name: `sim-${i}`, timeScale: 0, seed: i })) })
 
 describe('deadline-aware admission (x-tropa-ttft-budget-ms)', () => {
   test('a budget no node is predicted to meet is a 429 with retry-after, and no node sees the request', async () => {
     t = await start()
     const client = t.client()
+    const before = await balance(t)
     for (const stream of [false, true]) {
       const err = await client.chat.completions
         .create(
@@ -35,6 +41,8 @@ describe('deadline-aware admission (x-tropa-ttft-budget-ms)', () => {
       expect(e.message).toContain('TTFT budget of 5 ms')
     }
     expect(t.nodes.map((n) => n.stats().requests)).toEqual([0, 0])
+    // Nothing charged: the reservation taken before routing was given back.
+    expect(await balance(t)).toBe(before)
   })
 
   test('a budget the fleet can meet is served as usual, streamed or not', async () => {
