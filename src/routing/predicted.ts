@@ -42,6 +42,8 @@ export interface PredictedTtftOptions {
   readonly indexBlocks: number
   /** Time constant of the rate's recovery after a drop, ms (drops apply at once). */
   readonly recoveryMs: number
+  /** Nodes predicted within this share of the best are a tie, won by the one sent to longest ago. */
+  readonly tieShare: number
   /** A session's previous node wins when predicted within this factor of the best. */
   readonly sessionSlack: number
   /**
@@ -80,6 +82,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   suspectMaxMs: 30_000,
   indexBlocks: 32_768,
   recoveryMs: 10_000,
+  tieShare: 0.1,
   sessionSlack: 1.15,
   sessionSpread: 2,
   minRateSampleTokens: 512,
@@ -119,6 +122,8 @@ export class NodeModel {
   readonly index: PrefixIndex
   /** Requests routed here (first attempts and failovers) and first chunks seen. */
   routed = 0
+  /** When a request was last sent here, ms. */
+  lastSentMs = Number.NEGATIVE_INFINITY
   firstChunks = 0
   /** The most recent first-token times here, ms (the fleet view's percentiles). */
   readonly ttft = new RatioQuantile(256, 1)
@@ -295,6 +300,8 @@ export class PredictedTtft implements RoutingPolicy {
     let best = -1
     let bestTtft = Number.POSITIVE_INFINITY
     let sessionTtft = Number.POSITIVE_INFINITY
+    const ts: number[] = []
+    const batchNode: boolean[] = []
     const scan = (withCache: boolean) => {
       best = -1
       bestTtft = Number.POSITIVE_INFINITY
@@ -306,13 +313,31 @@ export class PredictedTtft implements RoutingPolicy {
           c.node.interactiveInFlight === 0 &&
           (c.node.batchInFlight > 0 ||
             (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))
-        )
+        ) {
           t *= this.opts.batchNodeFactor
+          batchNode[i] = true
+        } else batchNode[i] = false
         if (i === sessionIdx) sessionTtft = t
+        ts[i] = t
         if (t < bestTtft) {
           bestTtft = t
           best = i
         }
+      }
+      // Near-equal predictions go to the node sent to longest ago: identical nodes then get
+      // their requests evenly spaced, as round-robin does, and the oldest queue is the likeliest
+      // to be nearly done (the prediction sees tokens queued, not how far their prefill got).
+      if (this.opts.tieShare > 0) {
+        let oldest = this.model(pool[best]!.node).lastSentMs
+        for (const i of picked) {
+          const sent = this.model(pool[i]!.node).lastSentMs
+          // (A batch's node is no tie: it is priced up so that it stays the batch's.)
+          if (ts[i]! <= bestTtft * (1 + this.opts.tieShare) && sent < oldest && !batchNode[i]) {
+            oldest = sent
+            best = i
+          }
+        }
+        bestTtft = ts[best]!
       }
     }
     scan(true)
@@ -355,6 +380,7 @@ export class PredictedTtft implements RoutingPolicy {
       m.lastProgressMs = Math.max(m.lastProgressMs, a.startedAtMs)
     m.waiting++
     m.routed++
+    m.lastSentMs = a.startedAtMs
     if (req.prefix.length > 0) m.index.insert(req.prefix)
     if (req.session !== undefined) {
       this.sessions.delete(req.session)
