@@ -100,6 +100,12 @@ export interface SimOptions {
    * until `to`, then carries on where it stopped.
    */
   readonly stalls: readonly (readonly [number, number, number])[]
+  /**
+   * Deadline-aware admission: every request carries this TTFT budget (ms), and a request no
+   * node is predicted to answer within it is refused at once (a 429 with retry-after in the
+   * pipeline), as `x-tropa-ttft-budget-ms` does. Undefined: off.
+   */
+  readonly ttftBudgetMs?: number | undefined
   /** Requests arriving before this are not measured (warm-up). */
   readonly measureFromMs: number
   readonly measureToMs: number
@@ -118,6 +124,8 @@ export interface SimResult {
   readonly cacheHitShare: number
   /** Requests sent to a stalled node more than 2 s into its stall (first attempts and hedges). */
   readonly sentToStalledAfter2s: number
+  /** Measured requests refused by deadline-aware admission (not in `unserved`). */
+  readonly refused: number
 }
 
 /** Prompt block hashes of a trace, computed once and shared by every policy's run. */
@@ -215,6 +223,7 @@ interface Job {
   readonly attempts: Set<Attempt>
   firstAtMs: number | undefined
   hedged: boolean
+  refused?: boolean
 }
 
 /** Runs one policy over one prepared trace; returns what the clients saw. */
@@ -280,6 +289,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
   let cachedTokens = 0
   let promptTokens = 0
   let sentToStalledAfter2s = 0
+  let refused = 0
   /** Runs an engine call now, or at the end of the node's stall. */
   const onEngine = (n: SimNode, fn: (engineNow: number) => void) => {
     if (n.stalledAt !== undefined) n.held.push(fn)
@@ -327,6 +337,17 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     }
     const c = policy.choose(cands, req)
     if (!c) return false
+    if (o.ttftBudgetMs !== undefined && exclude.size === 0 && policy.estimateTtftMs) {
+      const predicted = policy.estimateTtftMs(c, req)
+      if (predicted !== undefined && predicted > o.ttftBudgetMs) {
+        job.refused = true
+        if (job.arrivalMs >= o.measureFromMs && job.arrivalMs < o.measureToMs) refused++
+        // A closed loop goes on: its next turn follows a think time after the refusal.
+        const next = job.req.next
+        if (next) arrive(next, now + next.thinkMs)
+        return true
+      }
+    }
     const n = nodes.get(c)!
     if (n.stalledAt !== undefined && now - n.stalledAt > 2000) sentToStalledAfter2s++
     pool.begin(c.node, now)
@@ -462,10 +483,11 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
   }
   return {
     ttftMs: ttft,
-    unserved: measured - served,
+    unserved: measured - served - refused,
     measured,
     hedges: hedges.used,
     cacheHitShare: promptTokens === 0 ? 0 : cachedTokens / promptTokens,
     sentToStalledAfter2s,
+    refused,
   }
 }

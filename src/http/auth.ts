@@ -40,11 +40,26 @@ export const authenticateFirst = (svc: Services) => async (request: Request) => 
   if (!seen.has(request)) seen.set(request, await svc.identity.authenticateShared(credentialOf(request)))
 }
 
+/** Deadline-aware admission (pipeline/dispatch.ts): the first token is wanted within this many ms. */
+export const TTFT_BUDGET_HEADER = 'x-tropa-ttft-budget-ms'
+const MAX_TTFT_BUDGET_MS = 3_600_000
+
+function ttftBudgetOf(v: string): number {
+  const ms = /^\d{1,7}$/.test(v.trim()) ? Number(v.trim()) : Number.NaN
+  if (!(ms >= 1 && ms <= MAX_TTFT_BUDGET_MS))
+    throw new InvalidValue(
+      `${TTFT_BUDGET_HEADER} must be a whole number of ms from 1 to ${MAX_TTFT_BUDGET_MS}`,
+      TTFT_BUDGET_HEADER,
+    )
+  return ms
+}
+
 /**
  * Model endpoints take API keys only: they need a key to bill. With the request's headers, the
  * payer carries `x-tropa-dry-run: 1` (unless `quotes` is false) and the end user: the
  * `x-tropa-end-user` header, else the body's field (`user`, Messages' `metadata.user_id`, given
  * as `user` with its name in `userParam`); empty is none, longer than 256 characters a 400.
+ * And `x-tropa-ttft-budget-ms` (deadline-aware admission), a whole number of ms, else a 400.
  */
 export function payerOf(
   p: Principal,
@@ -56,8 +71,9 @@ export function payerOf(
     const quoteOnly = o?.quotes !== false && headers.get(DRY_RUN_HEADER) === '1'
     const header = headers.get(END_USER_HEADER)
     const named = header ?? o?.user ?? undefined
-    // The pass-through path without an end user or a quote: the principal itself, nothing built.
-    if (!quoteOnly && !named) return p
+    const budget = headers.get(TTFT_BUDGET_HEADER)
+    // The pass-through path without an end user, a quote or a budget: the principal itself, nothing built.
+    if (!quoteOnly && !named && budget === null) return p
     if (named && named.length > MAX_END_USER_LENGTH)
       throw new InvalidValue(
         `an end user id may be at most ${MAX_END_USER_LENGTH} characters`,
@@ -68,6 +84,7 @@ export function payerOf(
       org: p.org,
       ...(quoteOnly && { quoteOnly: true }),
       ...(named && { endUser: named }),
+      ...(budget !== null && { ttftBudgetMs: ttftBudgetOf(budget) }),
     }
   }
   throw new PermissionDenied(

@@ -80,6 +80,11 @@ export interface Payer {
    * recorded in the ledger, and limited by the key's `end_user_budget`.
    */
   readonly endUser?: string
+  /**
+   * `x-tropa-ttft-budget-ms`: the first token is wanted within this many ms. When no node is
+   * predicted to make it the request is refused at once (429, retry-after), before any node sees it.
+   */
+  readonly ttftBudgetMs?: number
 }
 
 /** A completion as JSON (chat's or the legacy endpoint's): the fields Tropa reads or rewrites. */
@@ -316,6 +321,7 @@ export async function runModelCall(
     prefix: prefix.blocks,
     blockTokens: prefix.blockTokens,
     session: call.session,
+    ttftBudgetMs: payer.ttftBudgetMs,
   }
   const completionId = call.completionId
   const headers = (c: Candidate): Record<string, string> => {

@@ -3,6 +3,7 @@ import type { Config, ModelConfig, RouteConfig } from '../config/load.ts'
 import {
   InvalidRequest,
   NoUpstreamAvailable,
+  RateLimited,
   UpstreamFailed,
   UpstreamRejected,
   UpstreamUnreachable,
@@ -42,6 +43,11 @@ export interface Dispatch<T> {
   readonly prefix: readonly number[]
   readonly blockTokens: number
   readonly session: string | undefined
+  /**
+   * Deadline-aware admission: refuse the request (RateLimited, before any node sees it) when the
+   * policy predicts no first token within this many ms on the node it would choose.
+   */
+  readonly ttftBudgetMs?: number | undefined
   readonly body: (route: RouteConfig) => string
   /**
    * Takes the upstream's 2xx reply up to the point where Tropa commits to it (the first chunk of
@@ -163,6 +169,10 @@ export async function dispatch<T>(
     }
     const c = deps.policy.choose(candidates, req)
     if (!c) return false
+    if (tried === 0 && d.ttftBudgetMs !== undefined) {
+      const predicted = deps.policy.estimateTtftMs?.(c, req)
+      if (predicted !== undefined && predicted > d.ttftBudgetMs) throw overBudget(d.ttftBudgetMs, predicted)
+    }
     tried++
     exclude.add(c)
     deps.pool.begin(c.node, nowMs)
@@ -280,6 +290,19 @@ export async function dispatch<T>(
     // A failure ends hedging: the failover below is the second copy.
     hedgeAtMs = undefined
   }
+}
+
+/**
+ * No node is predicted to give the first token within the request's budget: a 429 the client
+ * can act on at once (another model, a smaller prompt, or a retry once the queue has drained:
+ * retry-after is the predicted overshoot, at least 1 s).
+ */
+function overBudget(budgetMs: number, predictedMs: number): RateLimited {
+  return new RateLimited(
+    `no node is predicted to answer within the TTFT budget of ${budgetMs} ms (the best predicts ${Math.ceil(predictedMs)} ms)`,
+    Math.max(1, Math.ceil((predictedMs - budgetMs) / 1000)),
+    'ttft_budget_unmet',
+  )
 }
 
 /** The next attempt to settle, or 'hedge' when the hedge time comes first. */

@@ -51,10 +51,17 @@ export class Attempt {
   predictedCachedTokens = 0
   /** Whether this attempt is counted as decoding on the node. */
   decoding = false
+  /** Its own uncached prompt tokens as predicted at the start (queuedTokens drops to 0 at the first chunk). */
+  ownTokens = 0
   /** Uncached tokens queued on the node ahead of this attempt when it started, its own included. */
   queueAheadTokens = 0
   /** Requests decoding on the node when it started. */
   decodingAtStart = 0
+  /**
+   * The time its queue ahead took to prefill, ms (the first token's wait less the network and
+   * the decode steps), kept from the first chunk until the end reports the cached tokens.
+   */
+  prefillMs: number | undefined
 
   constructor(
     readonly candidate: Candidate,

@@ -36,12 +36,26 @@ export interface PredictedTtftOptions {
    * out until it answers.
    */
   readonly stallMinMs: number
+  /** How long a node suspected of a stall stays priced by its silence with nothing sent to it, ms. */
+  readonly suspectMaxMs: number
   /** Prefix index size per node, in blocks. */
   readonly indexBlocks: number
   /** Time constant of the rate's recovery after a drop, ms (drops apply at once). */
   readonly recoveryMs: number
+  /** Nodes predicted within this share of the best are a tie, won by the one sent to longest ago. */
+  readonly tieShare: number
   /** A session's previous node wins when predicted within this factor of the best. */
   readonly sessionSlack: number
+  /**
+   * A new session's first request ignores cached prefixes when they draw it to a node decoding
+   * more than this many requests above the least busy candidate.
+   */
+  readonly sessionSpread: number
+  /**
+   * First tokens that waited on fewer uncached tokens than this do not teach the prefill rate:
+   * the fixed cost of a step outweighs the prefill in them.
+   */
+  readonly minRateSampleTokens: number
   /**
    * While a batch runs, a node that is the batch's (quiet: no interactive request in flight nor
    * lately, or running batch lines and no interactive request) is priced this much higher:
@@ -65,9 +79,13 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sampled: 2,
   scanAll: 32,
   stallMinMs: 1000,
+  suspectMaxMs: 30_000,
   indexBlocks: 32_768,
   recoveryMs: 10_000,
+  tieShare: 0.1,
   sessionSlack: 1.15,
+  sessionSpread: 2,
+  minRateSampleTokens: 512,
   batchNodeFactor: 1.1,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
@@ -104,11 +122,20 @@ export class NodeModel {
   readonly index: PrefixIndex
   /** Requests routed here (first attempts and failovers) and first chunks seen. */
   routed = 0
+  /** When a request was last sent here, ms. */
+  lastSentMs = Number.NEGATIVE_INFINITY
   firstChunks = 0
   /** The most recent first-token times here, ms (the fleet view's percentiles). */
   readonly ttft = new RatioQuantile(256, 1)
   /** The last sign of life: a first chunk or an end here, or a dispatch to it while it had nothing outstanding. */
   lastProgressMs = 0
+  /**
+   * Set when requests were abandoned here in silence (no first token, none since): the node
+   * stays priced by its silence with nothing outstanding, until it shows life (a first chunk, an
+   * end, its /metrics moving from `suspectMetrics`) or `suspectMaxMs` passes.
+   */
+  suspectAtMs: number | undefined
+  suspectMetrics: string | undefined
 
   constructor(
     readonly node: NodeState,
@@ -169,6 +196,7 @@ export class NodeModel {
  * with the longest prefix match plus `sampled` random nodes, so many routers do not all pile
  * onto one node. A session's previous node wins near-ties.
  */
+
 export class PredictedTtft implements RoutingPolicy {
   readonly name: string
   private readonly opts: PredictedTtftOptions
@@ -207,15 +235,32 @@ export class PredictedTtft implements RoutingPolicy {
     const uncached = Math.max(1, n - m.hitRatio * cached)
     const rate = m.rate(nowMs)
     const queueMs = (queued * 1000) / rate
-    let t = m.rttMs + slotWaitMs + queueMs + (uncached * 1000) / rate + this.opts.gamma * m.decoding * m.itlMs
+    let t =
+      m.rttMs + slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs)
     // Silent for longer than the head of its queue could take (3x an average queued request's
     // prefill): stalled (hung, or a partition holding the connection). Its prediction grows by
     // 8x the silence so far, until it answers.
-    if (m.waiting > 0) {
+    if (m.waiting > 0 || this.suspect(m, nowMs)) {
       const silentMs = nowMs - m.lastProgressMs
-      if (silentMs > Math.max(this.opts.stallMinMs, (3 * queueMs) / m.waiting + m.rttMs)) t += 8 * silentMs
+      if (silentMs > this.stallAfterMs(m, queueMs)) t += 8 * silentMs
     }
     return t
+  }
+
+  /** How long a node with requests outstanding may be silent before it is taken for stalled, ms. */
+  private stallAfterMs(m: NodeModel, queueMs: number): number {
+    // Longer than the head of its queue could take (3x an average queued request's prefill).
+    return Math.max(this.opts.stallMinMs, (3 * queueMs) / Math.max(1, m.waiting) + m.rttMs)
+  }
+
+  private suspect(m: NodeModel, nowMs: number): boolean {
+    return m.suspectAtMs !== undefined && nowMs - m.suspectAtMs < this.opts.suspectMaxMs
+  }
+
+  /** A sign of life: the node is not stalled. */
+  private alive(m: NodeModel, nowMs: number): void {
+    m.lastProgressMs = nowMs
+    m.suspectAtMs = undefined
   }
 
   choose(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
@@ -251,24 +296,59 @@ export class PredictedTtft implements RoutingPolicy {
       picked.push(...set)
     }
 
+    const newSession = req.session !== undefined && sessionNode === undefined
     let best = -1
     let bestTtft = Number.POSITIVE_INFINITY
     let sessionTtft = Number.POSITIVE_INFINITY
-    for (const i of picked) {
-      const c = pool[i]!
-      const cached = Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1)
-      let t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
-      if (
-        c.node.interactiveInFlight === 0 &&
-        (c.node.batchInFlight > 0 ||
-          (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))
-      )
-        t *= this.opts.batchNodeFactor
-      if (i === sessionIdx) sessionTtft = t
-      if (t < bestTtft) {
-        bestTtft = t
-        best = i
+    const ts: number[] = []
+    const batchNode: boolean[] = []
+    const scan = (withCache: boolean) => {
+      best = -1
+      bestTtft = Number.POSITIVE_INFINITY
+      for (const i of picked) {
+        const c = pool[i]!
+        const cached = withCache ? Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1) : 0
+        let t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
+        if (
+          c.node.interactiveInFlight === 0 &&
+          (c.node.batchInFlight > 0 ||
+            (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))
+        ) {
+          t *= this.opts.batchNodeFactor
+          batchNode[i] = true
+        } else batchNode[i] = false
+        if (i === sessionIdx) sessionTtft = t
+        ts[i] = t
+        if (t < bestTtft) {
+          bestTtft = t
+          best = i
+        }
       }
+      // Near-equal predictions go to the node sent to longest ago: identical nodes then get
+      // their requests evenly spaced, as round-robin does, and the oldest queue is the likeliest
+      // to be nearly done (the prediction sees tokens queued, not how far their prefill got).
+      if (this.opts.tieShare > 0) {
+        let oldest = this.model(pool[best]!.node).lastSentMs
+        for (const i of picked) {
+          const sent = this.model(pool[i]!.node).lastSentMs
+          // (A batch's node is no tie: it is priced up so that it stays the batch's.)
+          if (ts[i]! <= bestTtft * (1 + this.opts.tieShare) && sent < oldest && !batchNode[i]) {
+            oldest = sent
+            best = i
+          }
+        }
+        bestTtft = ts[best]!
+      }
+    }
+    scan(true)
+    if (newSession) {
+      // A new session settles where it starts: its turns will load that node. When the cached
+      // prefix it would find (a system prompt all sessions share, say) draws it to a node busier
+      // than the least busy by more than `sessionSpread` decoding requests, it is placed as if
+      // nothing were cached, and so the popular prefix spreads instead of piling on one node.
+      let minDecoding = Number.POSITIVE_INFINITY
+      for (const i of picked) minDecoding = Math.min(minDecoding, this.model(pool[i]!.node).decoding)
+      if (this.model(pool[best]!.node).decoding > minDecoding + this.opts.sessionSpread) scan(false)
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
@@ -290,12 +370,17 @@ export class PredictedTtft implements RoutingPolicy {
     a.predictedCachedTokens = cached
     a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs)
     a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
+    a.ownTokens = a.queuedTokens
     m.queuedTokens += a.queuedTokens
     a.queueAheadTokens = m.queuedTokens
     a.decodingAtStart = m.decoding
-    if (m.waiting === 0) m.lastProgressMs = Math.max(m.lastProgressMs, a.startedAtMs)
+    // With nothing owed, the node's silence starts now; one that let requests go unanswered
+    // still owes a first token, and its silence goes on.
+    if (m.waiting === 0 && !this.suspect(m, a.startedAtMs))
+      m.lastProgressMs = Math.max(m.lastProgressMs, a.startedAtMs)
     m.waiting++
     m.routed++
+    m.lastSentMs = a.startedAtMs
     if (req.prefix.length > 0) m.index.insert(req.prefix)
     if (req.session !== undefined) {
       this.sessions.delete(req.session)
@@ -311,16 +396,23 @@ export class PredictedTtft implements RoutingPolicy {
     const ttft = nowMs - a.startedAtMs
     m.ttft.add(ttft)
     const own = a.queuedTokens
-    m.lastProgressMs = nowMs
+    this.alive(m, nowMs)
     this.dequeue(m, a)
     m.decoding++
     a.decoding = true
     m.firstChunks++
     // Solve the prediction for R with what was known at dispatch: the tokens this first token
     // waited for (the queue ahead of it, its own included) over the time they took.
-    const decodeMs = this.opts.gamma * a.decodingAtStart * m.itlMs
+    const decodeMs = this.decodeStepsMs(a.decodingAtStart, m.itlMs)
     const prefillMs = ttft - m.rttMs - decodeMs
-    if (prefillMs > 0) m.observeRate((a.queueAheadTokens * 1000) / prefillMs, nowMs)
+    if (prefillMs > 0 && a.queueAheadTokens >= this.opts.minRateSampleTokens) {
+      // The rate is learned at the end, when usage says how much of the prompt was cached
+      // (predicted hits are often short of the node's); a sample far below the rate (a slowed
+      // node) prices it down now.
+      a.prefillMs = prefillMs
+      const sample = (a.queueAheadTokens * 1000) / prefillMs
+      if (sample < m.rate(nowMs) * 0.5) m.dip(sample, nowMs)
+    }
     // A tiny prompt on an idle node measures the network, not the prefill.
     if (a.queueAheadTokens <= own && own <= 64 && a.decodingAtStart === 0) m.observeRtt(ttft, nowMs)
     if (a.predictedTtftMs !== undefined && a.predictedTtftMs > 0) this.ratio.add(ttft / a.predictedTtftMs)
@@ -334,7 +426,7 @@ export class PredictedTtft implements RoutingPolicy {
     completionTokens?: number,
   ): void {
     const m = this.model(a.candidate.node)
-    if (outcome === 'ok') m.lastProgressMs = nowMs
+    if (outcome === 'ok') this.alive(m, nowMs)
     if (a.decoding) {
       m.decoding--
       a.decoding = false
@@ -348,6 +440,13 @@ export class PredictedTtft implements RoutingPolicy {
         m.itlMs += (itl - m.itlMs) * 0.2
       }
     } else this.dequeue(m, a)
+    if (outcome === 'cancelled' && a.firstAtMs === undefined && m.suspectAtMs === undefined) {
+      // Given up without a first token (a hedge won elsewhere, the client left): until the node
+      // shows life its silence keeps counting with nothing outstanding there, so that it does
+      // not look idle (its cached prefixes would draw traffic back into a stall).
+      m.suspectAtMs = nowMs
+      m.suspectMetrics = nowMs - m.metricAtMs < 5_000 ? `${m.metricWaiting}/${m.metricRunning}` : undefined
+    }
     if (
       outcome === 'cancelled' &&
       a.firstAtMs === undefined &&
@@ -362,6 +461,12 @@ export class PredictedTtft implements RoutingPolicy {
     } else if (outcome === 'failed') {
       m.dip(m.rate(nowMs) / 2, nowMs)
       m.index.clear()
+    }
+    if (outcome === 'ok' && a.prefillMs !== undefined) {
+      const own = Math.max(1, a.req.promptTokens - (cachedTokens ?? a.req.promptTokens - a.ownTokens))
+      if (a.queueAheadTokens - a.ownTokens + own >= this.opts.minRateSampleTokens)
+        m.observeRate(((a.queueAheadTokens - a.ownTokens + own) * 1000) / a.prefillMs, nowMs)
+      a.prefillMs = undefined
     }
     if (outcome === 'ok') {
       const took = nowMs - a.startedAtMs
@@ -379,6 +484,13 @@ export class PredictedTtft implements RoutingPolicy {
     m.metricWaiting = metrics.waiting
     m.metricRunning = metrics.running
     m.metricAtMs = nowMs
+    // A hung engine's gauges freeze; moving ones say it is working again.
+    if (
+      m.suspectAtMs !== undefined &&
+      m.suspectMetrics !== undefined &&
+      m.suspectMetrics !== `${metrics.waiting}/${metrics.running}`
+    )
+      this.alive(m, nowMs)
   }
 
   hedgeAtMs(a: Attempt): number | undefined {
@@ -419,6 +531,15 @@ export class PredictedTtft implements RoutingPolicy {
       ttftP99Ms: m.ttft.quantile(0.99),
       ttftSamples: m.ttft.count,
     }))
+  }
+
+  /**
+   * What decoding neighbours add to a first token: on a node decoding D requests, a new prompt
+   * waits for the step under way (half of one, on average) and its prefill runs in a step that
+   * also decodes them: 1.5 steps of itl x (1 + gamma x D). An idle node starts it at once.
+   */
+  decodeStepsMs(decoding: number, itlMs: number): number {
+    return decoding > 0 ? 1.5 * itlMs * (1 + this.opts.gamma * decoding) : 0
   }
 
   private dequeue(m: NodeModel, a: Attempt): void {
