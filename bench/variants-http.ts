@@ -2,7 +2,8 @@
  * `bun bench/variants-http.ts [--rounds N] [--seconds S] [--conns C] <variant> <variant> [...]`:
  * what a setting costs a router over real HTTP. Each variant is a JSON object merged into the
  * bench's config (`'{}'`: the defaults; `'{"metrics":{"requests":false}}'`; the same variant twice
- * shows the measure's own noise, an A/A run). One router of this tree per variant runs as a
+ * shows the measure's own noise, an A/A run), or `<tree>#<JSON>` (`/work/other#{}`): another
+ * source tree, a worktree of another commit with its own `bun install`. One router of this tree per variant runs as a
  * process, all side by side, in front of one stub upstream (a process answering every chat
  * request at once with a fixed 16-token completion); a load of C connections (default 32) goes to
  * one router after the other, the order rotating every round. Per request: each router's
@@ -15,7 +16,7 @@
  */
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 
 const { values, positionals } = parseArgs({
@@ -28,7 +29,12 @@ if (positionals.length < 2) {
 }
 // biome-ignore lint/suspicious/noExplicitAny: a config fragment of any shape
 type Any = any
-const variants: Any[] = positionals.map((p) => JSON.parse(p))
+/** A variant: config JSON, or `<tree>#<config JSON>` to run another source tree (a worktree). */
+const variants: { tree: string; config: Any }[] = positionals.map((p) => {
+  if (p.startsWith('{')) return { tree: join(import.meta.dir, '..'), config: JSON.parse(p) }
+  const at = p.indexOf('#')
+  return { tree: resolve(at < 0 ? p : p.slice(0, at)), config: at < 0 ? {} : JSON.parse(p.slice(at + 1)) }
+})
 const rounds = Number(values.rounds ?? 8)
 const seconds = Number(values.seconds ?? 3)
 const conns = Number(values.conns ?? 32)
@@ -112,12 +118,12 @@ async function router(index: number) {
       },
     ],
   }
-  writeFileSync(cfg, JSON.stringify(merged(base, variants[index])))
+  writeFileSync(cfg, JSON.stringify(merged(base, variants[index]!.config)))
   const proc = Bun.spawn(
     [
       process.execPath,
       '--max-http-header-size=65536',
-      join(import.meta.dir, '../src/main.ts'),
+      join(variants[index]!.tree, 'src/main.ts'),
       '--config',
       cfg,
     ],

@@ -251,8 +251,8 @@ export const MetricsSchema = T.Object(
   {
     /**
      * Record request-level metrics (tropa_request_duration_seconds and the rest; default true).
-     * false, with the access log off too, keeps no record of a request at all: no
-     * x-tropa-overhead-ms either (for measuring what recording costs).
+     * false: no request series (x-tropa-overhead-ms and the access log are kept); for measuring
+     * what recording costs.
      */
     requests: T.Optional(T.Boolean()),
     /** Label requests, tokens and roubles by organization (off by default: one series per org). */

@@ -24,8 +24,6 @@ export interface CaptureOptions {
 export class Telemetry {
   readonly metrics: RequestMetrics
   private readonly open = new Map<string, RequestRecord>()
-  /** Requests get a record: for the metrics, or for the access log. */
-  private readonly recording: boolean
   /** Records go into the metrics (metrics.requests). */
   private readonly metered: boolean
   /** Undefined unless someone's bodies are captured (then requests keep their body until they end). */
@@ -42,7 +40,6 @@ export class Telemetry {
   ) {
     this.metrics = new RequestMetrics(opts)
     this.metered = opts.requests !== false
-    this.recording = this.metered || accessLog !== undefined
     this.capture =
       accessLog && capture && capture.captureOrgs.length + capture.captureKeys.length > 0
         ? {
@@ -70,7 +67,6 @@ export class Telemetry {
 
   /** A request arrived; only POSTs to model endpoints get a record. */
   begin(id: string, request: Request): void {
-    if (!this.recording) return
     const endpoint = endpointOf(request.method, request.url)
     if (endpoint < 0) return
     const rec = new RequestRecord(this, id, endpoint, performance.now())
