@@ -20,6 +20,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
+import { merged } from './stub-router.ts'
 
 const ADMIN = 'bench-admin-token-0123456789abcdef'
 const REPLY = JSON.stringify({
@@ -63,14 +64,6 @@ function threadCpuUs(): number {
 type Any = any
 
 /** One tree's app, with a key, answering from a stub upstream; `one()` is one request. */
-/** `base` with `extra` merged in, objects key by key (arrays and values replaced). */
-function merged(base: Any, extra: Any): Any {
-  if (typeof extra !== 'object' || extra === null || Array.isArray(extra)) return extra
-  const out = { ...base }
-  for (const [k, v] of Object.entries(extra)) out[k] = merged(base?.[k], v)
-  return out
-}
-
 async function setup(spec: string, nodeUrl: string) {
   const at = spec.indexOf('#')
   const tree = at < 0 ? spec : spec.slice(0, at)

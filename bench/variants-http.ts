@@ -14,10 +14,11 @@
  * mere setImmediate) costs a loop turn per request that a served request, which waits for
  * sockets anyway, does not pay.
  */
-import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
+import { freePort, routerConfig, startRouter, startStub } from './stub-router.ts'
 
 const { values, positionals } = parseArgs({
   options: { rounds: { type: 'string' }, seconds: { type: 'string' }, conns: { type: 'string' } },
@@ -27,10 +28,8 @@ if (positionals.length < 2) {
   console.error("usage: bun bench/variants-http.ts [--rounds N] [--seconds S] [--conns C] '{}' '{...}' [...]")
   process.exit(2)
 }
-// biome-ignore lint/suspicious/noExplicitAny: a config fragment of any shape
-type Any = any
 /** A variant: config JSON, or `<tree>#<config JSON>` to run another source tree (a worktree). */
-const variants: { tree: string; config: Any }[] = positionals.map((p) => {
+const variants: { tree: string; config: unknown }[] = positionals.map((p) => {
   if (p.startsWith('{')) return { tree: join(import.meta.dir, '..'), config: JSON.parse(p) }
   const at = p.indexOf('#')
   return { tree: resolve(at < 0 ? p : p.slice(0, at)), config: at < 0 ? {} : JSON.parse(p.slice(at + 1)) }
@@ -38,17 +37,6 @@ const variants: { tree: string; config: Any }[] = positionals.map((p) => {
 const rounds = Number(values.rounds ?? 8)
 const seconds = Number(values.seconds ?? 3)
 const conns = Number(values.conns ?? 32)
-const ADMIN = 'bench-admin-token-0123456789abcdef'
-const REPLY = JSON.stringify({
-  id: 'chatcmpl-sim-1',
-  object: 'chat.completion',
-  created: 1764000000,
-  model: 'chat-small',
-  choices: [
-    { index: 0, message: { role: 'assistant', content: 'Routers queue requests.' }, finish_reason: 'length' },
-  ],
-  usage: { prompt_tokens: 16, completion_tokens: 16, total_tokens: 32 },
-})
 const BODY = JSON.stringify({
   model: 'bench/fast',
   messages: [{ role: 'user', content: 'Say something short about routers and queues.' }],
@@ -72,80 +60,18 @@ function threads(pid: number): Map<string, number> {
   return out
 }
 
-const free = () => {
-  const s = Bun.serve({ port: 0, hostname: '127.0.0.1', fetch: () => new Response() })
-  const p = s.port!
-  s.stop(true)
-  return p
-}
 const dir = mkdtempSync(join(tmpdir(), 'tropa-variants-bench-'))
-const stubPort = free()
-const stubFile = join(dir, 'stub.ts')
-writeFileSync(
-  stubFile,
-  `Bun.serve({ port: ${stubPort}, hostname: '127.0.0.1', fetch: (r) => new URL(r.url).pathname.endsWith('/chat/completions') ? new Response(${JSON.stringify(REPLY)}, { headers: { 'content-type': 'application/json' } }) : new Response('{"data":[]}') })`,
-)
-const stub = Bun.spawn([process.execPath, stubFile], { stdout: 'ignore', stderr: 'inherit' })
-
-/** `base` with `extra` merged in, objects key by key (arrays and values replaced). */
-function merged(base: Any, extra: Any): Any {
-  if (typeof extra !== 'object' || extra === null || Array.isArray(extra)) return extra
-  const out = { ...base }
-  for (const [k, v] of Object.entries(extra)) out[k] = merged(base?.[k], v)
-  return out
-}
+const stub = startStub(dir)
 
 async function router(index: number) {
-  const sub = join(dir, `v${index}`)
-  const port = free()
-  const cfg = join(dir, `v${index}.json`)
-  const base = {
-    server: { host: '127.0.0.1', port, data_dir: sub, log_level: 'error', admin_token: ADMIN, workers: 1 },
-    storage: { ledger_queue_max: 5_000_000 },
-    models: [
-      {
-        id: 'bench/fast',
-        context_length: 8192,
-        pricing_per_million: { prompt: '30', completion: '60' },
-        routes: [
-          {
-            name: 'stub',
-            base_url: `http://127.0.0.1:${stubPort}/v1`,
-            upstream_model: 'chat-small',
-            max_concurrency: 100_000,
-          },
-        ],
-      },
-    ],
-  }
-  writeFileSync(cfg, JSON.stringify(merged(base, variants[index]!.config)))
-  const proc = Bun.spawn(
-    [
-      process.execPath,
-      '--max-http-header-size=65536',
-      join(variants[index]!.tree, 'src/main.ts'),
-      '--config',
-      cfg,
-    ],
-    { stdout: 'ignore', stderr: 'inherit', env: { PATH: process.env.PATH ?? '' } },
-  )
-  const url = `http://127.0.0.1:${port}`
-  for (let i = 0; ; i++) {
-    try {
-      if ((await fetch(`${url}/ready`)).ok) break
-    } catch {}
-    if (i > 1000) throw new Error('router did not start')
-    await Bun.sleep(10)
-  }
-  const post = (path: string, token: string, b: unknown) =>
-    fetch(`${url}${path}`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-      body: JSON.stringify(b),
-    }).then((r) => r.json() as Promise<Record<string, string>>)
-  const org = await post('/v1/admin/organizations', ADMIN, { name: 'b', balance_rub: 10_000_000 })
-  const key = (await post('/v1/keys', org.master_key!, { name: 'k' })).key!
-  return { index, proc, url, key }
+  const port = freePort()
+  const v = variants[index]!
+  const r = await startRouter({
+    tree: v.tree,
+    config: routerConfig(port, join(dir, `v${index}`), stub.port, v.config),
+    configPath: join(dir, `v${index}.json`),
+  })
+  return { index, ...r }
 }
 
 type Router = Awaited<ReturnType<typeof router>>
@@ -207,5 +133,5 @@ routers.forEach((_r, v) => {
   )
 })
 for (const r of routers) r.proc.kill()
-stub.kill()
+stub.proc.kill()
 process.exit(0)

@@ -10,10 +10,11 @@
  * On a machine whose cores are shared with wrk and the stub upstream, the gain is bounded by
  * what they leave.
  */
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
+import { freePort, routerConfig, startRouter, startStub } from './stub-router.ts'
 import { runWrk, wrkPath } from './wrk.ts'
 
 const { values } = parseArgs({
@@ -31,17 +32,6 @@ const seconds = Number(values.seconds ?? 5)
 const conns = Number(values.conns ?? 64)
 const W = Number(values.workers ?? 2)
 if (!wrkPath()) throw new Error('wrk is not installed (apt-get install -y wrk)')
-const ADMIN = 'bench-admin-token-0123456789abcdef'
-const REPLY = JSON.stringify({
-  id: 'chatcmpl-sim-1',
-  object: 'chat.completion',
-  created: 1764000000,
-  model: 'chat-small',
-  choices: [
-    { index: 0, message: { role: 'assistant', content: 'Routers queue requests.' }, finish_reason: 'length' },
-  ],
-  usage: { prompt_tokens: 16, completion_tokens: 16, total_tokens: 32 },
-})
 // A longer prompt makes each request the router's own work (its tokens are counted), rather than
 // the load generator's or the stub's, which share the machine's cores.
 const promptBytes = Number(values['prompt-bytes'] ?? 0)
@@ -86,84 +76,24 @@ function children(pid: number): number[] {
   return out
 }
 
-const free = () => {
-  const s = Bun.serve({ port: 0, hostname: '127.0.0.1', fetch: () => new Response() })
-  const p = s.port!
-  s.stop(true)
-  return p
-}
 const dir = mkdtempSync(join(tmpdir(), 'tropa-workers-bench-'))
-const stubPort = free()
-const stubFile = join(dir, 'stub.ts')
-writeFileSync(
-  stubFile,
-  `Bun.serve({ port: ${stubPort}, hostname: '127.0.0.1', fetch: (r) => new URL(r.url).pathname.endsWith('/chat/completions') ? new Response(${JSON.stringify(REPLY)}, { headers: { 'content-type': 'application/json' } }) : new Response('{"data":[]}') })`,
-)
-const stub = Bun.spawn([process.execPath, stubFile], { stdout: 'ignore', stderr: 'inherit' })
+const stub = startStub(dir)
 
 async function router(workers: number) {
-  const sub = join(dir, `w${workers}`)
-  const port = free()
-  const cfg = join(dir, `w${workers}.json`)
-  writeFileSync(
-    cfg,
-    JSON.stringify({
-      server: { host: '127.0.0.1', port, data_dir: sub, log_level: 'error', admin_token: ADMIN, workers },
-      storage: { ledger_queue_max: 5_000_000 },
-      models: [
-        {
-          id: 'bench/fast',
-          context_length: 8192,
-          pricing_per_million: { prompt: '30', completion: '60' },
-          routes: [
-            {
-              name: 'stub',
-              base_url: `http://127.0.0.1:${stubPort}/v1`,
-              upstream_model: 'chat-small',
-              max_concurrency: 100_000,
-            },
-          ],
-        },
-      ],
-    }),
-  )
-  const proc = Bun.spawn(
-    [
-      process.execPath,
-      '--max-http-header-size=65536',
-      join(import.meta.dir, '../src/main.ts'),
-      '--config',
-      cfg,
-    ],
-    {
-      stdout: 'ignore',
-      stderr: 'inherit',
-      env: {
-        PATH: process.env.PATH ?? '',
-        TROPA_WORKERS: String(workers),
-        // The money path off on both sides: what the processes themselves cost, without the hub.
-        ...(values['no-billing'] && { TROPA_BENCH_NO_BILLING: '1' }),
-      },
+  const port = freePort()
+  const r = await startRouter({
+    tree: join(import.meta.dir, '..'),
+    config: routerConfig(port, join(dir, `w${workers}`), stub.port, { server: { workers } }),
+    configPath: join(dir, `w${workers}.json`),
+    env: {
+      TROPA_WORKERS: String(workers),
+      // The money path off on both sides: what the processes themselves cost, without the hub.
+      ...(values['no-billing'] && { TROPA_BENCH_NO_BILLING: '1' }),
     },
-  )
-  const url = `http://127.0.0.1:${port}`
-  for (let i = 0; ; i++) {
-    try {
-      if ((await fetch(`${url}/ready`)).ok && children(proc.pid).length >= (workers > 1 ? workers : 0)) break
-    } catch {}
-    if (i > 2000) throw new Error('router did not start')
-    await Bun.sleep(10)
-  }
+    ready: (proc) => children(proc.pid).length >= (workers > 1 ? workers : 0),
+  })
   await Bun.sleep(500) // every worker listening
-  const post = (path: string, token: string, b: unknown) =>
-    fetch(`${url}${path}`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-      body: JSON.stringify(b),
-    }).then((r) => r.json() as Promise<Record<string, string>>)
-  const org = await post('/v1/admin/organizations', ADMIN, { name: 'b', balance_rub: 10_000_000 })
-  const key = (await post('/v1/keys', org.master_key!, { name: 'k' })).key!
-  return { workers, proc, url, key }
+  return { workers, ...r }
 }
 
 type Router = Awaited<ReturnType<typeof router>>
@@ -212,6 +142,6 @@ for (const r of [one, many]) {
   r.proc.kill('SIGTERM')
   await r.proc.exited
 }
-stub.kill()
+stub.proc.kill()
 rmSync(dir, { recursive: true, force: true })
 process.exit(0)

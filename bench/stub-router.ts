@@ -1,0 +1,118 @@
+/**
+ * What the HTTP benchmarks of one router against a stub upstream share (variants-http.ts,
+ * workers.ts): the stub (a process answering every chat request at once with a fixed 16-token
+ * completion), a router of a source tree as a process with its config, an organization and key
+ * on it, and config merging. request-path.ts merges configs the same way, in-process.
+ */
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+
+export const ADMIN = 'bench-admin-token-0123456789abcdef'
+export const REPLY = JSON.stringify({
+  id: 'chatcmpl-sim-1',
+  object: 'chat.completion',
+  created: 1764000000,
+  model: 'chat-small',
+  choices: [
+    { index: 0, message: { role: 'assistant', content: 'Routers queue requests.' }, finish_reason: 'length' },
+  ],
+  usage: { prompt_tokens: 16, completion_tokens: 16, total_tokens: 32 },
+})
+
+// biome-ignore lint/suspicious/noExplicitAny: a config fragment of any shape
+type Any = any
+
+/** `base` with `extra` merged in, objects key by key (arrays and values replaced). */
+export function merged(base: Any, extra: Any): Any {
+  if (typeof extra !== 'object' || extra === null || Array.isArray(extra)) return extra
+  const out = { ...base }
+  for (const [k, v] of Object.entries(extra)) out[k] = merged(base?.[k], v)
+  return out
+}
+
+/** A port free right now. */
+export function freePort(): number {
+  const s = Bun.serve({ port: 0, hostname: '127.0.0.1', fetch: () => new Response() })
+  const p = s.port!
+  s.stop(true)
+  return p
+}
+
+/** The stub upstream, a process of its own (so its work is not the router's). */
+export function startStub(dir: string): { port: number; proc: ReturnType<typeof Bun.spawn> } {
+  const port = freePort()
+  const file = join(dir, 'stub.ts')
+  writeFileSync(
+    file,
+    `Bun.serve({ port: ${port}, hostname: '127.0.0.1', fetch: (r) => new URL(r.url).pathname.endsWith('/chat/completions') ? new Response(${JSON.stringify(REPLY)}, { headers: { 'content-type': 'application/json' } }) : new Response('{"data":[]}') })`,
+  )
+  return { port, proc: Bun.spawn([process.execPath, file], { stdout: 'ignore', stderr: 'inherit' }) }
+}
+
+/** The bench's router config: one model, bench/fast, on the stub; `extra` merged in. */
+export function routerConfig(port: number, dataDir: string, stubPort: number, extra: Any = {}): Any {
+  return merged(
+    {
+      server: {
+        host: '127.0.0.1',
+        port,
+        data_dir: dataDir,
+        log_level: 'error',
+        admin_token: ADMIN,
+        workers: 1,
+      },
+      storage: { ledger_queue_max: 5_000_000 },
+      models: [
+        {
+          id: 'bench/fast',
+          context_length: 8192,
+          pricing_per_million: { prompt: '30', completion: '60' },
+          routes: [
+            {
+              name: 'stub',
+              base_url: `http://127.0.0.1:${stubPort}/v1`,
+              upstream_model: 'chat-small',
+              max_concurrency: 100_000,
+            },
+          ],
+        },
+      ],
+    },
+    extra,
+  )
+}
+
+/**
+ * A router of `tree` (a source tree) on `config`, as a process; resolved once `ready()` holds and
+ * an organization with a key exists on it.
+ */
+export async function startRouter(o: {
+  tree: string
+  config: Any
+  configPath: string
+  env?: Record<string, string>
+  ready?: (proc: ReturnType<typeof Bun.spawn>) => boolean
+}) {
+  writeFileSync(o.configPath, JSON.stringify(o.config))
+  const proc = Bun.spawn(
+    [process.execPath, '--max-http-header-size=65536', join(o.tree, 'src/main.ts'), '--config', o.configPath],
+    { stdout: 'ignore', stderr: 'inherit', env: { PATH: process.env.PATH ?? '', ...o.env } },
+  )
+  const url = `http://${o.config.server.host}:${o.config.server.port}`
+  for (let i = 0; ; i++) {
+    try {
+      if ((await fetch(`${url}/ready`)).ok && (o.ready?.(proc) ?? true)) break
+    } catch {}
+    if (i > 2000) throw new Error('router did not start')
+    await Bun.sleep(10)
+  }
+  const post = (path: string, token: string, b: unknown) =>
+    fetch(`${url}${path}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+      body: JSON.stringify(b),
+    }).then((r) => r.json() as Promise<Record<string, string>>)
+  const org = await post('/v1/admin/organizations', ADMIN, { name: 'b', balance_rub: 10_000_000 })
+  const key = (await post('/v1/keys', org.master_key!, { name: 'k' })).key!
+  return { proc, url, key }
+}
