@@ -16,6 +16,8 @@ import {
  */
 const FILL_LOAD = 0
 const QUIET_LOAD = 0.25
+/** batches.pack_share by default (docs/batches.md, "Packing"). */
+const PACK_SHARE = 0.5
 
 export interface RouteConfig {
   /** Stable node name (defaults to host:port of the base URL); routing state is kept per node. */
@@ -170,6 +172,7 @@ export interface Config {
     readonly quietMs: number
     readonly fillLoad: number
     readonly quietLoad: number
+    readonly packShare: number
     readonly tickMs: number
     readonly linkTtlSec: number
     readonly maxAttempts: number
@@ -437,6 +440,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       quietMs: cfg.batches?.quiet_ms ?? 1000,
       fillLoad: cfg.batches?.fill_load ?? FILL_LOAD,
       quietLoad: cfg.batches?.quiet_load ?? QUIET_LOAD,
+      packShare: cfg.batches?.pack_share ?? PACK_SHARE,
       tickMs: cfg.batches?.tick_ms ?? 200,
       linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
       maxAttempts: cfg.batches?.max_attempts ?? 5,

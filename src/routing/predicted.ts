@@ -51,6 +51,12 @@ export interface PredictedTtftOptions {
    */
   readonly batchNodeFactor: number
   /**
+   * A node the batch scheduler's packing plan gave the batch whole (`NodeState.batchHeld`) is
+   * priced this much higher: interactive requests go there only when the nodes kept for them are
+   * full or would be this much slower (the plan itself takes a node back as the load rises).
+   */
+  readonly batchHeldFactor: number
+  /**
    * Hedge a streamed request when its first chunk is later than this quantile of observed/predicted
    * TTFT times the prediction (and at least `hedgeMinMs` after it started).
    */
@@ -69,6 +75,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   recoveryMs: 10_000,
   sessionSlack: 1.15,
   batchNodeFactor: 1.1,
+  batchHeldFactor: 3,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
 }
@@ -258,7 +265,8 @@ export class PredictedTtft implements RoutingPolicy {
       const c = pool[i]!
       const cached = Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1)
       let t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
-      if (
+      if (c.node.batchHeld) t *= this.opts.batchHeldFactor
+      else if (
         c.node.interactiveInFlight === 0 &&
         (c.node.batchInFlight > 0 ||
           (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))
