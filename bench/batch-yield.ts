@@ -309,6 +309,8 @@ async function quiet() {
 function phaseRates(
   counts: { atMs: number; done: number }[],
   bounds: { name: string; startMs: number; endMs: number }[],
+  /** Past each phase's start, where its rate is read from: its first second (the switch-over) by default. */
+  skip: (b: { startMs: number; endMs: number }) => number = () => 1000,
 ) {
   const at = (t: number) => {
     let best = counts[0]!
@@ -319,7 +321,7 @@ function phaseRates(
   for (const b of bounds) {
     const cur = byName.get(b.name) ?? { lines: 0, seconds: 0 }
     // The first second of a phase is the switch-over; rates are read over the rest.
-    const from = b.startMs + 1000
+    const from = b.startMs + skip(b)
     cur.lines += at(b.endMs) - at(from)
     cur.seconds += (b.endMs - from) / 1000
     byName.set(b.name, cur)
@@ -373,6 +375,8 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
     finished = s.status !== 'in_progress'
     counts.push({ atMs: performance.now(), done: s.done })
     lines = phaseRates(counts, bounds)
+    for (const [k, v] of phaseRates(counts, bounds, (b) => (b.endMs - b.startMs) / 2))
+      lines.set(`${k} (second half)`, v)
     await stopBatch(batchId)
   } else await quiet()
   return { samples, lines, load, held, batchFinishedEarly: finished }
@@ -399,6 +403,8 @@ export interface BatchYieldReport {
     phases: Record<string, { without: Figures; with: Figures }>
     rates: Record<string, number>
     load: Record<string, number>
+    /** Each ABBA pair's own ratios with / without (the spread within the run). */
+    pairs: { ttftP50: number; ttftP99: number; itlP99: number }[]
     /** Nodes the packing plan gave the batch per phase, with a batch (mean of the router's gauge). */
     held: Record<string, number>
     early: boolean
@@ -449,13 +455,16 @@ try {
     const lines = new Map<string, { lines: number; seconds: number }>()
     const loadWithout = new Map<string, number[]>()
     const heldWith = new Map<string, number[]>()
+    const pairs: { ttftP50: number; ttftP99: number; itlP99: number }[] = []
     let early = false
     for (let rep = 0; rep < REPS; rep++) {
       // ABBA: even pairs run without the batch first, odd pairs with it first.
       const order = rep % 2 === 0 ? [false, true] : [true, false]
+      const pair: { with?: Figures; without?: Figures } = {}
       for (const withBatch of order) {
         const run = await scenario(s.name, s.phases, capacity, withBatch, rep)
         pooled[withBatch ? 'with' : 'without'].push(...run.samples)
+        pair[withBatch ? 'with' : 'without'] = figures(run.samples)
         if (!withBatch) {
           for (const [ph, xs] of run.load) loadWithout.set(ph, [...(loadWithout.get(ph) ?? []), ...xs])
           continue
@@ -469,6 +478,11 @@ try {
           lines.set(phase, cur)
         }
       }
+      pairs.push({
+        ttftP50: pair.with!.ttftP50 / pair.without!.ttftP50,
+        ttftP99: pair.with!.ttftP99 / pair.without!.ttftP99,
+        itlP99: pair.with!.itlP99 / pair.without!.itlP99,
+      })
     }
     const phaseNames = [...new Set(s.phases.map((p) => p.name))]
     const result = {
@@ -489,6 +503,7 @@ try {
       load: Object.fromEntries(
         [...loadWithout].map(([k, xs]) => [k, xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)]),
       ),
+      pairs,
       held: Object.fromEntries(
         [...heldWith].map(([k, xs]) => [k, xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)]),
       ),
@@ -515,7 +530,13 @@ try {
       ['itlP99', 'inter-token p99'],
     ] as const) {
       const v = ratio(r.with[k], r.without[k])
-      checks.push({ what: `${r.name}: ${label} with / without`, value: v, target: '<= 1.10', met: v <= 1.1 })
+      const each = r.pairs.map((p) => p[k].toFixed(2)).join(', ')
+      checks.push({
+        what: `${r.name}: ${label} with / without (pairs: ${each})`,
+        value: v,
+        target: '<= 1.10',
+        met: v <= 1.1,
+      })
     }
     checks.push({
       what: `${r.name}: refusals with (without ${r.without.refused})`,

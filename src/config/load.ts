@@ -12,10 +12,12 @@ import {
 
 /**
  * batches.fill_load (0: off) and batches.quiet_load by default: docs/batches.md has why, and
- * bench/batch-yield.ts the fleet's interactive load at each of its loads (0.32 at 50%, 0.55 at 80%).
+ * bench/batch-yield.ts the fleet's interactive load at each of its loads (0.30-0.35 at 50%, 0.55-0.60
+ * at 80%, 0.06-0.08 in the bursts' valleys): at 0.25, packing took a node now and then at 50% and
+ * no line finished there before it was given back.
  */
 const FILL_LOAD = 0
-const QUIET_LOAD = 0.25
+const QUIET_LOAD = 0.15
 /** batches.pack_share by default (docs/batches.md, "Packing"). */
 const PACK_SHARE = 0.5
 
