@@ -497,15 +497,16 @@ export class BatchScheduler {
   }
 
   /**
-   * A line goes only to a node free of interactive traffic (none in flight there, none for
-   * `quietMs`), up to its max_concurrency less the interactive reserve; on a node serving
+   * A line goes only to a node that is the batch's (`batchCap`: given it by the packing plan,
+   * or with packing off free of interactive traffic for `quietMs`), up to its max_concurrency
+   * less the interactive reserve; on a node serving
    * interactive requests, batch lines keep at most `busyShare` of it (none by default). Sharing
    * a node costs interactive users: a batch line's prefill lengthens the iteration their first
    * token waits for, and every running sequence slows each decode step. An interactive request
    * that starts on a node pre-empts the lines there (`preemptOn`), so batches never hold a slot
    * interactive traffic needs, and the routing policy prefers nodes already serving interactive
-   * traffic (routing/predicted.ts `batchNodeFactor`), so that at low load whole nodes stay free
-   * for the batch. The node is picked (and its slot taken) synchronously; then the money is
+   * traffic (routing/predicted.ts `batchHeldFactor`, `batchNodeFactor`), so that at low load
+   * whole nodes stay free for the batch. The node is picked (and its slot taken) synchronously; then the money is
    * reserved, which may wait on Redis in a cluster. undefined: no node has room now.
    */
   private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): Promise<AdmitReply> | undefined {
@@ -529,9 +530,11 @@ export class BatchScheduler {
   }
 
   /**
-   * How many batch lines the node may run now. A quiet node takes its share (at least one line,
-   * however small its max_concurrency), unless the fleet is busy (its lulls are short: a line
-   * started there would meet the next request). In a valley of the fleet's load, every node takes
+   * How many batch lines the node may run now. While the packing plan decides (`plan`), a node
+   * it gives the batch takes its share (at least one line, however small its max_concurrency)
+   * once its last interactive request ended. With packing off, a quiet node takes its share
+   * unless the fleet is busy (its lulls are short: a line started there would meet the next
+   * request). In a valley of the fleet's load, every node takes
    * lines beside its interactive requests, keeping one slot free for the next (pre-emption frees
    * more when more come). Otherwise lines keep `busyShare` of a node serving interactive traffic.
    */
