@@ -4,6 +4,10 @@
 // refusals side by side; the batch's throughput in the valleys and the peaks of a bursty load,
 // and on an idle fleet against interactive saturation. Issue #25's targets are checked at the end.
 //   bun bench/batch-yield.ts [--seconds 20] [--seed 1] [--reps 2] [--priority] [--quick] [--json FILE]
+//     [--aa] [--pack-share X] [--quiet-load X] [--fill-load X]
+// --aa: an A/A pass, the "with" runs started with no batch either: the ratios it prints are the
+// bench's own noise floor for the same seed and length. --pack-share/--quiet-load/--fill-load set
+// batches.pack_share/quiet_load/fill_load (0 turns packing off: the behaviour before it).
 // Each scenario runs `reps` pairs in ABBA order (without, with, with, without, ...), every pair
 // on its own seeded arrivals, the samples of each condition pooled: a drift of the machine over
 // the run (a warming cache, another process) then weighs on both sides alike.
@@ -26,6 +30,10 @@ const { values } = parseArgs({
     quick: { type: 'boolean' },
     priority: { type: 'boolean' },
     reps: { type: 'string' },
+    aa: { type: 'boolean' },
+    'pack-share': { type: 'string' },
+    'quiet-load': { type: 'string' },
+    'fill-load': { type: 'string' },
   },
 })
 const QUICK = values.quick === true
@@ -39,6 +47,13 @@ const OUT = 32
 const ADMIN = 'bench-admin-token-0123456789'
 /** Nodes marked as running vLLM's priority scheduling (batch lines sent at the lowest priority). */
 const PRIORITY = values.priority === true
+/** A/A: the "with" condition runs without a batch too. */
+const AA = values.aa === true
+const batchOptions = {
+  ...(values['pack-share'] !== undefined && { pack_share: Number(values['pack-share']) }),
+  ...(values['quiet-load'] !== undefined && { quiet_load: Number(values['quiet-load']) }),
+  ...(values['fill-load'] !== undefined && { fill_load: Number(values['fill-load']) }),
+}
 
 const node = (i: number): SimNodeOptions => ({
   name: `sim-${i}`,
@@ -76,7 +91,7 @@ writeFileSync(
   configPath,
   JSON.stringify({
     server: { data_dir: dir, admin_token: ADMIN, log_level: 'error' },
-    batches: { tick_ms: 50, workers: 2, concurrency: 128 },
+    batches: { tick_ms: 50, workers: 2, concurrency: 128, ...batchOptions },
     upstream: { first_byte_timeout_ms: 60_000 },
     models: [
       {
@@ -294,6 +309,8 @@ async function quiet() {
 function phaseRates(
   counts: { atMs: number; done: number }[],
   bounds: { name: string; startMs: number; endMs: number }[],
+  /** Past each phase's start, where its rate is read from: its first second (the switch-over) by default. */
+  skip: (b: { startMs: number; endMs: number }) => number = () => 1000,
 ) {
   const at = (t: number) => {
     let best = counts[0]!
@@ -304,7 +321,7 @@ function phaseRates(
   for (const b of bounds) {
     const cur = byName.get(b.name) ?? { lines: 0, seconds: 0 }
     // The first second of a phase is the switch-over; rates are read over the rest.
-    const from = b.startMs + 1000
+    const from = b.startMs + skip(b)
     cur.lines += at(b.endMs) - at(from)
     cur.seconds += (b.endMs - from) / 1000
     byName.set(b.name, cur)
@@ -312,25 +329,29 @@ function phaseRates(
   return byName
 }
 
-/** The router's view of the fleet's interactive load, as batch admission reads it (/metrics). */
-async function interactiveLoad(): Promise<number> {
+/** The router's view of the fleet's interactive load, as batch admission reads it, and the nodes its plan gives the batch (/metrics). */
+async function interactiveLoad(): Promise<{ load: number; held: number }> {
   const text = await (await fetch(`${router.url}/metrics`)).text()
   const m = /^tropa_batch_interactive_load (\S+)$/m.exec(text)
-  return m ? Number(m[1]) : Number.NaN
+  const h = /^tropa_batch_held_nodes (\S+)$/m.exec(text)
+  return { load: m ? Number(m[1]) : Number.NaN, held: h ? Number(h[1]) : Number.NaN }
 }
+
+/** Measured runs so far (each takes prompts no other run sent). */
+let runs = 0
 
 async function scenario(name: string, phases: Phase[], capacity: number, withBatch: boolean, rep: number) {
   let batchId: string | undefined
   const counts: { atMs: number; done: number }[] = []
-  const loads: { atMs: number; load: number }[] = []
+  const loads: { atMs: number; load: number; held: number }[] = []
   const loadSampling = setInterval(() => {
     void interactiveLoad().then(
-      (load) => loads.push({ atMs: performance.now(), load }),
+      (l) => loads.push({ atMs: performance.now(), ...l }),
       () => {},
     )
   }, 250)
   let sampling: ReturnType<typeof setInterval> | undefined
-  if (withBatch) {
+  if (withBatch && !AA) {
     batchId = await startBatch(QUICK ? 600 : 3000)
     await Bun.sleep(1000) // the batch fills the fleet first
     const id = batchId
@@ -338,15 +359,22 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
       void batchState(id).then((s) => counts.push({ atMs: performance.now(), done: s.done }))
     }, 250)
   }
-  const { samples, bounds } = await openLoop(phases, capacity, SEED * 1000 + name.length + rep * 7919, 0)
+  // Prompts of their own in every run: the simulated nodes cache prefixes (4,096 blocks each,
+  // about a whole 50% run's prompts), so a run repeating the previous run's prompts had them
+  // cached: a pair's second run read up to 45% faster in A/A passes.
+  const first = 10_000_000 * ++runs
+  const { samples, bounds } = await openLoop(phases, capacity, SEED * 1000 + name.length + rep * 7919, first)
   if (sampling) clearInterval(sampling)
   clearInterval(loadSampling)
   // The load each phase ran at, past its first second (the switch-over).
   const load = new Map<string, number[]>()
+  const held = new Map<string, number[]>()
   for (const b of bounds)
     for (const l of loads)
-      if (l.atMs >= b.startMs + 1000 && l.atMs < b.endMs)
+      if (l.atMs >= b.startMs + 1000 && l.atMs < b.endMs) {
         load.set(b.name, [...(load.get(b.name) ?? []), l.load])
+        held.set(b.name, [...(held.get(b.name) ?? []), l.held])
+      }
   let lines = new Map<string, { lines: number; seconds: number }>()
   let finished = false
   if (batchId) {
@@ -354,9 +382,11 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
     finished = s.status !== 'in_progress'
     counts.push({ atMs: performance.now(), done: s.done })
     lines = phaseRates(counts, bounds)
+    for (const [k, v] of phaseRates(counts, bounds, (b) => (b.endMs - b.startMs) / 2))
+      lines.set(`${k} (second half)`, v)
     await stopBatch(batchId)
   } else await quiet()
-  return { samples, lines, load, batchFinishedEarly: finished }
+  return { samples, lines, load, held, batchFinishedEarly: finished }
 }
 
 const log = (...a: unknown[]) => console.log(...a)
@@ -370,6 +400,8 @@ export interface BatchYieldReport {
   /** Batch lines a second on an idle fleet. */
   idleRate: number
   reps: number
+  aa: boolean
+  batchOptions: Record<string, number>
   results: {
     name: string
     without: Figures
@@ -378,6 +410,10 @@ export interface BatchYieldReport {
     phases: Record<string, { without: Figures; with: Figures }>
     rates: Record<string, number>
     load: Record<string, number>
+    /** Each ABBA pair's own ratios with / without (the spread within the run). */
+    pairs: { ttftP50: number; ttftP99: number; itlP99: number }[]
+    /** Nodes the packing plan gave the batch per phase, with a batch (mean of the router's gauge). */
+    held: Record<string, number>
     early: boolean
   }[]
   checks: { what: string; value: number; target: string; met: boolean }[]
@@ -403,6 +439,11 @@ try {
     `batch on an idle fleet: ${idleRate.toFixed(1)} lines/s (${((idleRate / capacity) * 100).toFixed(0)}% of saturation)`,
   )
 
+  // A discarded stretch of open-loop streamed traffic, so that the first measured run is not the
+  // first under open-loop load.
+  await openLoop([{ seconds: QUICK ? 2 : 8, load: 0.5, name: 'warm-up' }], capacity, SEED * 1000 - 1, 800_000)
+  await quiet()
+
   const S = SECONDS
   const burstHalf = QUICK ? 3 : 10
   const cycles = QUICK ? 1 : 2
@@ -425,17 +466,22 @@ try {
     }
     const lines = new Map<string, { lines: number; seconds: number }>()
     const loadWithout = new Map<string, number[]>()
+    const heldWith = new Map<string, number[]>()
+    const pairs: { ttftP50: number; ttftP99: number; itlP99: number }[] = []
     let early = false
     for (let rep = 0; rep < REPS; rep++) {
       // ABBA: even pairs run without the batch first, odd pairs with it first.
       const order = rep % 2 === 0 ? [false, true] : [true, false]
+      const pair: { with?: Figures; without?: Figures } = {}
       for (const withBatch of order) {
         const run = await scenario(s.name, s.phases, capacity, withBatch, rep)
         pooled[withBatch ? 'with' : 'without'].push(...run.samples)
+        pair[withBatch ? 'with' : 'without'] = figures(run.samples)
         if (!withBatch) {
           for (const [ph, xs] of run.load) loadWithout.set(ph, [...(loadWithout.get(ph) ?? []), ...xs])
           continue
         }
+        for (const [ph, xs] of run.held) heldWith.set(ph, [...(heldWith.get(ph) ?? []), ...xs])
         early ||= run.batchFinishedEarly
         for (const [phase, done] of run.lines) {
           const cur = lines.get(phase) ?? { lines: 0, seconds: 0 }
@@ -444,6 +490,11 @@ try {
           lines.set(phase, cur)
         }
       }
+      pairs.push({
+        ttftP50: pair.with!.ttftP50 / pair.without!.ttftP50,
+        ttftP99: pair.with!.ttftP99 / pair.without!.ttftP99,
+        itlP99: pair.with!.itlP99 / pair.without!.itlP99,
+      })
     }
     const phaseNames = [...new Set(s.phases.map((p) => p.name))]
     const result = {
@@ -463,6 +514,10 @@ try {
       /** The fleet's interactive load per phase without a batch (mean of the router's gauge). */
       load: Object.fromEntries(
         [...loadWithout].map(([k, xs]) => [k, xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)]),
+      ),
+      pairs,
+      held: Object.fromEntries(
+        [...heldWith].map(([k, xs]) => [k, xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)]),
       ),
       early,
     }
@@ -487,7 +542,13 @@ try {
       ['itlP99', 'inter-token p99'],
     ] as const) {
       const v = ratio(r.with[k], r.without[k])
-      checks.push({ what: `${r.name}: ${label} with / without`, value: v, target: '<= 1.10', met: v <= 1.1 })
+      const each = r.pairs.map((p) => p[k].toFixed(2)).join(', ')
+      checks.push({
+        what: `${r.name}: ${label} with / without (pairs: ${each})`,
+        value: v,
+        target: '<= 1.10',
+        met: v <= 1.1,
+      })
     }
     checks.push({
       what: `${r.name}: refusals with (without ${r.without.refused})`,
@@ -518,6 +579,8 @@ try {
     seed: SEED,
     seconds: SECONDS,
     reps: REPS,
+    aa: AA,
+    batchOptions,
     priority: PRIORITY,
     capacity,
     idleRate,
@@ -540,13 +603,13 @@ try {
           .join(', ')} |`,
       )
     console.log(
-      '\n| scenario, phase | interactive load | requests | TTFT p50 without / with (ms) | TTFT p99 without / with | inter-token p99 without / with |',
+      '\n| scenario, phase | interactive load | nodes held for the batch | requests | TTFT p50 without / with (ms) | TTFT p99 without / with | inter-token p99 without / with |',
     )
-    console.log('|---|---|---|---|---|---|')
+    console.log('|---|---|---|---|---|---|---|')
     for (const r of results)
       for (const [ph, x] of Object.entries(r.phases))
         console.log(
-          `| ${r.name}, ${ph} | ${(r.load[ph] ?? Number.NaN).toFixed(3)} | ${x.without.requests} / ${x.with.requests} | ${f(x.without.ttftP50)} / ${f(x.with.ttftP50)} | ${f(x.without.ttftP99)} / ${f(x.with.ttftP99)} | ${f(x.without.itlP99)} / ${f(x.with.itlP99)} |`,
+          `| ${r.name}, ${ph} | ${(r.load[ph] ?? Number.NaN).toFixed(3)} | ${(r.held[ph] ?? Number.NaN).toFixed(2)} | ${x.without.requests} / ${x.with.requests} | ${f(x.without.ttftP50)} / ${f(x.with.ttftP50)} | ${f(x.without.ttftP99)} / ${f(x.with.ttftP99)} | ${f(x.without.itlP99)} / ${f(x.with.itlP99)} |`,
         )
     console.log('\n| target | value | wanted | |')
     console.log('|---|---|---|---|')

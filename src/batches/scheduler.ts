@@ -40,6 +40,12 @@ export interface BatchSettings {
   readonly fillLoad: number
   /** The load over which even a quiet node takes no line (a peak's lulls are no valley). */
   readonly quietLoad: number
+  /**
+   * Packing (0: off): at or under `quietLoad`, interactive traffic keeps to as few nodes as hold
+   * it at this share of their slots, and the batch has the others whole
+   * (`plan`).
+   */
+  readonly packShare: number
   readonly tickMs: number
   readonly workerUrl?: string | URL | undefined
   /** The receipt key a line's ledger row records (an export signs the row with it); none when receipts are off. */
@@ -112,6 +118,7 @@ export class BatchScheduler {
   start(init: WorkerInit): void {
     this.init = init
     this.pool.onInteractive = (node) => this.preemptOn(node)
+    this.pool.onInteractiveChange = (nowMs) => this.plan(nowMs)
     // One router owns a SQLite file: lines leased when it last stopped (or was killed) go back
     // to the queue now. On PostgreSQL other nodes may hold leases; a dead node's expire.
     if (this.config.storage.kind === 'sqlite')
@@ -240,6 +247,7 @@ export class BatchScheduler {
       this.queued.length > 0 || active.some((b) => b.status === 'in_progress')
         ? this.settings.quietMs
         : undefined
+    this.plan(Date.now())
     this.idleSinceMs = active.length === 0 ? this.idleSinceMs || Date.now() : 0
     if (this.idleSinceMs > 0 && Date.now() - this.idleSinceMs >= 1000) this.idleSinceMs = Date.now()
     if (active.length > 0) this.ensureWorkers()
@@ -489,15 +497,16 @@ export class BatchScheduler {
   }
 
   /**
-   * A line goes only to a node free of interactive traffic (none in flight there, none for
-   * `quietMs`), up to its max_concurrency less the interactive reserve; on a node serving
+   * A line goes only to a node that is the batch's (`batchCap`: given it by the packing plan,
+   * or with packing off free of interactive traffic for `quietMs`), up to its max_concurrency
+   * less the interactive reserve; on a node serving
    * interactive requests, batch lines keep at most `busyShare` of it (none by default). Sharing
    * a node costs interactive users: a batch line's prefill lengthens the iteration their first
    * token waits for, and every running sequence slows each decode step. An interactive request
    * that starts on a node pre-empts the lines there (`preemptOn`), so batches never hold a slot
    * interactive traffic needs, and the routing policy prefers nodes already serving interactive
-   * traffic (routing/predicted.ts `batchNodeFactor`), so that at low load whole nodes stay free
-   * for the batch. The node is picked (and its slot taken) synchronously; then the money is
+   * traffic (routing/predicted.ts `batchHeldFactor`, `batchNodeFactor`), so that at low load
+   * whole nodes stay free for the batch. The node is picked (and its slot taken) synchronously; then the money is
    * reserved, which may wait on Redis in a cluster. undefined: no node has room now.
    */
   private admit(w: Worker, m: Extract<FromWorker, { t: 'admit' }>): Promise<AdmitReply> | undefined {
@@ -521,9 +530,11 @@ export class BatchScheduler {
   }
 
   /**
-   * How many batch lines the node may run now. A quiet node takes its share (at least one line,
-   * however small its max_concurrency), unless the fleet is busy (its lulls are short: a line
-   * started there would meet the next request). In a valley of the fleet's load, every node takes
+   * How many batch lines the node may run now. While the packing plan decides (`plan`), a node
+   * it gives the batch takes its share (at least one line, however small its max_concurrency)
+   * once its last interactive request ended. With packing off, a quiet node takes its share
+   * unless the fleet is busy (its lulls are short: a line started there would meet the next
+   * request). In a valley of the fleet's load, every node takes
    * lines beside its interactive requests, keeping one slot free for the next (pre-emption frees
    * more when more come). Otherwise lines keep `busyShare` of a node serving interactive traffic.
    */
@@ -531,7 +542,11 @@ export class BatchScheduler {
     const slots = c.route.maxConcurrency
     const share = Math.max(1, Math.floor(slots * (1 - this.settings.interactiveReserve)))
     const load = this.interactiveLoad(nowMs)
-    if (c.node.quiet(nowMs, this.settings.quietMs) && load <= this.settings.quietLoad) return share
+    if (this.packing) {
+      // The plan says which nodes are the batch's: one of them fills once its last interactive
+      // request ended; the nodes kept for interactive traffic take no line while it holds.
+      if (c.node.batchHeld && c.node.interactiveInFlight === 0) return share
+    } else if (c.node.quiet(nowMs, this.settings.quietMs) && load <= this.settings.quietLoad) return share
     const fill = this.settings.fillLoad
     if (fill > 0 && load <= fill) return Math.max(0, Math.min(share, slots - c.node.interactiveInFlight - 1))
     return Math.min(Math.floor(slots * this.settings.busyShare), slots - c.node.interactiveInFlight)
@@ -539,6 +554,8 @@ export class BatchScheduler {
 
   /** Every node's max_concurrency summed (a node of several models at its largest); undefined: to count. */
   private slots: number | undefined
+  /** Each node's max_concurrency (of several models, the largest), by base URL. */
+  private nodeSlots = new Map<string, number>()
   private load = 0
   private loadAtMs = 0
 
@@ -548,24 +565,98 @@ export class BatchScheduler {
    * only once the load has stayed low for a moment.
    */
   interactiveLoad(nowMs: number): number {
-    if (nowMs === this.loadAtMs) return this.load
-    if (this.slots === undefined) {
-      const byNode = new Map<string, number>()
-      for (const m of this.models.values())
-        for (const r of m.routes)
-          byNode.set(r.baseUrl, Math.max(byNode.get(r.baseUrl) ?? 0, r.maxConcurrency))
-      this.slots = Math.max(
-        1,
-        [...byNode.values()].reduce((a, b) => a + b, 0),
-      )
-    }
+    const slots = this.countSlots()
     let inFlight = 0
     for (const n of this.pool.nodes.values()) inFlight += n.interactiveInFlight
-    const now = inFlight / this.slots
-    const dt = nowMs - this.loadAtMs
+    const now = inFlight / slots
+    // Read again within the same millisecond, a rise shows at once (a fall waits for time to pass).
+    const dt = Math.max(0, nowMs - this.loadAtMs)
     this.loadAtMs = nowMs
     this.load = now >= this.load ? now : now + (this.load - now) * Math.exp(-dt / LOAD_FALL_MS)
     return this.load
+  }
+
+  private countSlots(): number {
+    if (this.slots !== undefined) return this.slots
+    const byNode = new Map<string, number>()
+    for (const m of this.models.values())
+      for (const r of m.routes) byNode.set(r.baseUrl, Math.max(byNode.get(r.baseUrl) ?? 0, r.maxConcurrency))
+    this.nodeSlots = byNode
+    this.slots = Math.max(
+      1,
+      [...byNode.values()].reduce((a, b) => a + b, 0),
+    )
+    return this.slots
+  }
+
+  /** Whether the packing plan decides which nodes are the batch's (see `plan`). */
+  private packing = false
+
+  /**
+   * The packing plan, brought up to date at every interactive start and end and every tick. While
+   * a batch runs and the fleet's interactive load is at most `quietLoad`, interactive traffic is
+   * given as few nodes as hold it at `packShare` of their slots (the load is followed at once as
+   * it rises, slowly as it falls); the other nodes are the batch's whole
+   * (`NodeState.batchHeld`), and the routing policy sends interactive requests there only when
+   * the kept nodes are full or much slower. Kept first: the nodes serving most interactive
+   * requests, then those not the batch's already, then those running the fewest lines. A node
+   * the batch gives back has its lines pre-empted at once, before interactive traffic needs it;
+   * over `quietLoad` every node is given back. A node stays the batch's until the load needs it
+   * whole, and is given to it only once the load fits in the others with a quarter to spare, so
+   * that a load near a boundary does not move a node back and forth.
+   */
+  private plan(nowMs: number): void {
+    const nodes = this.pool.nodes.values()
+    const load = this.interactiveLoad(nowMs)
+    if (
+      this.settings.packShare <= 0 ||
+      this.pool.batchQuietMs === undefined ||
+      load > this.settings.quietLoad
+    ) {
+      if (!this.packing) return
+      this.packing = false
+      for (const n of nodes) this.giveBack(n)
+      return
+    }
+    this.packing = true
+    // Interactive requests in flight, as the load follows them; under half a request (the last
+    // ended a moment ago), none: every node is the batch's, and the next request takes one back.
+    const demand = load * this.countSlots()
+    let room = demand < 0.5 ? Number.POSITIVE_INFINITY : 0
+    const order = [...nodes].sort(
+      (a, b) =>
+        Number(b.available(nowMs)) - Number(a.available(nowMs)) ||
+        b.interactiveInFlight - a.interactiveInFlight ||
+        Number(a.batchHeld) - Number(b.batchHeld) ||
+        a.batchInFlight - b.batchInFlight ||
+        (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
+    )
+    for (const n of order) {
+      // A node out of service (its breaker open) is neither: no line goes there either.
+      if (!n.available(nowMs)) {
+        n.batchHeld = false
+        continue
+      }
+      const want = n.batchHeld ? demand : demand * 1.25
+      if (room < want) {
+        room += (this.nodeSlots.get(n.baseUrl) ?? 0) * this.settings.packShare
+        this.giveBack(n)
+      } else n.batchHeld = true
+    }
+  }
+
+  /** The batch gives a node back to interactive traffic: its lines over what it may keep are pre-empted now. */
+  private giveBack(n: NodeState): void {
+    if (!n.batchHeld) return
+    n.batchHeld = false
+    if (n.batchInFlight > 0) this.preemptOn(n)
+  }
+
+  /** Nodes the packing plan gives the batch now (for /metrics). */
+  heldNodes(): number {
+    let n = 0
+    for (const x of this.pool.nodes.values()) if (x.batchHeld) n++
+    return n
   }
 
   /**

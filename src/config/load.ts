@@ -13,10 +13,14 @@ import {
 
 /**
  * batches.fill_load (0: off) and batches.quiet_load by default: docs/batches.md has why, and
- * bench/batch-yield.ts the fleet's interactive load at each of its loads (0.32 at 50%, 0.55 at 80%).
+ * bench/batch-yield.ts the fleet's interactive load at each of its loads (0.30-0.35 at 50%, 0.55-0.60
+ * at 80%, 0.06-0.08 in the bursts' valleys): at 0.25, packing took a node now and then at 50% and
+ * no line finished there before it was given back.
  */
 const FILL_LOAD = 0
-const QUIET_LOAD = 0.25
+const QUIET_LOAD = 0.15
+/** batches.pack_share by default (docs/batches.md, "Packing"). */
+const PACK_SHARE = 0.5
 
 export interface RouteConfig {
   /** Stable node name (defaults to host:port of the base URL); routing state is kept per node. */
@@ -176,6 +180,7 @@ export interface Config {
     readonly quietMs: number
     readonly fillLoad: number
     readonly quietLoad: number
+    readonly packShare: number
     readonly tickMs: number
     readonly linkTtlSec: number
     readonly maxAttempts: number
@@ -467,6 +472,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       quietMs: cfg.batches?.quiet_ms ?? 1000,
       fillLoad: cfg.batches?.fill_load ?? FILL_LOAD,
       quietLoad: cfg.batches?.quiet_load ?? QUIET_LOAD,
+      packShare: cfg.batches?.pack_share ?? PACK_SHARE,
       tickMs: cfg.batches?.tick_ms ?? 200,
       linkTtlSec: cfg.batches?.link_ttl_sec ?? 3600,
       maxAttempts: cfg.batches?.max_attempts ?? 5,

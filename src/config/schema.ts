@@ -195,6 +195,8 @@ export const BatchesSchema = T.Object(
     fill_load: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
     /** The fleet's interactive load over which even a quiet node takes no line. */
     quiet_load: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
+    /** At or under quiet_load, interactive traffic keeps to nodes filled to at most this share of their slots; the batch has the rest whole (0: off). */
+    pack_share: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
     tick_ms: T.Optional(T.Integer({ minimum: 10, maximum: 10_000 })),
     link_ttl_sec: T.Optional(T.Integer({ minimum: 1 })),
     max_attempts: T.Optional(T.Integer({ minimum: 1, maximum: 20 })),

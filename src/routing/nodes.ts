@@ -13,6 +13,13 @@ export class NodeState {
    * node with none in flight and none for a moment (batches/scheduler.ts).
    */
   lastInteractiveAtMs = 0
+  /**
+   * Given whole to a running batch by the scheduler's packing plan (batches/scheduler.ts `plan`):
+   * interactive requests go here only when the nodes kept for them would be much slower
+   * (routing/predicted.ts `batchHeldFactor`), and batch lines fill it once its last interactive
+   * request ended.
+   */
+  batchHeld = false
   consecutiveFailures = 0
   /** The node answered its last request; until then (and after a failure) it is probed first. */
   answering = false
@@ -127,6 +134,8 @@ export class NodePool {
    * already serving interactive traffic (routing/predicted.ts), so that idle nodes stay free.
    */
   batchQuietMs: number | undefined
+  /** Told after an interactive request started or ended on a node (the batch scheduler's packing plan). */
+  onInteractiveChange: ((nowMs: number) => void) | undefined
 
   candidates(modelId: string): readonly Candidate[] {
     return this.byModel.get(modelId) ?? []
@@ -138,6 +147,7 @@ export class NodePool {
     node.requests++
     node.lastInteractiveAtMs = nowMs
     if (node.batchInFlight > 0) this.onInteractive?.(node)
+    this.onInteractiveChange?.(nowMs)
   }
 
   /** A batch line starts on the node (counted apart, so batches can yield to interactive traffic). */
@@ -163,12 +173,14 @@ export class NodePool {
   cancel(node: NodeState, nowMs = Date.now()): void {
     node.inFlight--
     node.lastInteractiveAtMs = nowMs
+    this.onInteractiveChange?.(nowMs)
   }
 
   /** An interactive request left the node; `ok` says whether the node served it. */
   end(node: NodeState, ok: boolean, nowMs = Date.now()): void {
     node.inFlight--
     node.lastInteractiveAtMs = nowMs
+    this.onInteractiveChange?.(nowMs)
     this.outcome(node, ok, nowMs)
   }
 

@@ -65,6 +65,12 @@ export interface PredictedTtftOptions {
    */
   readonly batchNodeFactor: number
   /**
+   * A node the batch scheduler's packing plan gave the batch whole (`NodeState.batchHeld`) is
+   * priced this much higher: interactive requests go there only when the nodes kept for them are
+   * full or would be this much slower (the plan itself takes a node back as the load rises).
+   */
+  readonly batchHeldFactor: number
+  /**
    * Hedge a streamed request when its first chunk is later than this quantile of observed/predicted
    * TTFT times the prediction (and at least `hedgeMinMs` after it started).
    */
@@ -87,6 +93,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sessionSpread: 2,
   minRateSampleTokens: 512,
   batchNodeFactor: 1.1,
+  batchHeldFactor: 3,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
 }
@@ -309,7 +316,11 @@ export class PredictedTtft implements RoutingPolicy {
         const c = pool[i]!
         const cached = withCache ? Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1) : 0
         let t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
-        if (
+        if (c.node.batchHeld) {
+          // Held for a batch while interactive load is low (batches.pack_share).
+          t *= this.opts.batchHeldFactor
+          batchNode[i] = true
+        } else if (
           c.node.interactiveInFlight === 0 &&
           (c.node.batchInFlight > 0 ||
             (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))

@@ -235,3 +235,55 @@ describe('batches.quiet_load: a busy fleet has no quiet node', () => {
     await finished(client, batch.id)
   }, 60_000)
 })
+
+describe('batches.pack_share: interactive traffic on as few nodes as it needs, the batch on the others whole', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    // quiet_load 1: the packing plan alone decides (two nodes of 4 slots, packed to 2 each).
+    t = await start({}, false, { quiet_load: 1 })
+  })
+  afterAll(() => t.stop())
+
+  const held = async () =>
+    Number(/^tropa_batch_held_nodes (\S+)$/m.exec(await (await fetch(`${t.url}/metrics`)).text())![1])
+  /** A stream of about two seconds, read to its end. */
+  const long = (i: number) =>
+    t
+      .fetch('/v1/chat/completions', {
+        method: 'POST',
+        body: JSON.stringify({
+          model: 'test/chat',
+          messages: [{ role: 'user', content: `long ${i}` }],
+          max_tokens: 100,
+          stream: true,
+        }),
+      })
+      .then(async (res) => ({ status: res.status, text: await res.text() }))
+
+  test('one stream keeps one node and the batch runs whole on the other; three need both, so the batch gives its node back at once; after them it has both again', async () => {
+    const client = t.client()
+    const batch = await startBatch(client, 400)
+    await until(() => running(t.nodes) === 2 * SEQS)
+    expect(await held()).toBe(2) // no interactive traffic: every node is the batch's
+
+    const first = long(1)
+    await until(async () => (await held()) === 1)
+    // The other node stays the batch's, full of lines, beside the stream.
+    await until(() => t.nodes.some((x) => x.stats().running === SEQS))
+
+    // Three in flight need more than one node at half its slots: the batch's node is given back,
+    // and no line runs anywhere while they last.
+    const more = [long(2), long(3)]
+    await until(async () => (await held()) === 0)
+    await until(() => running(t.nodes) === 3)
+    const answers = await Promise.all([first, ...more])
+    for (const a of answers) expect(a).toMatchObject({ status: 200 })
+    for (const a of answers) expect(a.text).toContain('data: [DONE]')
+
+    // The streams over and the load fallen: both nodes are the batch's again.
+    await until(async () => (await held()) === 2)
+    await until(() => running(t.nodes) === 2 * SEQS)
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+  }, 60_000)
+})

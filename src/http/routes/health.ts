@@ -164,6 +164,9 @@ async function operationsText(svc: Services, storeWide: boolean): Promise<string
         "# HELP tropa_batch_interactive_load This node's view of the fleet's interactive load, as batch admission reads it (in flight over slots).",
         '# TYPE tropa_batch_interactive_load gauge',
         `tropa_batch_interactive_load ${svc.batches.scheduler.interactiveLoad(Date.now()).toFixed(4)}`,
+        "# HELP tropa_batch_held_nodes Nodes this node's packing plan gives a running batch whole (batches.pack_share).",
+        '# TYPE tropa_batch_held_nodes gauge',
+        `tropa_batch_held_nodes ${svc.batches.scheduler.heldNodes()}`,
       )
     lines.push(
       '# HELP tropa_batch_lines_pending Lines of running batches not finished yet (all nodes).',
