@@ -21,7 +21,14 @@ test(
       expect(Number.isFinite(x.with.ttftP99) && Number.isFinite(x.without.ttftP99)).toBe(true)
       expect(x.early).toBe(false) // the batch was still running when the scenario ended
     }
-    expect(Object.keys(r.results[2]!.rates).sort()).toEqual(['peak', 'valley'])
+    // The batch's rate over each phase, and over each phase's second half (after the hand-over).
+    expect(Object.keys(r.results[2]!.rates).sort()).toEqual([
+      'peak',
+      'peak (second half)',
+      'valley',
+      'valley (second half)',
+    ])
+    for (const v of Object.values(r.results[2]!.rates)) expect(Number.isFinite(v)).toBe(true)
     // Per phase of the bursts: both conditions had requests in each.
     const bursts = r.results[2]!.phases
     expect(Object.keys(bursts).sort()).toEqual(['peak', 'valley'])
