@@ -183,6 +183,8 @@ describe.skipIf(!haveChromium)('the console in a browser', () => {
     await w.page.getByRole('link', { name: 'Overview' }).click()
     await w.page.getByLabel('Range').selectOption('24h')
     await w.page.getByTestId('chart-models').getByText('test/chat').waitFor()
+    // The legend is written with the page; the chart's canvas when uPlot draws it, a moment later.
+    await w.page.locator('.chart canvas').waitFor()
     expect(await w.page.locator('.chart canvas').count()).toBe(1)
 
     await w.page.getByRole('link', { name: 'Keys' }).click()
