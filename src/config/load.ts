@@ -19,8 +19,13 @@ import {
  */
 const FILL_LOAD = 0
 const QUIET_LOAD = 0.15
-/** batches.pack_share by default (docs/batches.md, "Packing"). */
-const PACK_SHARE = 0.5
+/**
+ * batches.pack_share by default (docs/batches.md, "Packing"): off. Packing fills valleys (0.52-0.62
+ * of the idle rate, against 0.39 without) but the valley's own interactive requests pay for it
+ * (p99 up 25-65%), and a light interactive load beside a batch read TTFT p50 up to 1.4x
+ * (test/batches/priority.test.ts): interactive traffic first, so it is asked for, not given.
+ */
+const PACK_SHARE = 0
 
 export interface RouteConfig {
   /** Stable node name (defaults to host:port of the base URL); routing state is kept per node. */

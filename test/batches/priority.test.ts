@@ -116,7 +116,9 @@ test('a 2,000-line batch leaves interactive requests served with their time to f
   )
   expect(b.status).toBe('completed')
   expect(b.request_counts?.completed).toBe(2000)
-  expect(doneDuring).toBeGreaterThan(100) // the batch really ran alongside
+  // The batch really ran alongside: 100-116 lines here with batches.quiet_load 0.15 and packing
+  // off (the defaults since issue #25's packing work; 410 with packing on), so the floor is 40.
+  expect(doneDuring).toBeGreaterThan(40)
   // Typically 0-4% here (logged above); the bound leaves room for a shared 2-core machine's
   // noise (one CI run saw 10.2%), while a batch that took the interactive share shows as refusals
   // or as TTFT several times higher.

@@ -240,7 +240,7 @@ describe('batches.pack_share: interactive traffic on as few nodes as it needs, t
   let t: Tropa
   beforeAll(async () => {
     // quiet_load 1: the packing plan alone decides (two nodes of 4 slots, packed to 2 each).
-    t = await start({}, false, { quiet_load: 1 })
+    t = await start({}, false, { quiet_load: 1, pack_share: 0.5 })
   })
   afterAll(() => t.stop())
 
