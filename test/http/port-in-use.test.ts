@@ -6,11 +6,9 @@ import { freePort } from '../helpers/process.ts'
 
 const MAIN = join(import.meta.dir, '../../src/main.ts')
 
-// Elysia listens with SO_REUSEPORT unless told otherwise: a second Tropa on a port in use would
-// then share it silently, each process answering some of the connections with its own keys.
-test('a second Tropa on a port in use does not start (no silent sharing of the port)', async () => {
-  const port = freePort()
-  const first = Bun.spawn(
+/** `tropa --demo` on `port` with a fresh data dir, as a process. */
+const demo = (port: number, output: 'ignore' | 'pipe') =>
+  Bun.spawn(
     [
       process.execPath,
       MAIN,
@@ -18,10 +16,20 @@ test('a second Tropa on a port in use does not start (no silent sharing of the p
       '--port',
       String(port),
       '--data-dir',
-      mkdtempSync(join(tmpdir(), 'tropa-port-a-')),
+      mkdtempSync(join(tmpdir(), 'tropa-port-')),
     ],
-    { stdout: 'ignore', stderr: 'ignore', env: { PATH: process.env.PATH ?? '' } },
+    {
+      stdout: output,
+      stderr: output,
+      env: { PATH: process.env.PATH ?? '' },
+    },
   )
+
+// Elysia listens with SO_REUSEPORT unless told otherwise: a second Tropa on a port in use would
+// then share it silently, each process answering some of the connections with its own keys.
+test('a second Tropa on a port in use does not start (no silent sharing of the port)', async () => {
+  const port = freePort()
+  const first = demo(port, 'ignore')
   try {
     let ready = false
     for (let i = 0; i < 1000 && !ready; i++) {
@@ -32,18 +40,7 @@ test('a second Tropa on a port in use does not start (no silent sharing of the p
       if (!ready) await Bun.sleep(10)
     }
     expect(ready).toBe(true)
-    const second = Bun.spawn(
-      [
-        process.execPath,
-        MAIN,
-        '--demo',
-        '--port',
-        String(port),
-        '--data-dir',
-        mkdtempSync(join(tmpdir(), 'tropa-port-b-')),
-      ],
-      { stdout: 'pipe', stderr: 'pipe', env: { PATH: process.env.PATH ?? '' } },
-    )
+    const second = demo(port, 'pipe')
     const code = await Promise.race([second.exited, Bun.sleep(20_000).then(() => 'still running' as const)])
     if (code === 'still running') second.kill('SIGKILL')
     expect(code).not.toBe('still running')

@@ -18,6 +18,19 @@ const fleet = await startSimFleet(
 )
 afterAll(() => fleet.stop())
 
+/** Writes a router config of `workers` processes into `dir` (its data dir too); returns its path. */
+function writeConfig(dir: string, workers: number, rest: Record<string, unknown>): string {
+  const path = join(dir, 'tropa.json')
+  writeFileSync(
+    path,
+    JSON.stringify({
+      server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers },
+      ...rest,
+    }),
+  )
+  return path
+}
+
 /** A fetch that opens a connection per request (no keep-alive), for the SDK too. */
 const freshFetch = ((url: string | URL | Request, init?: RequestInit) =>
   fetch(url, { ...init, keepalive: false })) as typeof fetch
@@ -36,15 +49,10 @@ describe.each([1, 2])('%i worker(s)', (workers) => {
   let router: Awaited<ReturnType<typeof startRouterProcess>>
   let url: string
   beforeAll(async () => {
-    const configPath = join(dir, 'tropa.json')
-    writeFileSync(
-      configPath,
-      JSON.stringify({
-        server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers },
-        batches: { tick_ms: 50 },
-        models: defaultModels(fleet.nodes),
-      }),
-    )
+    const configPath = writeConfig(dir, workers, {
+      batches: { tick_ms: 50 },
+      models: defaultModels(fleet.nodes),
+    })
     router = await startRouterProcess(configPath, freePort(), { TROPA_WORKERS: String(workers) })
     url = router.url
     // Every worker answers before the checks start (each reports its number on /health).
@@ -243,14 +251,7 @@ describe.each([1, 2])('%i worker(s)', (workers) => {
 
 test('several workers: one killed is started again, its holds come back; SIGTERM stops them all', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'tropa-workers-death-'))
-  const configPath = join(dir, 'tropa.json')
-  writeFileSync(
-    configPath,
-    JSON.stringify({
-      server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers: 2 },
-      models: defaultModels(fleet.nodes),
-    }),
-  )
+  const configPath = writeConfig(dir, 2, { models: defaultModels(fleet.nodes) })
   const router = await startRouterProcess(configPath, freePort(), { TROPA_WORKERS: '2' })
   const url = router.url
   const pids = async () => {
@@ -329,14 +330,7 @@ test("several workers: a key's max_concurrency holds across them; SIGTERM lets e
     })),
   )
   const dir = mkdtempSync(join(tmpdir(), 'tropa-workers-stop-'))
-  const configPath = join(dir, 'tropa.json')
-  writeFileSync(
-    configPath,
-    JSON.stringify({
-      server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers: 2 },
-      models: defaultModels(long.nodes),
-    }),
-  )
+  const configPath = writeConfig(dir, 2, { models: defaultModels(long.nodes) })
   const router = await startRouterProcess(configPath, freePort(), { TROPA_WORKERS: '2' })
   const url = router.url
   try {
@@ -392,16 +386,9 @@ test("several workers: a key's max_concurrency holds across them; SIGTERM lets e
 
 test('several workers: POST /v1/admin/reload on one reloads every worker and the primary; so does SIGHUP', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'tropa-workers-reload-'))
-  const configPath = join(dir, 'tropa.json')
   const write = (ids: string[]) =>
-    writeFileSync(
-      configPath,
-      JSON.stringify({
-        server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers: 2 },
-        models: ids.map((id) => ({ ...defaultModels(fleet.nodes)[0]!, id })),
-      }),
-    )
-  write(['test/chat'])
+    writeConfig(dir, 2, { models: ids.map((id) => ({ ...defaultModels(fleet.nodes)[0]!, id })) })
+  const configPath = write(['test/chat'])
   const router = await startRouterProcess(configPath, freePort(), { TROPA_WORKERS: '2' })
   const url = router.url
   /** The models each of 8 fresh connections sees. */
