@@ -263,6 +263,8 @@ test('several workers: one killed is started again, its holds come back; SIGTERM
         () => undefined,
       )) as { worker: number; pid: number } | undefined
       if (h) seen.set(h.worker, h.pid)
+      // The second worker may still be starting (the router is ready once one answers).
+      if (seen.size < 2) await Bun.sleep(10)
     }
     return seen
   }
