@@ -302,9 +302,14 @@ describe.each([['sqlite'], ['postgres']])('webhooks on %s', (store) => {
       expect(new Set(r.deliveries.map((x) => x.eventId)).size).toBe(1)
       expect(new Set(r.deliveries.map((x) => x.body)).size).toBe(1)
       expectSigned(r, hook.body.secret)
-      const events = (await (
-        await t.fetch(`/v1/webhooks/${hook.body.id}/events`, { key: t.masterKey })
-      ).json()) as { data: Record<string, unknown>[] }
+      // The receiver answers 200 before the dispatcher records it: read until it has.
+      let events: { data: Record<string, unknown>[] } = { data: [] }
+      await until(async () => {
+        events = (await (
+          await t.fetch(`/v1/webhooks/${hook.body.id}/events`, { key: t.masterKey })
+        ).json()) as typeof events
+        return events.data[0]?.status === 'delivered'
+      }, 250)
       expect(events.data[0]).toMatchObject({
         id: d.eventId,
         status: 'delivered',
