@@ -68,7 +68,10 @@ test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its l
     }
   }
   const workers = Array.from({ length: 16 }, (_, w) => worker(w))
-  await Bun.sleep(2500)
+  // At least 2.5 s of load, and on until the limit has refused someone (a loaded machine is slower).
+  const loadFrom = Date.now()
+  while ((Date.now() - loadFrom < 2500 || refused === 0) && Date.now() - loadFrom < 30_000)
+    await Bun.sleep(20)
   const killedAt = Date.now()
   first.proc.kill('SIGKILL')
   stop = true
