@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, expect, test } from 'bun:test'
+import { afterAll, beforeAll, beforeEach, expect, test } from 'bun:test'
 import { readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { SQL } from 'bun'
@@ -8,21 +8,39 @@ import { storeContract } from './store.contract.ts'
 import { seedUsage, seriesOf } from './usage-seed.ts'
 
 // Real PostgreSQL on this machine (CI starts it). Each store in this file gets a database of its
-// own, dropped at the end, so runs never see each other's rows.
+// own, dropped once its test is over, so runs never see each other's rows.
 const ADMIN_URL = process.env.TROPA_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test'
 const admin = new SQL(ADMIN_URL)
+/** The databases not dropped yet. */
 const created: string[] = []
+let shared: Awaited<ReturnType<typeof openPostgresStore>>
+let sharedUrl = ''
 
-async function freshDatabase(): Promise<string> {
+/**
+ * A new database; the ones made for earlier tests (done with by now) are dropped first, so the
+ * drops are spread over the run: 25 of them at the end took a loaded machine past the hook's 30 s.
+ */
+async function freshDatabase(keep = false): Promise<string> {
+  for (const old of done.splice(0)) {
+    await admin.unsafe(`DROP DATABASE IF EXISTS ${old} WITH (FORCE)`)
+    created.splice(created.indexOf(old), 1)
+  }
   const name = `tropa_t_${process.pid}_${created.length}_${Math.floor(Math.random() * 1e6)}`
   await admin.unsafe(`CREATE DATABASE ${name}`)
   created.push(name)
+  if (!keep) later.push(name)
   const u = new URL(ADMIN_URL)
   u.pathname = `/${name}`
   return u.toString()
 }
+/** Databases of the test running now, then of the tests before it. */
+const later: string[] = []
+const done: string[] = []
+beforeEach(() => void done.push(...later.splice(0)))
 
+// One hook, in order: the shared store's connections closed before its database is dropped.
 afterAll(async () => {
+  await shared?.close()
   for (const name of created) await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
   await admin.close()
 })
@@ -74,13 +92,10 @@ test('a database whose schema is newer than this executable is refused with a cl
   expect(String(err?.message)).toContain('schema newer than this executable knows')
 })
 
-let shared: Awaited<ReturnType<typeof openPostgresStore>>
-let sharedUrl = ''
 beforeAll(async () => {
-  sharedUrl = await freshDatabase()
+  sharedUrl = await freshDatabase(true)
   shared = await openPostgresStore({ url: sharedUrl })
 })
-afterAll(() => shared.close())
 
 test('leasing with SKIP LOCKED: concurrent leases never hand out a line twice', async () => {
   await shared.insertOrg({ id: 'o', name: 'o', balanceNano: 0n, createdAt: 1 })
