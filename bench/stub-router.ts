@@ -4,7 +4,7 @@
  * completion), a router of a source tree as a process with its config, an organization and key
  * on it, and config merging. request-path.ts merges configs the same way, in-process.
  */
-import { writeFileSync } from 'node:fs'
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 
 export const ADMIN = 'bench-admin-token-0123456789abcdef'
@@ -38,13 +38,31 @@ export function freePort(): number {
   return p
 }
 
-/** The stub upstream, a process of its own (so its work is not the router's). */
+/** The stream the stub sends for `"stream": true`: 16 one-token chunks, a usage chunk, [DONE]. */
+export const STREAM = `${Array.from(
+  { length: 16 },
+  (_, i) =>
+    `data: ${JSON.stringify({ id: 'chatcmpl-sim-1', object: 'chat.completion.chunk', created: 1764000000, model: 'chat-small', choices: [{ index: 0, delta: i === 0 ? { role: 'assistant', content: 'word ' } : { content: 'word ' }, finish_reason: null }] })}\n\n`,
+).join(
+  '',
+)}data: ${JSON.stringify({ id: 'chatcmpl-sim-1', object: 'chat.completion.chunk', created: 1764000000, model: 'chat-small', choices: [{ index: 0, delta: {}, finish_reason: 'length' }], usage: { prompt_tokens: 16, completion_tokens: 16, total_tokens: 32 } })}\n\ndata: [DONE]\n\n`
+
+/**
+ * The stub upstream, a process of its own (so its work is not the router's): a chat request is
+ * answered at once with REPLY, or with STREAM when its body asks for a stream.
+ */
 export function startStub(dir: string): { port: number; proc: ReturnType<typeof Bun.spawn> } {
   const port = freePort()
   const file = join(dir, 'stub.ts')
   writeFileSync(
     file,
-    `Bun.serve({ port: ${port}, hostname: '127.0.0.1', fetch: (r) => new URL(r.url).pathname.endsWith('/chat/completions') ? new Response(${JSON.stringify(REPLY)}, { headers: { 'content-type': 'application/json' } }) : new Response('{"data":[]}') })`,
+    `const REPLY = ${JSON.stringify(REPLY)}, STREAM = ${JSON.stringify(STREAM)}
+Bun.serve({ port: ${port}, hostname: '127.0.0.1', fetch: async (r) => {
+  if (!new URL(r.url).pathname.endsWith('/chat/completions')) return new Response('{"data":[]}')
+  return (await r.text()).includes('"stream":true')
+    ? new Response(STREAM, { headers: { 'content-type': 'text/event-stream' } })
+    : new Response(REPLY, { headers: { 'content-type': 'application/json' } })
+} })`,
   )
   return { port, proc: Bun.spawn([process.execPath, file], { stdout: 'ignore', stderr: 'inherit' }) }
 }
@@ -92,11 +110,26 @@ export async function startRouter(o: {
   configPath: string
   env?: Record<string, string>
   ready?: (proc: ReturnType<typeof Bun.spawn>) => boolean
+  /** Flags for Bun itself (`--cpu-prof`, ...). */
+  bunFlags?: string[]
+  /** The router's stderr piped to the caller (default: this process's stderr). */
+  pipeStderr?: boolean
 }) {
   writeFileSync(o.configPath, JSON.stringify(o.config))
   const proc = Bun.spawn(
-    [process.execPath, '--max-http-header-size=65536', join(o.tree, 'src/main.ts'), '--config', o.configPath],
-    { stdout: 'ignore', stderr: 'inherit', env: { PATH: process.env.PATH ?? '', ...o.env } },
+    [
+      process.execPath,
+      '--max-http-header-size=65536',
+      ...(o.bunFlags ?? []),
+      join(o.tree, 'src/main.ts'),
+      '--config',
+      o.configPath,
+    ],
+    {
+      stdout: 'ignore',
+      stderr: o.pipeStderr ? 'pipe' : 'inherit',
+      env: { PATH: process.env.PATH ?? '', ...o.env },
+    },
   )
   const url = `http://${o.config.server.host}:${o.config.server.port}`
   for (let i = 0; ; i++) {
@@ -115,4 +148,21 @@ export async function startRouter(o: {
   const org = await post('/v1/admin/organizations', ADMIN, { name: 'b', balance_rub: 10_000_000 })
   const key = (await post('/v1/keys', org.master_key!, { name: 'k' })).key!
   return { proc, url, key }
+}
+
+const TICK_US = 10_000
+/** CPU time (us) per thread name of a process. */
+export function threadTimes(pid: number): Map<string, number> {
+  const out = new Map<string, number>()
+  for (const t of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/task/${t}/stat`, 'utf8')
+      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+      const name = Number(t) === pid ? 'loop' : readFileSync(`/proc/${pid}/task/${t}/comm`, 'utf8').trim()
+      out.set(name, (out.get(name) ?? 0) + (Number(f[11]) + Number(f[12])) * TICK_US)
+    } catch {
+      // a thread that ended
+    }
+  }
+  return out
 }

@@ -14,11 +14,11 @@
  * mere setImmediate) costs a loop turn per request that a served request, which waits for
  * sockets anyway, does not pay.
  */
-import { mkdtempSync, readdirSync, readFileSync } from 'node:fs'
+import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
-import { freePort, routerConfig, startRouter, startStub } from './stub-router.ts'
+import { freePort, routerConfig, startRouter, startStub, threadTimes } from './stub-router.ts'
 
 const { values, positionals } = parseArgs({
   options: { rounds: { type: 'string' }, seconds: { type: 'string' }, conns: { type: 'string' } },
@@ -42,23 +42,6 @@ const BODY = JSON.stringify({
   messages: [{ role: 'user', content: 'Say something short about routers and queues.' }],
   max_tokens: 16,
 })
-
-const TICK_US = 10_000
-/** CPU time (us) per thread name of a process. */
-function threads(pid: number): Map<string, number> {
-  const out = new Map<string, number>()
-  for (const t of readdirSync(`/proc/${pid}/task`)) {
-    try {
-      const stat = readFileSync(`/proc/${pid}/task/${t}/stat`, 'utf8')
-      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-      const name = Number(t) === pid ? 'loop' : readFileSync(`/proc/${pid}/task/${t}/comm`, 'utf8').trim()
-      out.set(name, (out.get(name) ?? 0) + (Number(f[11]) + Number(f[12])) * TICK_US)
-    } catch {
-      // a thread that ended
-    }
-  }
-  return out
-}
 
 const dir = mkdtempSync(join(tmpdir(), 'tropa-variants-bench-'))
 const stub = startStub(dir)
@@ -102,9 +85,9 @@ for (let i = 0; i < rounds; i++) {
   const order = routers.map((_, k) => routers[(k + i) % routers.length]!)
   const got: number[] = []
   for (const r of order) {
-    const a = threads(r.proc.pid)
+    const a = threadTimes(r.proc.pid)
     const n = await load(r, seconds * 1000)
-    const b = threads(r.proc.pid)
+    const b = threadTimes(r.proc.pid)
     const loop = (b.get('loop')! - a.get('loop')!) / n
     let other = 0
     for (const [name, us] of b) if (name !== 'loop') other += us - (a.get(name) ?? 0)
