@@ -11,8 +11,14 @@
  * What the loop spends outside any sampled JavaScript frame (Bun's own HTTP server and client,
  * sockets, the event loop itself) is the remainder. Prints the stages, then the functions with
  * the most samples; `--json F` writes both. The router also runs with JavaScriptCore's GC log
- * (`BUN_JSC_logGC`), from which the collections during the measured seconds give the bytes
- * allocated per request (a young collection starts every ~8 MB) and the loop's time in them. `--bare plain|relay` profiles bench/bare-proxy.ts
+ * (`BUN_JSC_logGC`): the collections during the measured seconds and the loop's pauses in them.
+ * The sampler takes the loop's stack at wall-clock intervals while JavaScript runs, so on a busy
+ * machine a function during which the thread was descheduled (fetch, which wakes Bun's HTTP
+ * thread) reads longer than its CPU time.
+ *
+ * `--analyze F --requests N [--skip-ms MS]`: the same attribution for a profile written by
+ * anything else (`bun --cpu-prof bench/request-path.ts .`: the app in-process, no HTTP), its
+ * first MS milliseconds left out, per N requests. `--bare plain|relay` profiles bench/bare-proxy.ts
  * (bytes passed through, or the body read in JavaScript) the same way instead of the router.
  */
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
@@ -32,6 +38,9 @@ const { values } = parseArgs({
     json: { type: 'string' },
     top: { type: 'string' },
     bare: { type: 'string' },
+    analyze: { type: 'string' },
+    requests: { type: 'string' },
+    'skip-ms': { type: 'string' },
   },
 })
 const seconds = Number(values.seconds ?? 10)
@@ -127,7 +136,22 @@ function short(url: string): string {
   return m ? m[1]! : url.replace(/^file:\/\//, '')
 }
 
+function analyze(file: string, requests: number, skipMs: number) {
+  const p = JSON.parse(readFileSync(file, 'utf8')) as Profile
+  const got = attribute(p, p.startTime + skipMs * 1000, Number.POSITIVE_INFINITY)
+  const perSample = (p.endTime - p.startTime) / p.samples.length
+  const us = (k: number) => (k * perSample) / requests
+  console.log(`${got.samples} samples, ${us(got.samples).toFixed(2)} us per request`)
+  console.log('\nstage | us per request')
+  for (const [name, k] of [...got.stages].sort((x, y) => y[1] - x[1]))
+    console.log(`${name} | ${us(k).toFixed(2)}`)
+  console.log(`\nfunction (self samples) | us per request`)
+  for (const [name, k] of [...got.fns].sort((x, y) => y[1] - x[1]).slice(0, top))
+    console.log(`${name} | ${us(k).toFixed(2)}`)
+}
+
 async function main() {
+  if (values.analyze) return analyze(values.analyze, Number(values.requests), Number(values['skip-ms'] ?? 0))
   const dir = mkdtempSync(join(tmpdir(), 'tropa-profile-'))
   const stub = startStub(dir)
   const port = freePort()
@@ -193,7 +217,7 @@ async function main() {
   const cycles = gc1.cycles - gc0.cycles
   const gcUs = ((gc1.pauseMs - gc0.pauseMs) * 1000) / n
   console.log(
-    `garbage collection: ${cycles} collections (${gc1.full - gc0.full} full), ${((gc1.allocatedBytes - gc0.allocatedBytes) / n / 1024).toFixed(1)} KiB allocated per request, pauses ${gcUs.toFixed(2)} us per request (${((100 * gcUs) / loopUs).toFixed(1)}% of the loop; counted in the stages below, wherever the allocation that set each off was)`,
+    `garbage collection: ${cycles} collections (${gc1.full - gc0.full} full), ${((1000 * cycles) / n).toFixed(2)} per 1,000 requests, pauses ${gcUs.toFixed(2)} us per request (${((100 * gcUs) / loopUs).toFixed(1)}% of the loop; counted in the stages below, wherever the allocation that set each off was)`,
   )
   console.log('\nstage | us per request | share of the loop')
   for (const [name, k] of rows)
@@ -228,7 +252,7 @@ async function main() {
 
 /** Collections, bytes allocated and pause time, as JavaScriptCore's GC log on stderr reports them. */
 function tallyGc(proc: { stderr: unknown }) {
-  const t = { cycles: 0, full: 0, allocatedBytes: 0, pauseMs: 0 }
+  const t = { cycles: 0, full: 0, pauseMs: 0 }
   const stderr = proc.stderr
   if (!(stderr instanceof ReadableStream)) return t
   void (async () => {
@@ -239,8 +263,6 @@ function tallyGc(proc: { stderr: unknown }) {
       const lines = rest.split('\n')
       rest = lines.pop()!
       for (const line of lines) {
-        const allocated = /bytes allocated this cycle: (\d+)/.exec(line)
-        if (allocated) t.allocatedBytes += Number(allocated[1])
         const start = /: START .* => (\w+)Collection,.* p=([\d.]+)ms/.exec(line)
         if (start) {
           t.cycles++
