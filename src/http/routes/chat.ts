@@ -9,10 +9,10 @@ import { answerModelCall } from './model-call.ts'
 export const chatRoutes = (svc: Services) =>
   new Elysia().derive(authenticate(svc)).post(
     '/v1/chat/completions',
-    (ctx) => {
-      const body = ctx.body as ChatRequest
+    ({ body: raw, principal, request, set, server }) => {
+      const body = raw as ChatRequest
       const shape = { operation: 'chat', endpoint: 'chat', model: body.model, user: body.user }
-      return answerModelCall(svc, ctx, body, shape, (c) =>
+      return answerModelCall(svc, { principal, request, set, server }, body, shape, (c) =>
         chatCompletion(svc.deps, c.payer, body, c.signal, c.requestId, c.sessionHint, c.cut, c.trace),
       )
     },

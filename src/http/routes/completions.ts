@@ -9,15 +9,15 @@ import { answerModelCall } from './model-call.ts'
 export const completionRoutes = (svc: Services) =>
   new Elysia().derive(authenticate(svc)).post(
     '/v1/completions',
-    (ctx) => {
-      const body = ctx.body as CompletionRequest
+    ({ body: raw, principal, request, set, server }) => {
+      const body = raw as CompletionRequest
       const shape = {
         operation: 'text_completion',
         endpoint: 'completions',
         model: body.model,
         user: body.user,
       }
-      return answerModelCall(svc, ctx, body, shape, (c) =>
+      return answerModelCall(svc, { principal, request, set, server }, body, shape, (c) =>
         textCompletion(svc.deps, c.payer, body, c.signal, c.requestId, c.sessionHint, c.cut, c.trace),
       )
     },

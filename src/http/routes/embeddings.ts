@@ -9,8 +9,8 @@ import { answerModelCall } from './model-call.ts'
 export const embeddingRoutes = (svc: Services) =>
   new Elysia().derive(authenticate(svc)).post(
     '/v1/embeddings',
-    (ctx) => {
-      const body = ctx.body as EmbeddingRequest
+    ({ body: raw, principal, request, set, server }) => {
+      const body = raw as EmbeddingRequest
       const shape = {
         operation: 'embeddings',
         endpoint: 'embeddings',
@@ -18,7 +18,7 @@ export const embeddingRoutes = (svc: Services) =>
         user: body.user,
         quotes: false,
       } as const
-      return answerModelCall(svc, ctx, body, shape, (c) =>
+      return answerModelCall(svc, { principal, request, set, server }, body, shape, (c) =>
         createEmbeddings(svc.deps, c.payer, body, c.signal, c.requestId, c.trace),
       )
     },

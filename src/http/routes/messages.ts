@@ -16,8 +16,8 @@ export const messageRoutes = (svc: Services) =>
     .derive(authenticate(svc))
     .post(
       '/v1/messages',
-      (ctx) => {
-        const body = ctx.body as MessagesRequest
+      ({ body: raw, principal, request, set, server }) => {
+        const body = raw as MessagesRequest
         const shape = {
           operation: 'chat',
           endpoint: 'messages',
@@ -25,7 +25,7 @@ export const messageRoutes = (svc: Services) =>
           user: body.metadata?.user_id,
           userParam: 'metadata.user_id',
         }
-        return answerModelCall(svc, ctx, body, shape, (c) =>
+        return answerModelCall(svc, { principal, request, set, server }, body, shape, (c) =>
           createMessage(svc.deps, c.payer, body, c.signal, c.requestId, c.sessionHint, c.cut, c.trace),
         )
       },

@@ -17,7 +17,11 @@ export interface EndpointCall {
   readonly trace: RequestTrace | undefined
 }
 
-/** The parts of Elysia's handler context a model endpoint reads. */
+/**
+ * The parts of Elysia's handler context a model endpoint reads. Handlers name them (destructure)
+ * rather than pass the context on whole: Elysia reads a handler's source to learn what it uses,
+ * and a context passed on whole made it parse every request's cookies and query string too.
+ */
 export interface ModelRouteContext {
   readonly principal: Principal
   readonly request: Request

@@ -18,8 +18,8 @@ export const responseRoutes = (svc: Services) => {
     .derive(authenticate(svc))
     .post(
       '/v1/responses',
-      (ctx) => {
-        const body = ctx.body as ResponsesRequest
+      ({ body: raw, principal, request, set, server }) => {
+        const body = raw as ResponsesRequest
         const shape = {
           operation: 'chat',
           endpoint: 'responses',
@@ -27,7 +27,7 @@ export const responseRoutes = (svc: Services) => {
           user: body.user,
           sessionHint: body.prompt_cache_key ?? undefined,
         }
-        return answerModelCall(svc, ctx, body, shape, (c) => {
+        return answerModelCall(svc, { principal, request, set, server }, body, shape, (c) => {
           const malformed = knownTypeError(body)
           if (malformed) throw fromValueError(malformed)
           return responses.create(c.payer, body, c.signal, c.requestId, c.sessionHint, c.cut, c.trace)
