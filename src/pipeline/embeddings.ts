@@ -1,6 +1,5 @@
 import { type EmbeddingRequest, MAX_EMBEDDING_INPUTS } from '../api/embeddings.ts'
 import type { Slot } from '../billing/concurrency.ts'
-import type { Reservation } from '../billing/meter.ts'
 import { costNano, formatRub, nanoToRubNumber } from '../billing/money.ts'
 import { hasRateLimits } from '../billing/rate-limiter.ts'
 import { RECEIPT_HEADER } from '../billing/receipts.ts'
@@ -11,7 +10,7 @@ import {
   TooManyInputs,
   UpstreamFailed,
 } from '../errors.ts'
-import { fail, type RequestTrace } from '../tracing/span.ts'
+import type { RequestTrace } from '../tracing/span.ts'
 import { admit, type ChatDeps, type Payer, reserve } from './chat.ts'
 import { dispatch, finishAttempt, readBody } from './dispatch.ts'
 import { loadTokenizer, PromptCounter, reservedPromptTokens } from './tokens.ts'
