@@ -180,7 +180,10 @@ function expectOthersUnaffected(seen: Watched, control: Watched) {
   ])
   // Both probes wait on the same event loop, and a p99 of a few hundred samples is noisy: the
   // allowance is the worse of the two under honest load.
-  const allowed = Math.max(P99_MS, 2 * Math.max(control.healthP99, control.chatP99))
+  // Under 50 samples the "p99" is the slowest of a handful (14 in one CI run, at 1.16x the 2x
+  // allowance): three times. The defect this guards against is past a second either way.
+  const factor = Math.min(seen.samples, control.samples) < 50 ? 3 : 2
+  const allowed = Math.max(P99_MS, factor * Math.max(control.healthP99, control.chatP99))
   expect(seen.healthP99).toBeLessThan(allowed)
   expect(seen.chatP99).toBeLessThan(allowed)
 }
