@@ -21,6 +21,8 @@ interface Child {
   proc: ReturnType<typeof Bun.spawn>
   ready: boolean
   startedAtMs: number
+  /** A reload came while it was starting: sent (SIGHUP) once it serves. */
+  reloadWanted?: boolean
 }
 
 /**
@@ -113,6 +115,10 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
         if ('ready' in m) {
           const c = children.get(i)
           if (c) c.ready = true
+          if (c?.reloadWanted) {
+            c.reloadWanted = false
+            c.proc.kill('SIGHUP')
+          }
           if (starting && [...children.values()].every((x) => x.ready)) started()
           return
         }
@@ -159,7 +165,12 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
     } catch {
       // logged by reload()
     }
-    for (const [i, c] of children) if (i !== from) c.proc.kill('SIGHUP')
+    // A worker still loading its code has no SIGHUP handler yet, and the signal's default would
+    // end it (and, while the workers start, the start): it gets the reload once it serves.
+    for (const [i, c] of children)
+      if (i === from) continue
+      else if (c.ready) c.proc.kill('SIGHUP')
+      else c.reloadWanted = true
   }
   // Before the workers start: a SIGHUP while they do reloads (a worker still starting keeps it
   // for when it serves) rather than ending the primary, the signal's default.
