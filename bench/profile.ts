@@ -39,6 +39,7 @@ const { values } = parseArgs({
     top: { type: 'string' },
     bare: { type: 'string' },
     analyze: { type: 'string' },
+    warmup: { type: 'string' },
     requests: { type: 'string' },
     'skip-ms': { type: 'string' },
   },
@@ -192,7 +193,7 @@ async function main() {
     )
     return n
   }
-  await load(2000)
+  await load(Number(values.warmup ?? 2) * 1000)
   const a = threadTimes(r.proc.pid)
   const gc0 = { ...gc }
   const from = Date.now() * 1000
@@ -240,6 +241,7 @@ async function main() {
           stream,
           loopUsPerRequest: loopUs,
           sampledUsPerRequest: sampledUs,
+          gc: { collections: cycles, full: gc1.full - gc0.full, pauseUsPerRequest: gcUs },
           stages: Object.fromEntries(rows.map(([k, v]) => [k, us(v)])),
           functions: Object.fromEntries(fnRows.map(([k, v]) => [k, us(v)])),
         },
