@@ -76,6 +76,15 @@ export interface PredictedTtftOptions {
    */
   readonly hedgeQuantile: number
   readonly hedgeMinMs: number
+  /**
+   * A node where streams of ours are decoding, silent (no first chunk or end) since its /metrics
+   * (waiting, running, KV-cache use) last moved, and whose /metrics have not moved for
+   * max(`frozenMinMs`, this many inter-token times) is taken for hung (suspect, as a stall): a
+   * decoding sequence fills a 16-token cache block in 16 of them, and KV use moves with it.
+   * (`frozenMinMs` spans two polls at the shipped 1 s, so one long prefill step is no hang.)
+   */
+  readonly frozenTokens: number
+  readonly frozenMinMs: number
 }
 
 export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
@@ -96,6 +105,8 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   batchHeldFactor: 3,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
+  frozenTokens: 24,
+  frozenMinMs: 1500,
 }
 
 /** What the policy has learned about one node. */
@@ -143,6 +154,11 @@ export class NodeModel {
    */
   suspectAtMs: number | undefined
   suspectMetrics: string | undefined
+  /** The last first chunk or end seen from here, ms. */
+  heardMs = Number.NEGATIVE_INFINITY
+  /** The last /metrics as a string, and since when they have read so. */
+  metricKey: string | undefined
+  metricSinceMs = 0
 
   constructor(
     readonly node: NodeState,
@@ -408,6 +424,7 @@ export class PredictedTtft implements RoutingPolicy {
     m.ttft.add(ttft)
     const own = a.queuedTokens
     this.alive(m, nowMs)
+    m.heardMs = nowMs
     this.dequeue(m, a)
     m.decoding++
     a.decoding = true
@@ -437,7 +454,10 @@ export class PredictedTtft implements RoutingPolicy {
     completionTokens?: number,
   ): void {
     const m = this.model(a.candidate.node)
-    if (outcome === 'ok') this.alive(m, nowMs)
+    if (outcome === 'ok') {
+      this.alive(m, nowMs)
+      m.heardMs = nowMs
+    }
     if (a.decoding) {
       m.decoding--
       a.decoding = false
@@ -456,7 +476,7 @@ export class PredictedTtft implements RoutingPolicy {
       // shows life its silence keeps counting with nothing outstanding there, so that it does
       // not look idle (its cached prefixes would draw traffic back into a stall).
       m.suspectAtMs = nowMs
-      m.suspectMetrics = nowMs - m.metricAtMs < 5_000 ? `${m.metricWaiting}/${m.metricRunning}` : undefined
+      m.suspectMetrics = nowMs - m.metricAtMs < 5_000 ? m.metricKey : undefined
     }
     if (
       outcome === 'cancelled' &&
@@ -495,13 +515,28 @@ export class PredictedTtft implements RoutingPolicy {
     m.metricWaiting = metrics.waiting
     m.metricRunning = metrics.running
     m.metricAtMs = nowMs
-    // A hung engine's gauges freeze; moving ones say it is working again.
-    if (
-      m.suspectAtMs !== undefined &&
-      m.suspectMetrics !== undefined &&
-      m.suspectMetrics !== `${metrics.waiting}/${metrics.running}`
-    )
-      this.alive(m, nowMs)
+    const key = `${metrics.waiting}/${metrics.running}/${metrics.kvUsage}`
+    if (key !== m.metricKey) {
+      m.metricKey = key
+      m.metricSinceMs = nowMs
+      // A hung engine's gauges freeze; moving ones say it is working again.
+      if (m.suspectAtMs !== undefined && m.suspectMetrics !== undefined && m.suspectMetrics !== key)
+        this.alive(m, nowMs)
+    } else if (
+      m.suspectAtMs === undefined &&
+      metrics.kvUsage !== undefined &&
+      metrics.running > 0 &&
+      m.decoding > 0 &&
+      m.heardMs <= m.metricSinceMs &&
+      nowMs - m.metricSinceMs > Math.max(this.opts.frozenMinMs, this.opts.frozenTokens * m.itlMs)
+    ) {
+      // Decoding requests of ours are there, and its KV-cache use has not moved for longer than
+      // they take to fill a cache block (16 tokens): the engine is hung, though nothing of ours
+      // is late for a first token. Suspect until it shows life.
+      m.suspectAtMs = nowMs
+      m.suspectMetrics = key
+      m.lastProgressMs = Math.min(m.lastProgressMs, m.metricSinceMs)
+    }
   }
 
   hedgeAtMs(a: Attempt): number | undefined {

@@ -89,6 +89,48 @@ describe('PredictedTtft', () => {
     expect(p.choose(cands, req({ nowMs: 40_000, prefix, promptTokens: 1500 }))).toBe(home)
   })
 
+  test('a hung node with only streams decoding there (its /metrics frozen) is priced out, and back when they move', () => {
+    const { pool, cands } = fleet(3)
+    const p = new PredictedTtft({ rng: rng() })
+    const prefix = prefixOf('z'.repeat(256 * 20))
+    const home = p.choose(cands, req({ nowMs: 0, prefix, promptTokens: 1500 }))!
+    for (let i = 0; i < 5; i++)
+      serve(p, pool, home, req({ nowMs: i * 1000, prefix, promptTokens: 1500 }), 100)
+    // a stream is decoding on home (first chunk at 9.1 s, no end): nothing of ours awaits a first token
+    const streaming = new Attempt(home, req({ nowMs: 9000, prefix, promptTokens: 1500 }), 9000)
+    pool.begin(home.node, 9000)
+    p.started(streaming)
+    p.firstChunk(streaming, 9100)
+    const poll = (nowMs: number, homeKv: number) => {
+      for (const c of cands)
+        p.nodeMetrics(c.node, { waiting: 0, running: 1, kvUsage: c === home ? homeKv : nowMs / 1e6 }, nowMs)
+    }
+    const next = (nowMs: number) => p.choose(cands, req({ nowMs, prefix, promptTokens: 1500 }))
+    // one unchanged poll is not enough (a long prefill can hold the KV use still for a while)
+    poll(10_000, 0.1)
+    poll(11_000, 0.1)
+    expect(next(11_050)).toBe(home)
+    // two seconds without its KV use moving while a stream of ours decodes there: hung
+    poll(12_000, 0.1)
+    expect(next(12_050)).not.toBe(home)
+    // its KV use moves again: back to the prefix's home
+    poll(13_000, 0.11)
+    expect(next(13_050)).toBe(home)
+  })
+
+  test('frozen /metrics on a node with nothing of ours decoding there is no sign of a hang', () => {
+    const { pool, cands } = fleet(3)
+    const p = new PredictedTtft({ rng: rng() })
+    const prefix = prefixOf('w'.repeat(256 * 20))
+    const home = p.choose(cands, req({ nowMs: 0, prefix, promptTokens: 1500 }))!
+    for (let i = 0; i < 5; i++)
+      serve(p, pool, home, req({ nowMs: i * 1000, prefix, promptTokens: 1500 }), 100)
+    for (let t = 10_000; t <= 15_000; t += 1000)
+      for (const c of cands)
+        p.nodeMetrics(c.node, { waiting: 0, running: 2, kvUsage: c === home ? 0.2 : t / 1e6 }, t)
+    expect(p.choose(cands, req({ nowMs: 15_050, prefix, promptTokens: 1500 }))).toBe(home)
+  })
+
   test('load outweighs the prefix: a node with a long queue loses to an idle one', () => {
     const { pool, cands } = fleet(2)
     const p = new PredictedTtft({ rng: rng() })
