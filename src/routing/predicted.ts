@@ -76,6 +76,8 @@ export interface PredictedTtftOptions {
    */
   readonly hedgeQuantile: number
   readonly hedgeMinMs: number
+  /** Nor earlier than this share of the runner-up node's prediction when it was chosen. */
+  readonly hedgeAltShare: number
   /**
    * A node where streams of ours are decoding, silent (no first chunk or end) since its /metrics
    * (waiting, running, KV-cache use) last moved, and whose /metrics have not moved for
@@ -105,6 +107,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   batchHeldFactor: 3,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
+  hedgeAltShare: 2,
   frozenTokens: 24,
   frozenMinMs: 1500,
 }
@@ -227,6 +230,8 @@ export class PredictedTtft implements RoutingPolicy {
   private readonly sessions = new Map<string, NodeState>()
   private readonly ratio = new RatioQuantile()
   private metricsOn = false
+  /** The prediction on the runner-up node of the last choice, for its attempt's hedge time. */
+  private lastChoice: { req: RouteRequest; alternativeMs: number | undefined } | undefined
 
   constructor(opts: Partial<PredictedTtftOptions> & Pick<PredictedTtftOptions, 'rng'>, name = 'tropa') {
     this.opts = { ...DEFAULT_PREDICTED_OPTIONS, ...opts }
@@ -379,6 +384,9 @@ export class PredictedTtft implements RoutingPolicy {
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
+    let alternative = Number.POSITIVE_INFINITY
+    for (const i of picked) if (i !== best && ts[i]! < alternative) alternative = ts[i]!
+    this.lastChoice = { req, alternativeMs: Number.isFinite(alternative) ? alternative : undefined }
     return pool[best]
   }
 
@@ -396,6 +404,8 @@ export class PredictedTtft implements RoutingPolicy {
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     a.predictedCachedTokens = cached
     a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs)
+    if (this.lastChoice?.req === req) a.alternativeTtftMs = this.lastChoice.alternativeMs
+    this.lastChoice = undefined
     a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
     a.ownTokens = a.queuedTokens
     m.queuedTokens += a.queuedTokens
@@ -544,7 +554,10 @@ export class PredictedTtft implements RoutingPolicy {
     // A router that has seen few first tokens does not know yet what late means.
     if (this.ratio.count < 20) return undefined
     const q = this.ratio.quantile(this.opts.hedgeQuantile)
-    return a.startedAtMs + Math.max(this.opts.hedgeMinMs, a.predictedTtftMs * Math.max(1.5, q))
+    // A hedge is a fresh request elsewhere: never sent before a fresh one there was predicted to
+    // answer (a late node holding the prefix still beats a cold one that starts now).
+    const alt = (a.alternativeTtftMs ?? 0) * this.opts.hedgeAltShare
+    return a.startedAtMs + Math.max(this.opts.hedgeMinMs, a.predictedTtftMs * Math.max(1.5, q), alt)
   }
 
   /** A snapshot per node for /metrics. */

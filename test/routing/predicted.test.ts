@@ -229,6 +229,27 @@ describe('PredictedTtft', () => {
     expect(p.hedgeAtMs(new Attempt(c, req({ nowMs: 60_000, stream: false }), 60_000))).toBeUndefined()
   })
 
+  test('a hedge of a request placed by its cached prefix waits past what a cold start elsewhere would take', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng(), hedgeMinMs: 50 })
+    const prefix = prefixOf('h'.repeat(256 * 100))
+    // both nodes learn their rates and what late means; the prefix lives on one of them
+    for (let i = 0; i < 40; i++)
+      serve(p, pool, cands[i % 2]!, req({ nowMs: i * 1000, promptTokens: 2000 }), 250)
+    const home = p.choose(cands, req({ nowMs: 41_000, prefix, promptTokens: 7000 }))!
+    serve(p, pool, home, req({ nowMs: 41_000, prefix, promptTokens: 7000 }), 900)
+    const r = req({ nowMs: 60_000, prefix, promptTokens: 7000 })
+    expect(p.choose(cands, r)).toBe(home)
+    const a = new Attempt(home, r, 60_000)
+    p.started(a)
+    const other = cands.find((c) => c !== home)!
+    const cold = p.estimateTtftMs(other, r)
+    // the prefix makes home far quicker; the hedge comes no sooner than twice the cold start
+    expect(a.predictedTtftMs! * 1.5).toBeLessThan(cold)
+    expect(a.alternativeTtftMs).toBeCloseTo(cold, 0)
+    expect(p.hedgeAtMs(a)!).toBeGreaterThanOrEqual(60_000 + 2 * cold)
+  })
+
   test('learns how often predicted prefix hits are real', () => {
     const { pool, cands } = fleet(1)
     const p = new PredictedTtft({ rng: rng() })
