@@ -137,6 +137,8 @@ export class NodeModel {
   /** From /metrics: requests the node itself has waiting for a slot. */
   metricWaiting = 0
   metricRunning = 0
+  /** Requests of ours outstanding there (sent, not ended) at its last /metrics. */
+  metricOwn = 0
   metricAtMs = Number.NEGATIVE_INFINITY
   /** Time from dispatch to end of a request here, ms, EWMA: how long a slot stays taken. */
   serviceMs = 0
@@ -257,8 +259,11 @@ export class PredictedTtft implements RoutingPolicy {
     let slotWaitMs = 0
     if (this.metricsOn && nowMs - m.metricAtMs < 5_000 && m.metricWaiting > 0) {
       // The node has requests waiting for a slot (its own backlog or other routers' traffic):
-      // each must wait for running ones to finish, about a service time per slot's worth.
-      slotWaitMs = ((m.metricWaiting + 1) * m.serviceMs) / Math.max(1, m.metricRunning)
+      // each must wait for running ones to finish, about a service time per slot's worth. The
+      // poll is up to a second old: requests of ours sent there since wait too, and ours that
+      // ended since freed slots.
+      const waiting = Math.max(0, m.metricWaiting + m.waiting + m.decoding - m.metricOwn)
+      if (waiting > 0) slotWaitMs = ((waiting + 1) * m.serviceMs) / Math.max(1, m.metricRunning)
     }
     const uncached = Math.max(1, n - m.hitRatio * cached)
     const rate = m.rate(nowMs)
@@ -525,6 +530,7 @@ export class PredictedTtft implements RoutingPolicy {
     m.metricWaiting = metrics.waiting
     m.metricRunning = metrics.running
     m.metricAtMs = nowMs
+    m.metricOwn = m.waiting + m.decoding
     const key = `${metrics.waiting}/${metrics.running}/${metrics.kvUsage}`
     if (key !== m.metricKey) {
       m.metricKey = key

@@ -250,6 +250,32 @@ describe('PredictedTtft', () => {
     expect(p.hedgeAtMs(a)!).toBeGreaterThanOrEqual(60_000 + 2 * cold)
   })
 
+  test('a node /metrics showed full counts the requests of ours sent or ended there since', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng() })
+    const c = cands[0]!
+    // learn a service time (dispatch to end): 4 s
+    for (let i = 0; i < 10; i++) serve(p, pool, c, req({ nowMs: i * 100 }), 100, 4000)
+    // two streams of ours decode there; /metrics says 1 request waits for one of 2 slots
+    const streams = [0, 1].map((k) => {
+      const a = new Attempt(c, req({ nowMs: 10_000 + k }), 10_000 + k)
+      pool.begin(c.node, a.startedAtMs)
+      p.started(a)
+      p.firstChunk(a, 10_100 + k)
+      return a
+    })
+    p.nodeMetrics(c.node, { waiting: 1, running: 2, kvUsage: 0.5 }, 10_500)
+    const full = p.estimateTtftMs(c, req({ nowMs: 10_600 }))
+    // (1 waiting + this one) x 4 s / 2 slots on top of the prefill
+    expect(full).toBeGreaterThan(4000)
+    // both streams end before the next poll: their slots took the waiting request and this one
+    for (const a of streams) {
+      pool.end(c.node, true, 10_700)
+      p.ended(a, 10_700, 'ok', undefined, 10)
+    }
+    expect(p.estimateTtftMs(c, req({ nowMs: 10_800 }))).toBeLessThan(1000)
+  })
+
   test('learns how often predicted prefix hits are real', () => {
     const { pool, cands } = fleet(1)
     const p = new PredictedTtft({ rng: rng() })
