@@ -45,6 +45,8 @@ export class Attempt {
   firstAtMs: number | undefined
   /** The policy's predicted time to first token for this attempt, ms, if it predicts. */
   predictedTtftMs: number | undefined
+  /** The policy's prediction for the next best node when this one was chosen, ms, if it predicts. */
+  alternativeTtftMs: number | undefined
   /** Uncached prompt tokens the policy counted as queued on the node for this attempt. */
   queuedTokens = 0
   /** Prefix tokens the policy predicted cached on the node. */

@@ -76,6 +76,17 @@ export interface PredictedTtftOptions {
    */
   readonly hedgeQuantile: number
   readonly hedgeMinMs: number
+  /** Nor earlier than this share of the runner-up node's prediction when it was chosen. */
+  readonly hedgeAltShare: number
+  /**
+   * A node where streams of ours are decoding, silent (no first chunk or end) since its /metrics
+   * (waiting, running, KV-cache use) last moved, and whose /metrics have not moved for
+   * max(`frozenMinMs`, this many inter-token times) is taken for hung (suspect, as a stall): a
+   * decoding sequence fills a 16-token cache block in 16 of them, and KV use moves with it.
+   * (`frozenMinMs` spans two polls at the shipped 1 s, so one long prefill step is no hang.)
+   */
+  readonly frozenTokens: number
+  readonly frozenMinMs: number
 }
 
 export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
@@ -96,6 +107,9 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   batchHeldFactor: 3,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
+  hedgeAltShare: 2,
+  frozenTokens: 24,
+  frozenMinMs: 1500,
 }
 
 /** What the policy has learned about one node. */
@@ -123,6 +137,8 @@ export class NodeModel {
   /** From /metrics: requests the node itself has waiting for a slot. */
   metricWaiting = 0
   metricRunning = 0
+  /** Requests of ours outstanding there (sent, not ended) at its last /metrics. */
+  metricOwn = 0
   metricAtMs = Number.NEGATIVE_INFINITY
   /** Time from dispatch to end of a request here, ms, EWMA: how long a slot stays taken. */
   serviceMs = 0
@@ -143,6 +159,11 @@ export class NodeModel {
    */
   suspectAtMs: number | undefined
   suspectMetrics: string | undefined
+  /** The last first chunk or end seen from here, ms. */
+  heardMs = Number.NEGATIVE_INFINITY
+  /** The last /metrics as a string, and since when they have read so. */
+  metricKey: string | undefined
+  metricSinceMs = 0
 
   constructor(
     readonly node: NodeState,
@@ -211,6 +232,8 @@ export class PredictedTtft implements RoutingPolicy {
   private readonly sessions = new Map<string, NodeState>()
   private readonly ratio = new RatioQuantile()
   private metricsOn = false
+  /** The prediction on the runner-up node of the last choice, for its attempt's hedge time. */
+  private lastChoice: { req: RouteRequest; alternativeMs: number | undefined } | undefined
 
   constructor(opts: Partial<PredictedTtftOptions> & Pick<PredictedTtftOptions, 'rng'>, name = 'tropa') {
     this.opts = { ...DEFAULT_PREDICTED_OPTIONS, ...opts }
@@ -236,8 +259,11 @@ export class PredictedTtft implements RoutingPolicy {
     let slotWaitMs = 0
     if (this.metricsOn && nowMs - m.metricAtMs < 5_000 && m.metricWaiting > 0) {
       // The node has requests waiting for a slot (its own backlog or other routers' traffic):
-      // each must wait for running ones to finish, about a service time per slot's worth.
-      slotWaitMs = ((m.metricWaiting + 1) * m.serviceMs) / Math.max(1, m.metricRunning)
+      // each must wait for running ones to finish, about a service time per slot's worth. The
+      // poll is up to a second old: requests of ours sent there since wait too, and ours that
+      // ended since freed slots.
+      const waiting = Math.max(0, m.metricWaiting + m.waiting + m.decoding - m.metricOwn)
+      if (waiting > 0) slotWaitMs = ((waiting + 1) * m.serviceMs) / Math.max(1, m.metricRunning)
     }
     const uncached = Math.max(1, n - m.hitRatio * cached)
     const rate = m.rate(nowMs)
@@ -363,6 +389,9 @@ export class PredictedTtft implements RoutingPolicy {
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
+    let alternative = Number.POSITIVE_INFINITY
+    for (const i of picked) if (i !== best && ts[i]! < alternative) alternative = ts[i]!
+    this.lastChoice = { req, alternativeMs: Number.isFinite(alternative) ? alternative : undefined }
     return pool[best]
   }
 
@@ -380,6 +409,8 @@ export class PredictedTtft implements RoutingPolicy {
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     a.predictedCachedTokens = cached
     a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs)
+    if (this.lastChoice?.req === req) a.alternativeTtftMs = this.lastChoice.alternativeMs
+    this.lastChoice = undefined
     a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
     a.ownTokens = a.queuedTokens
     m.queuedTokens += a.queuedTokens
@@ -408,6 +439,7 @@ export class PredictedTtft implements RoutingPolicy {
     m.ttft.add(ttft)
     const own = a.queuedTokens
     this.alive(m, nowMs)
+    m.heardMs = nowMs
     this.dequeue(m, a)
     m.decoding++
     a.decoding = true
@@ -437,7 +469,10 @@ export class PredictedTtft implements RoutingPolicy {
     completionTokens?: number,
   ): void {
     const m = this.model(a.candidate.node)
-    if (outcome === 'ok') this.alive(m, nowMs)
+    if (outcome === 'ok') {
+      this.alive(m, nowMs)
+      m.heardMs = nowMs
+    }
     if (a.decoding) {
       m.decoding--
       a.decoding = false
@@ -456,7 +491,7 @@ export class PredictedTtft implements RoutingPolicy {
       // shows life its silence keeps counting with nothing outstanding there, so that it does
       // not look idle (its cached prefixes would draw traffic back into a stall).
       m.suspectAtMs = nowMs
-      m.suspectMetrics = nowMs - m.metricAtMs < 5_000 ? `${m.metricWaiting}/${m.metricRunning}` : undefined
+      m.suspectMetrics = nowMs - m.metricAtMs < 5_000 ? m.metricKey : undefined
     }
     if (
       outcome === 'cancelled' &&
@@ -495,13 +530,29 @@ export class PredictedTtft implements RoutingPolicy {
     m.metricWaiting = metrics.waiting
     m.metricRunning = metrics.running
     m.metricAtMs = nowMs
-    // A hung engine's gauges freeze; moving ones say it is working again.
-    if (
-      m.suspectAtMs !== undefined &&
-      m.suspectMetrics !== undefined &&
-      m.suspectMetrics !== `${metrics.waiting}/${metrics.running}`
-    )
-      this.alive(m, nowMs)
+    m.metricOwn = m.waiting + m.decoding
+    const key = `${metrics.waiting}/${metrics.running}/${metrics.kvUsage}`
+    if (key !== m.metricKey) {
+      m.metricKey = key
+      m.metricSinceMs = nowMs
+      // A hung engine's gauges freeze; moving ones say it is working again.
+      if (m.suspectAtMs !== undefined && m.suspectMetrics !== undefined && m.suspectMetrics !== key)
+        this.alive(m, nowMs)
+    } else if (
+      m.suspectAtMs === undefined &&
+      metrics.kvUsage !== undefined &&
+      metrics.running > 0 &&
+      m.decoding > 0 &&
+      m.heardMs <= m.metricSinceMs &&
+      nowMs - m.metricSinceMs > Math.max(this.opts.frozenMinMs, this.opts.frozenTokens * m.itlMs)
+    ) {
+      // Decoding requests of ours are there, and its KV-cache use has not moved for longer than
+      // they take to fill a cache block (16 tokens): the engine is hung, though nothing of ours
+      // is late for a first token. Suspect until it shows life.
+      m.suspectAtMs = nowMs
+      m.suspectMetrics = key
+      m.lastProgressMs = Math.min(m.lastProgressMs, m.metricSinceMs)
+    }
   }
 
   hedgeAtMs(a: Attempt): number | undefined {
@@ -509,7 +560,10 @@ export class PredictedTtft implements RoutingPolicy {
     // A router that has seen few first tokens does not know yet what late means.
     if (this.ratio.count < 20) return undefined
     const q = this.ratio.quantile(this.opts.hedgeQuantile)
-    return a.startedAtMs + Math.max(this.opts.hedgeMinMs, a.predictedTtftMs * Math.max(1.5, q))
+    // A hedge is a fresh request elsewhere: never sent before a fresh one there was predicted to
+    // answer (a late node holding the prefix still beats a cold one that starts now).
+    const alt = (a.alternativeTtftMs ?? 0) * this.opts.hedgeAltShare
+    return a.startedAtMs + Math.max(this.opts.hedgeMinMs, a.predictedTtftMs * Math.max(1.5, q), alt)
   }
 
   /** A snapshot per node for /metrics. */

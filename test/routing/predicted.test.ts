@@ -89,6 +89,48 @@ describe('PredictedTtft', () => {
     expect(p.choose(cands, req({ nowMs: 40_000, prefix, promptTokens: 1500 }))).toBe(home)
   })
 
+  test('a hung node with only streams decoding there (its /metrics frozen) is priced out, and back when they move', () => {
+    const { pool, cands } = fleet(3)
+    const p = new PredictedTtft({ rng: rng() })
+    const prefix = prefixOf('z'.repeat(256 * 20))
+    const home = p.choose(cands, req({ nowMs: 0, prefix, promptTokens: 1500 }))!
+    for (let i = 0; i < 5; i++)
+      serve(p, pool, home, req({ nowMs: i * 1000, prefix, promptTokens: 1500 }), 100)
+    // a stream is decoding on home (first chunk at 9.1 s, no end): nothing of ours awaits a first token
+    const streaming = new Attempt(home, req({ nowMs: 9000, prefix, promptTokens: 1500 }), 9000)
+    pool.begin(home.node, 9000)
+    p.started(streaming)
+    p.firstChunk(streaming, 9100)
+    const poll = (nowMs: number, homeKv: number) => {
+      for (const c of cands)
+        p.nodeMetrics(c.node, { waiting: 0, running: 1, kvUsage: c === home ? homeKv : nowMs / 1e6 }, nowMs)
+    }
+    const next = (nowMs: number) => p.choose(cands, req({ nowMs, prefix, promptTokens: 1500 }))
+    // one unchanged poll is not enough (a long prefill can hold the KV use still for a while)
+    poll(10_000, 0.1)
+    poll(11_000, 0.1)
+    expect(next(11_050)).toBe(home)
+    // two seconds without its KV use moving while a stream of ours decodes there: hung
+    poll(12_000, 0.1)
+    expect(next(12_050)).not.toBe(home)
+    // its KV use moves again: back to the prefix's home
+    poll(13_000, 0.11)
+    expect(next(13_050)).toBe(home)
+  })
+
+  test('frozen /metrics on a node with nothing of ours decoding there is no sign of a hang', () => {
+    const { pool, cands } = fleet(3)
+    const p = new PredictedTtft({ rng: rng() })
+    const prefix = prefixOf('w'.repeat(256 * 20))
+    const home = p.choose(cands, req({ nowMs: 0, prefix, promptTokens: 1500 }))!
+    for (let i = 0; i < 5; i++)
+      serve(p, pool, home, req({ nowMs: i * 1000, prefix, promptTokens: 1500 }), 100)
+    for (let t = 10_000; t <= 15_000; t += 1000)
+      for (const c of cands)
+        p.nodeMetrics(c.node, { waiting: 0, running: 2, kvUsage: c === home ? 0.2 : t / 1e6 }, t)
+    expect(p.choose(cands, req({ nowMs: 15_050, prefix, promptTokens: 1500 }))).toBe(home)
+  })
+
   test('load outweighs the prefix: a node with a long queue loses to an idle one', () => {
     const { pool, cands } = fleet(2)
     const p = new PredictedTtft({ rng: rng() })
@@ -185,6 +227,53 @@ describe('PredictedTtft', () => {
     const at = p.hedgeAtMs(a)!
     expect(at).toBeGreaterThanOrEqual(60_000 + Math.max(50, a.predictedTtftMs! * 1.5))
     expect(p.hedgeAtMs(new Attempt(c, req({ nowMs: 60_000, stream: false }), 60_000))).toBeUndefined()
+  })
+
+  test('a hedge of a request placed by its cached prefix waits past what a cold start elsewhere would take', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng(), hedgeMinMs: 50 })
+    const prefix = prefixOf('h'.repeat(256 * 100))
+    // both nodes learn their rates and what late means; the prefix lives on one of them
+    for (let i = 0; i < 40; i++)
+      serve(p, pool, cands[i % 2]!, req({ nowMs: i * 1000, promptTokens: 2000 }), 250)
+    const home = p.choose(cands, req({ nowMs: 41_000, prefix, promptTokens: 7000 }))!
+    serve(p, pool, home, req({ nowMs: 41_000, prefix, promptTokens: 7000 }), 900)
+    const r = req({ nowMs: 60_000, prefix, promptTokens: 7000 })
+    expect(p.choose(cands, r)).toBe(home)
+    const a = new Attempt(home, r, 60_000)
+    p.started(a)
+    const other = cands.find((c) => c !== home)!
+    const cold = p.estimateTtftMs(other, r)
+    // the prefix makes home far quicker; the hedge comes no sooner than twice the cold start
+    expect(a.predictedTtftMs! * 1.5).toBeLessThan(cold)
+    expect(a.alternativeTtftMs).toBeCloseTo(cold, 0)
+    expect(p.hedgeAtMs(a)!).toBeGreaterThanOrEqual(60_000 + 2 * cold)
+  })
+
+  test('a node /metrics showed full counts the requests of ours sent or ended there since', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng() })
+    const c = cands[0]!
+    // learn a service time (dispatch to end): 4 s
+    for (let i = 0; i < 10; i++) serve(p, pool, c, req({ nowMs: i * 100 }), 100, 4000)
+    // two streams of ours decode there; /metrics says 1 request waits for one of 2 slots
+    const streams = [0, 1].map((k) => {
+      const a = new Attempt(c, req({ nowMs: 10_000 + k }), 10_000 + k)
+      pool.begin(c.node, a.startedAtMs)
+      p.started(a)
+      p.firstChunk(a, 10_100 + k)
+      return a
+    })
+    p.nodeMetrics(c.node, { waiting: 1, running: 2, kvUsage: 0.5 }, 10_500)
+    const full = p.estimateTtftMs(c, req({ nowMs: 10_600 }))
+    // (1 waiting + this one) x 4 s / 2 slots on top of the prefill
+    expect(full).toBeGreaterThan(4000)
+    // both streams end before the next poll: their slots took the waiting request and this one
+    for (const a of streams) {
+      pool.end(c.node, true, 10_700)
+      p.ended(a, 10_700, 'ok', undefined, 10)
+    }
+    expect(p.estimateTtftMs(c, req({ nowMs: 10_800 }))).toBeLessThan(1000)
   })
 
   test('learns how often predicted prefix hits are real', () => {
