@@ -11,3 +11,20 @@ export function consoleLog(level: LogLevel): Log {
     process.stderr.write(`${JSON.stringify({ t: new Date().toISOString(), level: l, msg, ...fields })}\n`)
   }
 }
+
+/**
+ * Runs `stop` on each of `signals` (a graceful stop); a stop that throws is logged and the
+ * process exits 1. The router's own process and a workers' primary stop this way.
+ */
+export function stopOn(
+  signals: readonly NodeJS.Signals[],
+  stop: (signal: string) => Promise<void>,
+  log: Log,
+): void {
+  const onSignal = (signal: string) =>
+    stop(signal).catch((err) => {
+      log('error', 'stopping failed', { error: String((err as Error)?.stack ?? err) })
+      process.exit(1)
+    })
+  for (const s of signals) process.on(s, () => void onSignal(s))
+}

@@ -9,6 +9,7 @@ import { runStoreCommand } from './cli/store.ts'
 import { type Config, ConfigError, loadConfig, TEST_CLOCK_ENV } from './config/load.ts'
 import { localMetrics } from './http/routes/health.ts'
 import { randomBase62 } from './ids.ts'
+import { stopOn } from './log.ts'
 import { buildServices, consoleLog, type ThreadEntries } from './services.ts'
 import { openStore } from './storage/open.ts'
 import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
@@ -270,15 +271,9 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
     log('info', 'stopped')
     process.exit(0)
   }
-  const onSignal = (signal: string) =>
-    stop(signal).catch((err) => {
-      log('error', 'stopping failed', { error: String((err as Error)?.stack ?? err) })
-      process.exit(1)
-    })
   // A worker is stopped and reloaded by its primary (a terminal's Ctrl-C reaches the whole group).
   if (index !== undefined) process.on('SIGINT', () => {})
-  if (index === undefined) process.on('SIGINT', () => void onSignal('SIGINT'))
-  process.on('SIGTERM', () => void onSignal('SIGTERM'))
+  stopOn(index === undefined ? ['SIGINT', 'SIGTERM'] : ['SIGTERM'], stop, log)
 
   if (generated)
     console.log(

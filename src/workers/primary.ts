@@ -1,7 +1,7 @@
 import { mkdirSync } from 'node:fs'
 import type { Config } from '../config/load.ts'
 import { localMetrics } from '../http/routes/health.ts'
-import type { Log } from '../log.ts'
+import { type Log, stopOn } from '../log.ts'
 import { buildServices, type Services, type ThreadEntries } from '../services.ts'
 import { openStore } from '../storage/open.ts'
 import type { Store } from '../storage/store.ts'
@@ -239,11 +239,5 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
     log('info', 'stopped')
     process.exit(0)
   }
-  const onSignal = (signal: string) =>
-    stop(signal).catch((err) => {
-      log('error', 'stopping failed', { error: String((err as Error)?.stack ?? err) })
-      process.exit(1)
-    })
-  process.on('SIGINT', () => void onSignal('SIGINT'))
-  process.on('SIGTERM', () => void onSignal('SIGTERM'))
+  stopOn(['SIGINT', 'SIGTERM'], stop, log)
 }
