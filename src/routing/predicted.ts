@@ -57,6 +57,13 @@ export interface PredictedTtftOptions {
    */
   readonly minRateSampleTokens: number
   /**
+   * Nor do first tokens whose wait the decode steps of the prediction (`decodeStepsMs`) make
+   * more than this share of: the inter-token latency learned under load counts prefill chunks
+   * and queueing too, and what it leaves of such a wait is noise (under a burst, rates of
+   * several times the node's real one, then dips, and identical nodes priced far apart).
+   */
+  readonly maxDecodeShare: number
+  /**
    * While a batch runs, a node that is the batch's (quiet: no interactive request in flight nor
    * lately, or running batch lines and no interactive request) is priced this much higher:
    * interactive requests stay on nodes already serving interactive traffic unless those would be
@@ -103,6 +110,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sessionSlack: 1.15,
   sessionSpread: 2,
   minRateSampleTokens: 512,
+  maxDecodeShare: 0.5,
   batchNodeFactor: 1.1,
   batchHeldFactor: 3,
   hedgeQuantile: 0.95,
@@ -448,7 +456,11 @@ export class PredictedTtft implements RoutingPolicy {
     // waited for (the queue ahead of it, its own included) over the time they took.
     const decodeMs = this.decodeStepsMs(a.decodingAtStart, m.itlMs)
     const prefillMs = ttft - m.rttMs - decodeMs
-    if (prefillMs > 0 && a.queueAheadTokens >= this.opts.minRateSampleTokens) {
+    if (
+      prefillMs > 0 &&
+      a.queueAheadTokens >= this.opts.minRateSampleTokens &&
+      decodeMs <= this.opts.maxDecodeShare * (ttft - m.rttMs)
+    ) {
       // The rate is learned at the end, when usage says how much of the prompt was cached
       // (predicted hits are often short of the node's); a sample far below the rate (a slowed
       // node) prices it down now.

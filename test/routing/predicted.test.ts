@@ -170,6 +170,32 @@ describe('PredictedTtft', () => {
     expect(onA).toBeLessThan(100)
   })
 
+  test('a first token that waited mostly on decode steps teaches no prefill rate', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng() })
+    const a = cands[0]!
+    serve(p, pool, a, req({ nowMs: 0, promptTokens: 2000 }), 250) // 8k tok/s, idle
+    const m = p.model(a.node)
+    expect(m.rate(300)).toBeCloseTo(8_000, -2)
+    // Under load: 30 streams decoding there, and an inter-token latency learned at 80 ms (it
+    // counts prefill chunks): the prediction gives a first token 1.5 x 80 x (1 + 0.05 x 30) =
+    // 300 ms of decode steps. One that came after 400 ms leaves 100 ms for 2000 tokens: no sample.
+    m.itlMs = 80
+    for (let i = 0; i < 30; i++) {
+      const r = req({ nowMs: 1000, promptTokens: 100 })
+      pool.begin(a.node, 1000)
+      const d = new Attempt(a, r, 1000)
+      p.started(d)
+      p.firstChunk(d, 1010)
+    }
+    expect(m.decoding).toBe(30)
+    serve(p, pool, a, req({ nowMs: 2000, promptTokens: 2000 }), 400, 2400)
+    expect(m.rate(5000)).toBeCloseTo(8_000, -2)
+    // One whose wait was mostly prefill still teaches it: 2000 tokens in 1000 - 300 ms.
+    serve(p, pool, a, req({ nowMs: 6000, promptTokens: 2000 }), 1000, 1400)
+    expect(m.rate(8000)).toBeLessThan(7_800)
+  })
+
   test('a slow sample or a 429 prices a node down at once, and it recovers with time', () => {
     const { pool, cands } = fleet(2)
     const p = new PredictedTtft({ rng: rng(), recoveryMs: 10_000 })
