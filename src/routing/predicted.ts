@@ -57,6 +57,13 @@ export interface PredictedTtftOptions {
    */
   readonly minRateSampleTokens: number
   /**
+   * Nor do first tokens whose wait the decode steps of the prediction (`decodeStepsMs`) make
+   * more than this share of: the inter-token latency learned under load counts prefill chunks
+   * and queueing too, and what it leaves of such a wait is noise (under a burst, rates of
+   * several times the node's real one, then dips, and identical nodes priced far apart).
+   */
+  readonly maxDecodeShare: number
+  /**
    * While a batch runs, a node that is the batch's (quiet: no interactive request in flight nor
    * lately, or running batch lines and no interactive request) is priced this much higher:
    * interactive requests stay on nodes already serving interactive traffic unless those would be
@@ -87,6 +94,14 @@ export interface PredictedTtftOptions {
    */
   readonly frozenTokens: number
   readonly frozenMinMs: number
+  /**
+   * A rate learned at a request's end (its first token seconds before) that is lower than the
+   * node's dips it from now only when the node is slow next to the fleet: the sample over the
+   * node's rate below this share of the median such ratio of the fleet's recent first tokens.
+   * Otherwise the whole fleet was slow then (a burst filling every node's slots): the dip is
+   * dated at the first token, and has mostly recovered by the end.
+   */
+  readonly fleetSlowShare: number
 }
 
 export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
@@ -103,6 +118,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sessionSlack: 1.15,
   sessionSpread: 2,
   minRateSampleTokens: 512,
+  maxDecodeShare: 0.5,
   batchNodeFactor: 1.1,
   batchHeldFactor: 3,
   hedgeQuantile: 0.95,
@@ -110,6 +126,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   hedgeAltShare: 2,
   frozenTokens: 24,
   frozenMinMs: 1500,
+  fleetSlowShare: 0.5,
 }
 
 /** What the policy has learned about one node. */
@@ -186,13 +203,14 @@ export class NodeModel {
     return this.dipRate + (this.baseRate - this.dipRate) * w
   }
 
-  observeRate(sample: number, nowMs: number): void {
+  /** A measured rate; one below the current rate dips it, from `dipAtMs` (the time it describes). */
+  observeRate(sample: number, nowMs: number, dipAtMs = nowMs): void {
     if (!(sample > 0) || !Number.isFinite(sample)) return
     if (!this.sampled) {
       this.sampled = true
       this.baseRate = sample
     } else this.baseRate += (sample - this.baseRate) * 0.1
-    if (sample < this.rate(nowMs)) this.dip(sample, nowMs)
+    if (sample < this.rate(nowMs)) this.dip(sample, dipAtMs)
   }
 
   /** Prices the node down to `rate` now (recovering with time). */
@@ -232,6 +250,8 @@ export class PredictedTtft implements RoutingPolicy {
   private readonly sessions = new Map<string, NodeState>()
   private readonly ratio = new RatioQuantile()
   private metricsOn = false
+  /** Recent first tokens' rate samples over their node's rate, all nodes. */
+  private readonly fleetRatios = new RatioQuantile(32, 1)
   /** The prediction on the runner-up node of the last choice, for its attempt's hedge time. */
   private lastChoice: { req: RouteRequest; alternativeMs: number | undefined } | undefined
 
@@ -275,7 +295,9 @@ export class PredictedTtft implements RoutingPolicy {
     // 8x the silence so far, until it answers.
     if (m.waiting > 0 || this.suspect(m, nowMs)) {
       const silentMs = nowMs - m.lastProgressMs
-      if (silentMs > this.stallAfterMs(m, queueMs)) t += 8 * silentMs
+      // A node given up on without a first token (suspect) is priced by its silence at once.
+      const graceMs = this.suspect(m, nowMs) ? 0 : this.stallAfterMs(m, queueMs)
+      if (silentMs > graceMs) t += 8 * silentMs
     }
     return t
   }
@@ -448,13 +470,18 @@ export class PredictedTtft implements RoutingPolicy {
     // waited for (the queue ahead of it, its own included) over the time they took.
     const decodeMs = this.decodeStepsMs(a.decodingAtStart, m.itlMs)
     const prefillMs = ttft - m.rttMs - decodeMs
-    if (prefillMs > 0 && a.queueAheadTokens >= this.opts.minRateSampleTokens) {
+    if (
+      prefillMs > 0 &&
+      a.queueAheadTokens >= this.opts.minRateSampleTokens &&
+      decodeMs <= this.opts.maxDecodeShare * (ttft - m.rttMs)
+    ) {
       // The rate is learned at the end, when usage says how much of the prompt was cached
       // (predicted hits are often short of the node's); a sample far below the rate (a slowed
       // node) prices it down now.
       a.prefillMs = prefillMs
       const sample = (a.queueAheadTokens * 1000) / prefillMs
       if (sample < m.rate(nowMs) * 0.5) m.dip(sample, nowMs)
+      this.fleetRatios.add(sample / m.baseRate)
     }
     // A tiny prompt on an idle node measures the network, not the prefill.
     if (a.queueAheadTokens <= own && own <= 64 && a.decodingAtStart === 0) m.observeRtt(ttft, nowMs)
@@ -511,7 +538,7 @@ export class PredictedTtft implements RoutingPolicy {
     if (outcome === 'ok' && a.prefillMs !== undefined) {
       const own = Math.max(1, a.req.promptTokens - (cachedTokens ?? a.req.promptTokens - a.ownTokens))
       if (a.queueAheadTokens - a.ownTokens + own >= this.opts.minRateSampleTokens)
-        m.observeRate(((a.queueAheadTokens - a.ownTokens + own) * 1000) / a.prefillMs, nowMs)
+        this.observeEndRate(m, ((a.queueAheadTokens - a.ownTokens + own) * 1000) / a.prefillMs, a, nowMs)
       a.prefillMs = undefined
     }
     if (outcome === 'ok') {
@@ -605,6 +632,17 @@ export class PredictedTtft implements RoutingPolicy {
    */
   decodeStepsMs(decoding: number, itlMs: number): number {
     return decoding > 0 ? 1.5 * itlMs * (1 + this.opts.gamma * decoding) : 0
+  }
+
+  /**
+   * The rate a request's end confirms (usage's cached tokens known). Lower than the node's, it
+   * dips the node from now when the node is slow next to the fleet (a slowed node stays priced
+   * down), else from the first token: a slowdown of every node at once was load, and is over.
+   */
+  private observeEndRate(m: NodeModel, sample: number, a: Attempt, nowMs: number): void {
+    const fleet = this.fleetRatios.count >= 8 ? this.fleetRatios.quantile(0.5) : Number.POSITIVE_INFINITY
+    const alone = sample / m.baseRate < this.opts.fleetSlowShare * fleet
+    m.observeRate(sample, nowMs, alone ? nowMs : (a.firstAtMs ?? nowMs))
   }
 
   private dequeue(m: NodeModel, a: Attempt): void {

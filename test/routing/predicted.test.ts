@@ -89,6 +89,58 @@ describe('PredictedTtft', () => {
     expect(p.choose(cands, req({ nowMs: 40_000, prefix, promptTokens: 1500 }))).toBe(home)
   })
 
+  test('a node given up on without a first token is priced by its silence at once', () => {
+    const { pool, cands } = fleet(3)
+    const p = new PredictedTtft({ rng: rng() })
+    const prefix = prefixOf('y'.repeat(256 * 20))
+    const home = p.choose(cands, req({ nowMs: 0, prefix, promptTokens: 1500 }))!
+    for (let i = 0; i < 5; i++)
+      serve(p, pool, home, req({ nowMs: i * 1000, prefix, promptTokens: 1500 }), 100)
+    // A request sent home at 10 s gets no first token; a hedge elsewhere wins at 10.7 s.
+    const lost = new Attempt(home, req({ nowMs: 10_000, prefix, promptTokens: 1500 }), 10_000)
+    pool.begin(home.node, 10_000)
+    p.started(lost)
+    pool.end(home.node, true, 10_700)
+    p.ended(lost, 10_700, 'cancelled', undefined)
+    // 0.9 s of silence, short of the 1 s a node with requests merely queued is allowed: the
+    // prefix no longer draws the next one there.
+    expect(p.choose(cands, req({ nowMs: 10_900, prefix, promptTokens: 1500 }))).not.toBe(home)
+    // Suspicion lapses (suspectMaxMs) with nothing sent there: back to the prefix's home.
+    expect(p.choose(cands, req({ nowMs: 41_000, prefix, promptTokens: 1500 }))).toBe(home)
+  })
+
+  test('a low rate at a request end dips the node from then only when it is slow next to the fleet', () => {
+    // Four nodes measured at 8k tokens/s; then a burst: every node's first tokens come at a
+    // quarter of that (slots full), and the requests end 10 s later.
+    const run = (slowAlone: boolean) => {
+      const { pool, cands } = fleet(4)
+      const p = new PredictedTtft({ rng: rng(), recoveryMs: 10_000 })
+      for (const c of cands) serve(p, pool, c, req({ nowMs: 0, promptTokens: 2000 }), 250)
+      const open: Attempt[] = []
+      for (const [i, c] of cands.entries())
+        for (let k = 0; k < 3; k++) {
+          const r = req({ nowMs: 1000, promptTokens: 2000 })
+          pool.begin(c.node, 1000)
+          const a = new Attempt(c, r, 1000)
+          p.started(a)
+          // (one at a time in the queue: each first token is its own sample)
+          const slow = !slowAlone || i === 0
+          p.firstChunk(a, slow ? 2000 + k : 1250 + k)
+          open.push(a)
+        }
+      for (const a of open) {
+        pool.end(a.candidate.node, true, 12_000)
+        p.ended(a, 12_000, 'ok', 0, 200)
+      }
+      return p.model(cands[0]!.node).rate(12_000)
+    }
+    // The whole fleet was slow (load, now gone): the dip dates from the first tokens, 10 s
+    // back, and has mostly recovered.
+    expect(run(false)).toBeGreaterThan(4_000)
+    // Only this node was slow: it is priced down from the end.
+    expect(run(true)).toBeLessThan(2_500)
+  })
+
   test('a hung node with only streams decoding there (its /metrics frozen) is priced out, and back when they move', () => {
     const { pool, cands } = fleet(3)
     const p = new PredictedTtft({ rng: rng() })
@@ -168,6 +220,32 @@ describe('PredictedTtft', () => {
     // With nothing answered, queues build: a takes about ten times b's share.
     expect(onA).toBeGreaterThan(80)
     expect(onA).toBeLessThan(100)
+  })
+
+  test('a first token that waited mostly on decode steps teaches no prefill rate', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng() })
+    const a = cands[0]!
+    serve(p, pool, a, req({ nowMs: 0, promptTokens: 2000 }), 250) // 8k tok/s, idle
+    const m = p.model(a.node)
+    expect(m.rate(300)).toBeCloseTo(8_000, -2)
+    // Under load: 30 streams decoding there, and an inter-token latency learned at 80 ms (it
+    // counts prefill chunks): the prediction gives a first token 1.5 x 80 x (1 + 0.05 x 30) =
+    // 300 ms of decode steps. One that came after 400 ms leaves 100 ms for 2000 tokens: no sample.
+    m.itlMs = 80
+    for (let i = 0; i < 30; i++) {
+      const r = req({ nowMs: 1000, promptTokens: 100 })
+      pool.begin(a.node, 1000)
+      const d = new Attempt(a, r, 1000)
+      p.started(d)
+      p.firstChunk(d, 1010)
+    }
+    expect(m.decoding).toBe(30)
+    serve(p, pool, a, req({ nowMs: 2000, promptTokens: 2000 }), 400, 2400)
+    expect(m.rate(5000)).toBeCloseTo(8_000, -2)
+    // One whose wait was mostly prefill still teaches it: 2000 tokens in 1000 - 300 ms.
+    serve(p, pool, a, req({ nowMs: 6000, promptTokens: 2000 }), 1000, 1400)
+    expect(m.rate(8000)).toBeLessThan(7_800)
   })
 
   test('a slow sample or a 429 prices a node down at once, and it recovers with time', () => {
