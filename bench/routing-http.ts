@@ -1,14 +1,29 @@
 /**
  * `bun run bench:routing-http`: the virtual-time routing comparison, smaller, over real HTTP.
  * Tropa (this process, its real request path) routes streamed chat completions to four real
- * simulator nodes in a process of their own (a heterogeneous fleet: 1 fast, 2 medium, 1 slow
- * llama.cpp-like), once per routing policy, each time with a freshly started fleet and the same
- * request sequence. The client measures time to first token from each request's intended start
- * (open loop). Workload: W1-like shared prefixes (8 groups x ~1.5k-token prefix + ~150-token
- * unique suffix, 32 tokens out), at 70% of the fleet's nominal capacity without cache reuse.
+ * simulator nodes in a process of their own, once per routing policy, each time with a freshly
+ * started fleet and the same request sequence. The client measures time to first token from
+ * each request's intended start (open loop). Workload: W1-like shared prefixes (8 groups x
+ * ~1.5k-token prefix + ~150-token unique suffix, 32 tokens out), at 70% of the fleet's nominal
+ * capacity without cache reuse.
  *
- * `--seconds N` (default 40), `--load L` (default 0.7), `--policies a,b` (default all).
- * Internal: `--fleet <out file>` runs the fleet.
+ * Fleets (`--fleet`): `mixed` (default; 1 fast, 2 medium, 1 slow llama.cpp-like) and
+ * `identical` (4 medium). `--stall`: node 0 stops answering (no tokens, no errors, frozen
+ * /metrics: the simulator's `stall` fault) from 40% of the run for `--stall-seconds` (default
+ * 10), then carries on; the table counts the requests the policy sent it more than 2 s into the
+ * stall (first attempts and hedges).
+ *
+ * The peers are bench/vt/policies.ts's, with bench/vt/README.md's citations for every default.
+ * In the real request path they see what the router sees: Tropa's 256-character prefix blocks
+ * stand in for the 64- and 128-character blocks llm-d and production-stack hash (llm-d's cap
+ * of 256 blocks of 64 characters becomes 64 blocks, its per-pod LRU a quarter of the pod's
+ * `num_gpu_blocks`), and llm-d's endpoint picker scrapes each node's /metrics itself every
+ * 50 ms (its DefaultRefreshMetricsInterval): waiting requests, KV-cache use and
+ * `vllm:cache_config_info`. Tropa runs as shipped (/metrics every 1 s, hedging within 5%).
+ *
+ * `--seconds N` (default 40), `--load L` (default 0.7), `--policies a,b` (default all),
+ * `--seed S` (default 1: the request sequence and the policies' random draws).
+ * Internal: `--serve-fleet <out file>` runs the fleet.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -16,14 +31,23 @@ import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 import { createApp } from '../src/app.ts'
 import { loadConfig } from '../src/config/load.ts'
+import type { NodeState } from '../src/routing/nodes.ts'
 import { LeastInFlight, type RoutingPolicy } from '../src/routing/policy.ts'
 import { PredictedTtft } from '../src/routing/predicted.ts'
+import { parseNodeMetrics } from '../src/routing/probes.ts'
 import { buildServices } from '../src/services.ts'
 import { type SimNodeOptions, startSimFleet } from '../src/simulator/index.ts'
 import { openStore } from '../src/storage/open.ts'
 import { openLoop } from './load.ts'
 import { baseEnv, killAll, spawnChild, waitForFile } from './proc.ts'
-import { PeakEwma, RoundRobin, SglangCacheAware } from './vt/policies.ts'
+import {
+  LlmdEndpointPicker,
+  PeakEwma,
+  RoundRobin,
+  SglangCacheAware,
+  VllmPrefixAware,
+  VllmSession,
+} from './vt/policies.ts'
 import { fleetCapacity, type NodeSpec } from './vt/sim.ts'
 import { seeded } from './vt/workloads.ts'
 
@@ -32,13 +56,18 @@ const ADMIN = 'bench-routing-http-admin-token-0123'
 const OUT_TOKENS = 32
 const GROUPS = 8
 
-/** The fleet: the virtual-time fleet's node kinds, one fast, two medium, one slow. */
-const FLEET: readonly (NodeSpec & { cacheBlocks: number })[] = [
-  node('fast-1', 'fast', 20_000, 15, 64, 8192, 1, 40_000),
-  node('medium-1', 'medium', 8_000, 25, 32, 4096, 1, 12_000),
-  node('medium-2', 'medium', 8_000, 25, 32, 4096, 1, 12_000),
-  node('slow-1', 'slow', 2_500, 40, 4, 512, 1, 1_000),
-]
+type FleetSpec = readonly (NodeSpec & { cacheBlocks: number })[]
+const medium = (i: number) => node(`medium-${i}`, 'medium', 8_000, 25, 32, 4096, 1, 12_000)
+/** The fleets: the virtual-time fleets' node kinds; node 0 is the one that stalls. */
+const FLEETS: Record<string, FleetSpec> = {
+  mixed: [
+    node('fast-1', 'fast', 20_000, 15, 64, 8192, 1, 40_000),
+    medium(1),
+    medium(2),
+    node('slow-1', 'slow', 2_500, 40, 4, 512, 1, 1_000),
+  ],
+  identical: [medium(1), medium(2), medium(3), medium(4)],
+}
 
 function node(
   name: string,
@@ -63,17 +92,72 @@ function node(
   }
 }
 
-const POLICIES: Record<string, () => RoutingPolicy> = {
-  'round-robin': () => new RoundRobin(),
-  'least-busy': () => new LeastInFlight(),
-  'peak-ewma': () => new PeakEwma(seeded(7)),
-  'sglang-cache-aware': () => new SglangCacheAware(),
-  tropa: () => new PredictedTtft({ rng: seeded(7) }),
+/**
+ * llm-d's endpoint picker (bench/vt/policies.ts) with its own metrics refresh: every 50 ms
+ * (pkg/epp/server/runserver.go, DefaultRefreshMetricsInterval) it reads each node's /metrics
+ * page as the EPP's vLLM metrics mapping does: waiting requests, KV-cache use, and the cache
+ * size from `vllm:cache_config_info` (autoTune), in 256-character blocks here (4 characters a
+ * token), since the router's prefix blocks stand in for its 64-character ones.
+ */
+class HttpLlmd extends LlmdEndpointPicker {
+  private readonly targets = new Map<NodeState, { url: string; busy: boolean }>()
+  private timer: ReturnType<typeof setInterval> | undefined
+  constructor(
+    rng: () => number,
+    private readonly refreshMs = 50,
+  ) {
+    super(rng, undefined, 64)
+  }
+  override choose(...args: Parameters<LlmdEndpointPicker['choose']>) {
+    for (const c of args[0])
+      if (!this.targets.has(c.node) && c.route.metricsUrl)
+        this.targets.set(c.node, { url: c.route.metricsUrl, busy: false })
+    this.timer ??= setInterval(() => this.scrape(), this.refreshMs)
+    return super.choose(...args)
+  }
+  private scrape() {
+    for (const [node, t] of this.targets) {
+      if (t.busy) continue
+      t.busy = true
+      fetch(t.url, { signal: AbortSignal.timeout(1000) })
+        .then((r) => r.text())
+        .then((text) => {
+          const m = parseNodeMetrics(text)
+          if (!m || this.timer === undefined) return
+          const gpuBlocks = Number(/num_gpu_blocks="(\d+)"/.exec(text)?.[1] ?? 7_812)
+          const blockTokens = Number(/block_size="(\d+)"/.exec(text)?.[1] ?? 16)
+          this.nodeMetrics(node, {
+            ...m,
+            cacheBlocks: Math.max(1, Math.round((gpuBlocks * blockTokens) / 64)),
+          })
+        })
+        .catch(() => {})
+        .finally(() => {
+          t.busy = false
+        })
+    }
+  }
+  stop() {
+    clearInterval(this.timer)
+    this.timer = undefined
+  }
 }
 
-async function runFleet(out: string) {
+const POLICIES: Record<string, (rng: () => number) => RoutingPolicy> = {
+  'round-robin': () => new RoundRobin(),
+  'least-busy': () => new LeastInFlight(),
+  'peak-ewma': (rng) => new PeakEwma(rng),
+  'sglang-cache-aware': () => new SglangCacheAware(),
+  'llm-d-epp': (rng) => new HttpLlmd(rng),
+  'vllm-prefixaware': (rng) => new VllmPrefixAware(rng),
+  'vllm-session': () => new VllmSession(),
+  tropa: (rng) => new PredictedTtft({ rng }),
+}
+
+/** Runs the fleet, with a control port to stall and resume a node (POST /stall/<i>?on=1|0). */
+async function runFleet(out: string, spec: FleetSpec) {
   const fleet = await startSimFleet(
-    FLEET.map(
+    spec.map(
       (n, i): SimNodeOptions => ({
         name: n.name,
         seed: i + 1,
@@ -86,8 +170,27 @@ async function runFleet(out: string) {
       }),
     ),
   )
-  writeFileSync(out, JSON.stringify(fleet.nodes.map((n) => ({ name: n.name, url: n.url }))))
+  const control = Bun.serve({
+    port: 0,
+    hostname: '127.0.0.1',
+    fetch(req) {
+      const u = new URL(req.url)
+      const m = /^\/stall\/(\d+)$/.exec(u.pathname)
+      const n = m ? fleet.nodes[Number(m[1])] : undefined
+      if (req.method !== 'POST' || !n) return new Response('no such node', { status: 404 })
+      n.setFaults({ stall: u.searchParams.get('on') === '1' })
+      return new Response('ok')
+    },
+  })
+  writeFileSync(
+    out,
+    JSON.stringify({
+      control: `http://127.0.0.1:${control.port}`,
+      nodes: fleet.nodes.map((n) => ({ name: n.name, url: n.url })),
+    }),
+  )
   const stop = async () => {
+    await control.stop(true)
     await fleet.stop()
     process.exit(0)
   }
@@ -136,25 +239,42 @@ interface Row {
   p99Ms: number
   goodput: number
   cachedShare: number
+  /** With --stall: requests sent to the stalled node more than 2 s into its stall (hedges too). */
+  sentToStalled: number | null
 }
 
-async function runPolicy(name: string, bodies: string[], rate: number, seconds: number): Promise<Row> {
+interface Scenario {
+  fleet: string
+  rate: number
+  seconds: number
+  seed: number
+  /** Node 0 stalls from `atS` for `forS` seconds into the run. */
+  stall: { atS: number; forS: number } | undefined
+}
+
+async function runPolicy(name: string, bodies: string[], sc: Scenario): Promise<Row> {
+  const { rate, seconds } = sc
   const dir = mkdtempSync(join(tmpdir(), 'tropa-routing-http-'))
   const fleetFile = join(dir, 'fleet.json')
   const fleetProc = spawnChild({
     name: `fleet-${name}`,
-    cmd: ['bun', join(ROOT, 'bench/routing-http.ts'), '--fleet', fleetFile],
+    cmd: ['bun', join(ROOT, 'bench/routing-http.ts'), '--serve-fleet', fleetFile, '--fleet', sc.fleet],
     cwd: ROOT,
     env: baseEnv(),
     logDir: dir,
   })
-  const fleet = JSON.parse(await waitForFile(fleetFile, fleetProc, 20_000)) as { name: string; url: string }[]
+  const { control, nodes: fleet } = JSON.parse(await waitForFile(fleetFile, fleetProc, 20_000)) as {
+    control: string
+    nodes: { name: string; url: string }[]
+  }
   const configPath = join(dir, 'tropa.json')
   writeFileSync(
     configPath,
     JSON.stringify({
       server: { port: 0, data_dir: dir, admin_token: ADMIN, log_level: 'error', billing: false },
-      routing: { health_check_ms: 0, metrics_poll_ms: 0, hedge_share: 0 },
+      // Tropa as shipped (/metrics every 1 s, hedging within 5%); the peers without polls of
+      // Tropa's (llm-d's picker scrapes /metrics itself), and none of them hedges.
+      routing: { health_check_ms: 0, ...(name !== 'tropa' && { metrics_poll_ms: 0 }) },
       models: [
         {
           id: 'bench/chat',
@@ -174,7 +294,18 @@ async function runPolicy(name: string, bodies: string[], rate: number, seconds: 
   )
   const config = loadConfig({ configPath }, {})
   const store = await openStore(config.storage)
-  const svc = await buildServices(config, store, () => {}, {}, POLICIES[name]!())
+  const policy = POLICIES[name]!(seeded(6 + sc.seed))
+  // The stall's window in this process's clock, and the requests placed on the stalled node in it.
+  const stalled = { url: fleet[0]!.url, fromMs: Number.POSITIVE_INFINITY, toMs: Number.POSITIVE_INFINITY }
+  let sentToStalled = 0
+  const placed = policy.started.bind(policy)
+  policy.started = (a) => {
+    const now = performance.now()
+    if (a.candidate.route.baseUrl === stalled.url && now > stalled.fromMs + 2000 && now < stalled.toMs)
+      sentToStalled++
+    placed(a)
+  }
+  const svc = await buildServices(config, store, () => {}, {}, policy)
   const app = createApp(svc).listen({ port: 0, hostname: '127.0.0.1' })
   const url = `http://127.0.0.1:${app.server!.port}`
   try {
@@ -191,6 +322,19 @@ async function runPolicy(name: string, bodies: string[], rate: number, seconds: 
     let errors = 0
     let cached = 0
     let prompt = 0
+    const setStall = (on: boolean) =>
+      fetch(`${control}/stall/0?on=${on ? 1 : 0}`, { method: 'POST' }).then((r) => r.text())
+    const timers: ReturnType<typeof setTimeout>[] = []
+    if (sc.stall) {
+      const { atS, forS } = sc.stall
+      timers.push(
+        setTimeout(() => void setStall(true).then(() => (stalled.fromMs = performance.now())), atS * 1000),
+        setTimeout(
+          () => void setStall(false).then(() => (stalled.toMs = performance.now())),
+          (atS + forS) * 1000,
+        ),
+      )
+    }
     const started = performance.now()
     const sched = await openLoop(
       { rate, durationMs: seconds * 1000, maxInFlight: 4096, drainMs: 120_000 },
@@ -231,6 +375,7 @@ async function runPolicy(name: string, bodies: string[], rate: number, seconds: 
         }
       },
     )
+    for (const t of timers) clearTimeout(t)
     const sorted = ttft.sort((a, b) => a - b)
     const q = (p: number) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))] ?? Number.NaN
     return {
@@ -244,8 +389,10 @@ async function runPolicy(name: string, bodies: string[], rate: number, seconds: 
       p99Ms: q(0.99),
       goodput: sorted.filter((x) => x <= 1000).length / (seconds * 0.9),
       cachedShare: prompt > 0 ? cached / prompt : 0,
+      sentToStalled: sc.stall ? sentToStalled : null,
     }
   } finally {
+    if (policy instanceof HttpLlmd) policy.stop()
     await app.stop(true)
     await svc.stop()
     await store.close()
@@ -257,49 +404,79 @@ async function runPolicy(name: string, bodies: string[], rate: number, seconds: 
 async function main() {
   const { values } = parseArgs({
     options: {
+      'serve-fleet': { type: 'string' },
       fleet: { type: 'string' },
+      stall: { type: 'boolean' },
+      'stall-seconds': { type: 'string' },
       seconds: { type: 'string' },
       load: { type: 'string' },
       policies: { type: 'string' },
+      seed: { type: 'string' },
       json: { type: 'string' },
     },
   })
-  if (values.fleet) return runFleet(values.fleet)
+  const fleetName = values.fleet ?? 'mixed'
+  const spec = FLEETS[fleetName]
+  if (!spec) throw new Error(`unknown fleet ${fleetName}; known: ${Object.keys(FLEETS).join(', ')}`)
+  if (values['serve-fleet']) return runFleet(values['serve-fleet'], spec)
   const seconds = Number(values.seconds ?? 40)
   const load = Number(values.load ?? 0.7)
+  const seed = Number(values.seed ?? 1)
   const names = values.policies?.split(',') ?? Object.keys(POLICIES)
+  for (const name of names)
+    if (!POLICIES[name]) throw new Error(`unknown policy ${name}; known: ${Object.keys(POLICIES).join(', ')}`)
   // Capacity as the virtual-time benchmark counts it: every prompt token uncached.
   const promptTokens = 1500 + 150 + 20
-  const rate = fleetCapacity(FLEET, promptTokens, OUT_TOKENS) * load
-  const bodies = requests(Math.ceil(rate * seconds) + 1, 11)
+  const rate = fleetCapacity(spec, promptTokens, OUT_TOKENS) * load
+  const stall = values.stall ? { atS: seconds * 0.4, forS: Number(values['stall-seconds'] ?? 10) } : undefined
+  const sc: Scenario = { fleet: fleetName, rate, seconds, seed, stall }
+  const bodies = requests(Math.ceil(rate * seconds) + 1, 10 + seed)
   console.log(
-    `routing over HTTP: ${FLEET.length} simulator nodes, ${rate.toFixed(1)} req/s (${Math.round(load * 100)}% of nominal capacity) for ${seconds} s per policy`,
+    `routing over HTTP: ${fleetName} fleet of ${spec.length} simulator nodes, ${rate.toFixed(1)} req/s (${Math.round(load * 100)}% of nominal capacity) for ${seconds} s per policy, seed ${seed}${stall ? `, ${spec[0]!.name} stalled ${stall.atS}-${stall.atS + stall.forS} s` : ''}`,
   )
   const rows: Row[] = []
   for (const name of names) {
-    if (!POLICIES[name]) throw new Error(`unknown policy ${name}; known: ${Object.keys(POLICIES).join(', ')}`)
-    const row = await runPolicy(name, bodies, rate, seconds)
+    const row = await runPolicy(name, bodies, sc)
     rows.push(row)
     console.log(
-      `  ${name}: mean ${row.meanMs.toFixed(0)} p50 ${row.p50Ms.toFixed(0)} p90 ${row.p90Ms.toFixed(0)} p99 ${row.p99Ms.toFixed(0)} ms, goodput ${row.goodput.toFixed(1)} req/s, ${row.errors} errors, cached ${(row.cachedShare * 100).toFixed(0)}%`,
+      `  ${name}: mean ${row.meanMs.toFixed(0)} p50 ${row.p50Ms.toFixed(0)} p90 ${row.p90Ms.toFixed(0)} p99 ${row.p99Ms.toFixed(0)} ms, goodput ${row.goodput.toFixed(1)} req/s, ${row.errors} errors, cached ${(row.cachedShare * 100).toFixed(0)}%${row.sentToStalled === null ? '' : `, ${row.sentToStalled} sent to the stalled node after 2 s`}`,
     )
   }
   console.log(
-    '\n| policy | mean | p50 | p90 | p99 | goodput (req/s, TTFT <= 1 s) | prompt tokens cached | errors |\n| --- | --- | --- | --- | --- | --- | --- | --- |',
+    '\n| policy | mean | p50 | p90 | p99 | goodput (req/s, TTFT <= 1 s) | prompt tokens cached | errors | sent to the stalled node after 2 s |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |',
   )
   for (const r of rows)
     console.log(
-      `| ${r.policy} | ${r.meanMs.toFixed(0)} | ${r.p50Ms.toFixed(0)} | ${r.p90Ms.toFixed(0)} | ${r.p99Ms.toFixed(0)} | ${r.goodput.toFixed(1)} | ${(r.cachedShare * 100).toFixed(0)}% | ${r.errors} |`,
+      `| ${r.policy} | ${r.meanMs.toFixed(0)} | ${r.p50Ms.toFixed(0)} | ${r.p90Ms.toFixed(0)} | ${r.p99Ms.toFixed(0)} | ${r.goodput.toFixed(1)} | ${(r.cachedShare * 100).toFixed(0)}% | ${r.errors} | ${r.sentToStalled ?? '-'} |`,
     )
+  const tropa = rows.find((r) => r.policy === 'tropa')
+  const peers = rows.filter((r) => r.policy !== 'tropa')
+  let ratios: { mean: number; meanPeer: string; p99: number; p99Peer: string } | undefined
+  if (tropa && peers.length > 0) {
+    const bestMean = peers.reduce((a, b) => (b.meanMs < a.meanMs ? b : a))
+    const bestP99 = peers.reduce((a, b) => (b.p99Ms < a.p99Ms ? b : a))
+    ratios = {
+      mean: tropa.meanMs / bestMean.meanMs,
+      meanPeer: bestMean.policy,
+      p99: tropa.p99Ms / bestP99.p99Ms,
+      p99Peer: bestP99.policy,
+    }
+    console.log(
+      `\ntropa / best peer: mean ${ratios.mean.toFixed(2)}x (${ratios.meanPeer}), p99 ${ratios.p99.toFixed(2)}x (${ratios.p99Peer})`,
+    )
+  }
   const file =
     values.json ??
     join(ROOT, '.bench', 'results', `routing-http-${new Date().toISOString().replace(/[:.]/g, '-')}.json`)
   mkdirSync(resolve(file, '..'), { recursive: true })
-  writeFileSync(file, JSON.stringify({ seconds, load, rate, rows }, null, 1))
+  writeFileSync(
+    file,
+    JSON.stringify({ fleet: fleetName, seconds, load, rate, seed, stall, rows, ratios }, null, 1),
+  )
   console.log(`JSON: ${file}`)
 }
 
 process.on('exit', killAll)
 await main()
 // Keep-alive sockets to the stopped fleet and the services' timers would hold the process open.
-if (!process.argv.includes('--fleet')) process.exit(0)
+if (!process.argv.includes('--serve-fleet')) process.exit(0)

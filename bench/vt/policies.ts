@@ -231,7 +231,11 @@ export interface BenchRouteRequest extends RouteRequest {
   /** Chained hashes of the prompt's 16-token blocks (64 characters at 4 characters a token). */
   readonly fine: readonly number[]
 }
-const fineOf = (req: RouteRequest) => (req as BenchRouteRequest).fine ?? []
+/**
+ * The peers' fine blocks; in the real request path (bench/routing-http.ts), which hashes only
+ * Tropa's 256-character blocks, those stand in for them.
+ */
+const fineOf = (req: RouteRequest) => (req as Partial<BenchRouteRequest>).fine ?? req.prefix
 
 /**
  * llm-d's / the Gateway API Inference Extension's endpoint picker, default scheduling profile

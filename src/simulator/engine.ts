@@ -72,7 +72,8 @@ export class Engine {
   private readonly heldBlocks = new Map<string, number>()
   private plan: Plan | undefined
   private slowdown = 1
-  private readonly blockSize: number
+  /** Tokens per prefix-cache block (vLLM's block_size). */
+  readonly blockSize: number
 
   constructor(private readonly p: EngineParams) {
     this.blockSize = p.blockSize ?? 16

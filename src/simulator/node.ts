@@ -18,6 +18,12 @@ export interface SimFaults {
   cutAfterTokens: number | null
   /** Multiplies every engine timing. */
   slowdownFactor: number
+  /**
+   * A stall, as when vLLM's engine core hangs: requests are accepted and nothing is answered
+   * (no tokens, no errors), /metrics stays frozen at its last values, /v1/models still answers;
+   * once cleared the engine carries on where it stopped, late by the stall's length.
+   */
+  stall: boolean
 }
 
 export interface SimNodeOptions {
@@ -86,8 +92,10 @@ const NO_FAULTS: SimFaults = {
   hang: false,
   cutAfterTokens: null,
   slowdownFactor: 1,
+  stall: false,
 }
 const encoder = new TextEncoder()
+const METRICS_HEADERS = { 'content-type': 'text/plain; version=0.0.4' }
 const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' }
 
 interface ChatBody {
@@ -123,7 +131,13 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
   const stats: SimNodeStats = emptyStats()
   const handlers = new Map<string, Handlers>()
   const t0 = performance.now()
-  const engineNow = () => (timeScale === 0 ? 0 : (performance.now() - t0) / timeScale)
+  /** While stalled: since when (wall ms), and the /metrics page frozen then. */
+  let stalledAt: number | undefined
+  let frozenMetrics: string | undefined
+  /** Wall time spent stalled: the engine's clock stands still meanwhile. */
+  let stalledMs = 0
+  const engineNow = () =>
+    timeScale === 0 ? 0 : ((stalledAt ?? performance.now()) - t0 - stalledMs) / timeScale
   let timer: ReturnType<typeof setTimeout> | undefined
   let seq = 0
   let cacheHits = 0
@@ -132,6 +146,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
   const arm = () => {
     if (timer) clearTimeout(timer)
     timer = undefined
+    if (stalledAt !== undefined) return // resumes when the stall ends
     const next = engine.nextEventAt()
     if (next === undefined) return
     timer = setTimeout(tick, Math.max(0, (next - engineNow()) * timeScale))
@@ -420,7 +435,8 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     })
   }
 
-  const metrics = () => {
+  const metrics = () => new Response(frozenMetrics ?? metricsText(), { headers: METRICS_HEADERS })
+  const metricsText = () => {
     const label = `{model_name="sim"}`
     const lines = [
       '# TYPE vllm:num_requests_running gauge',
@@ -433,9 +449,25 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
       `vllm:prefix_cache_hits_total${label} ${cacheHits}`,
       '# TYPE vllm:prefix_cache_queries_total counter',
       `vllm:prefix_cache_queries_total${label} ${cacheQueries}`,
+      '# TYPE vllm:cache_config_info gauge',
+      `vllm:cache_config_info{block_size="${engine.blockSize}",num_gpu_blocks="${opts.cacheBlocks ?? 4096}"} 1.0`,
     ]
-    return new Response(`${lines.join('\n')}\n`, { headers: { 'content-type': 'text/plain; version=0.0.4' } })
+    return `${lines.join('\n')}\n`
   }
+  const setStall = (on: boolean) => {
+    if (on && stalledAt === undefined) {
+      frozenMetrics = metricsText()
+      stalledAt = performance.now()
+      if (timer) clearTimeout(timer)
+      timer = undefined
+    } else if (!on && stalledAt !== undefined) {
+      stalledMs += performance.now() - stalledAt
+      stalledAt = undefined
+      frozenMetrics = undefined
+      arm()
+    }
+  }
+  setStall(faults.stall)
 
   const protocol = opts.protocol ?? 'openai'
   const front = protocol === 'openai' ? undefined : PROTOCOLS[protocol]
@@ -529,6 +561,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     setFaults(f) {
       faults = { ...faults, ...f }
       engine.setSlowdown(faults.slowdownFactor)
+      setStall(faults.stall)
     },
     stats: () => ({ ...stats, running: engine.running(), waiting: engine.waiting() }),
     resetStats() {

@@ -111,6 +111,42 @@ describe('simulated node', () => {
     }
   })
 
+  test('a stall answers nothing and freezes /metrics until cleared, then the stream completes', async () => {
+    const node = await startSimNode({ name: 'stalling', itlMs: 1, prefillTokensPerSec: 100_000 })
+    const metricsOf = () => fetch(`${node.url.replace('/v1', '')}/metrics`).then((r) => r.text())
+    try {
+      node.setFaults({ stall: true })
+      const frozen = await metricsOf()
+      // (Headers may wait for the first chunk, so the first read is raced from the request on.)
+      const first = post(node, { model: 'm', messages, stream: true, max_tokens: 3 }).then((r) => {
+        const reader = r.body!.getReader()
+        return reader.read().then((chunk) => ({ reader, chunk }))
+      })
+      // Nothing comes while the stall lasts (a request on a live node of this speed takes ~5 ms).
+      expect(await Promise.race([first.then(() => 'chunk'), Bun.sleep(300).then(() => 'nothing')])).toBe(
+        'nothing',
+      )
+      expect(await metricsOf()).toBe(frozen)
+      expect((await fetch(`${node.url}/models`)).status).toBe(200)
+      node.setFaults({ rate429: 0 }) // other faults leave the stall on
+      expect(await Promise.race([first.then(() => 'chunk'), Bun.sleep(100).then(() => 'nothing')])).toBe(
+        'nothing',
+      )
+      node.setFaults({ stall: false })
+      const { reader, chunk } = await first
+      let text = new TextDecoder().decode(chunk.value)
+      for (;;) {
+        const { done, value } = await reader.read()
+        if (done) break
+        text += new TextDecoder().decode(value)
+      }
+      expect(text).toContain('[DONE]')
+      expect(await metricsOf()).toMatch(/vllm:num_requests_waiting\{model_name="sim"\} 0/)
+    } finally {
+      await node.stop()
+    }
+  })
+
   test('/metrics shows vLLM metric names; stats count requests and aborts', async () => {
     const m = await (await fetch(`${timed.url.replace('/v1', '')}/metrics`)).text()
     for (const name of [
@@ -118,6 +154,7 @@ describe('simulated node', () => {
       'vllm:num_requests_waiting',
       'vllm:gpu_cache_usage_perc',
       'vllm:prefix_cache_hits_total',
+      'vllm:cache_config_info{block_size="16",num_gpu_blocks="4096"}',
     ])
       expect(m).toContain(name)
     const before = timed.stats()
