@@ -8,7 +8,7 @@ import {
   statSync,
   writeFileSync,
 } from 'node:fs'
-import { join, resolve } from 'node:path'
+import { dirname, join, resolve } from 'node:path'
 import type { FleetName, FleetSpec, FleetUrls } from './fleet.ts'
 import type { Endpoint } from './load.ts'
 import { ensurePortkey, portkeyCommand, portkeyConfig } from './portkey.ts'
@@ -309,11 +309,18 @@ export async function tropaExecutable(
     }
     const script =
       pkg.scripts?.build ?? 'bun build --compile --minify --bytecode src/main.ts --outfile dist/tropa'
-    const args = script
+    // The script as `bun run build` runs it (it has steps: the console's assets, then the
+    // compile), through a shell, with this Bun first on PATH and the outfile moved here.
+    const command = script
       .split(/\s+/)
-      .slice(1)
       .map((a) => (a === 'dist/tropa' ? out : a))
-    const p = Bun.spawn([process.execPath, ...args], { cwd: repoRoot, stdout: 'pipe', stderr: 'pipe' })
+      .join(' ')
+    const p = Bun.spawn(['sh', '-c', command], {
+      cwd: repoRoot,
+      stdout: 'pipe',
+      stderr: 'pipe',
+      env: { ...process.env, PATH: `${dirname(process.execPath)}:${process.env.PATH ?? ''}` },
+    })
     const [, err] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text()])
     if ((await p.exited) !== 0 || !existsSync(out)) throw new Error(`build failed: ${err.slice(-500)}`)
     if (build)
