@@ -435,12 +435,18 @@ describe('a cluster of two nodes', () => {
     const rb2 = await chat(b.url)
     expect(kidOf(rb2)).toBe(rotated.current_kid)
     expect(await verify(rb2, await keySet(a.url))).not.toBeNull()
-    // The export, from either node, verifies with either node's keys.
-    const res = await call(b.url, '/v1/activity?format=jsonl', org.master_key)
-    const lines = (await res.text())
-      .trimEnd()
-      .split('\n')
-      .map((l) => JSON.parse(l) as { receipt: string })
+    // The export, from either node, verifies with either node's keys. Node A's row reaches the
+    // shared store with its next ledger flush (every 250 ms): read until all three are there.
+    let lines: { receipt: string }[] = []
+    for (let i = 0; i < 100 && lines.length < 3; i++) {
+      if (i > 0) await Bun.sleep(50)
+      const res = await call(b.url, '/v1/activity?format=jsonl', org.master_key)
+      lines = (await res.text())
+        .trimEnd()
+        .split('\n')
+        .filter((l) => l !== '')
+        .map((l) => JSON.parse(l) as { receipt: string })
+    }
     expect(lines).toHaveLength(3)
     expect(new Set(lines.map((l) => l.receipt))).toEqual(new Set([ra, rb, rb2]))
   })
