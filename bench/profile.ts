@@ -21,11 +21,12 @@
  * first MS milliseconds left out, per N requests. `--bare plain|relay` profiles bench/bare-proxy.ts
  * (bytes passed through, or the body read in JavaScript) the same way instead of the router.
  */
-import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
-import { freePort, merged, routerConfig, startRouter, startStub, threadTimes } from './stub-router.ts'
+import { baseEnv, spawnChild, waitForFile } from './proc.ts'
+import { freePort, hammer, merged, routerConfig, startRouter, startStub, threadTimes } from './stub-router.ts'
 
 const { values } = parseArgs({
   options: {
@@ -143,9 +144,9 @@ function analyze(file: string, requests: number, skipMs: number) {
   const perSample = (p.endTime - p.startTime) / p.samples.length
   const us = (k: number) => (k * perSample) / requests
   console.log(`${got.samples} samples, ${us(got.samples).toFixed(2)} us per request`)
-  console.log('\nstage | us per request')
+  console.log('\nstage | us per request | share of the samples')
   for (const [name, k] of [...got.stages].sort((x, y) => y[1] - x[1]))
-    console.log(`${name} | ${us(k).toFixed(2)}`)
+    console.log(`${name} | ${us(k).toFixed(2)} | ${((100 * k) / got.samples).toFixed(1)}%`)
   console.log(`\nfunction (self samples) | us per request`)
   for (const [name, k] of [...got.fns].sort((x, y) => y[1] - x[1]).slice(0, top))
     console.log(`${name} | ${us(k).toFixed(2)}`)
@@ -167,9 +168,8 @@ async function main() {
         configPath: join(dir, 'tropa.json'),
         bunFlags: flags,
         env: { BUN_JSC_logGC: 'true' },
-        pipeStderr: true,
-      }).then((x) => ({ ...x, path: '/v1/chat/completions' }))
-  const gc = tallyGc(r.proc)
+        stderrFile: join(dir, 'gc.log'),
+      }).then((x) => ({ ...x, path: '/v1/chat/completions', gcLog: join(dir, 'gc.log') }))
   const body = JSON.stringify({
     model: 'bench/fast',
     messages: [{ role: 'user', content: 'Say something short about routers and queues.' }],
@@ -177,34 +177,28 @@ async function main() {
     ...(stream && { stream: true }),
   })
   const headers = { authorization: `Bearer ${r.key}`, 'content-type': 'application/json' }
-  const load = async (ms: number) => {
-    const until = performance.now() + ms
-    let n = 0
-    await Promise.all(
-      Array.from({ length: conns }, async () => {
-        while (performance.now() < until) {
-          const res = await fetch(`${r.url}${r.path}`, { method: 'POST', headers, body })
-          const text = await res.text()
-          if (res.status !== 200 || (stream && !text.includes('[DONE]')))
-            throw new Error(`${res.status} ${text.slice(0, 300)}`)
-          n++
-        }
-      }),
+  const load = (ms: number) =>
+    hammer(
+      `${r.url}${r.path}`,
+      headers,
+      body,
+      conns,
+      ms,
+      (status, text) => status === 200 && (!stream || text.includes('[DONE]')),
     )
-    return n
-  }
   await load(Number(values.warmup ?? 2) * 1000)
   const a = threadTimes(r.proc.pid)
-  const gc0 = { ...gc }
+  const logFrom = statSync(r.gcLog).size
   const from = Date.now() * 1000
   const n = await load(seconds * 1000)
   const to = Date.now() * 1000
   const b = threadTimes(r.proc.pid)
-  const gc1 = { ...gc }
+  const logTo = statSync(r.gcLog).size
   const loopUs = (b.get('loop')! - a.get('loop')!) / n
   r.proc.kill('SIGTERM')
   await r.proc.exited
   stub.proc.kill()
+  const gc = gcTally(readFileSync(r.gcLog).subarray(logFrom, logTo).toString('utf8'))
   const file = readdirSync(profDir).find((f) => f.endsWith('.cpuprofile'))
   if (!file) throw new Error('the router wrote no profile')
   const p = JSON.parse(readFileSync(join(profDir, file), 'utf8')) as Profile
@@ -215,10 +209,10 @@ async function main() {
   console.log(
     `${n} ${stream ? 'streamed' : 'JSON'} requests in ${seconds} s (${(n / seconds).toFixed(0)}/s), ${conns} connections; event loop ${loopUs.toFixed(1)} us of CPU per request, ${sampledUs.toFixed(1)} us of it sampled in JavaScript (${got.samples} samples every ${intervalUs} us)`,
   )
-  const cycles = gc1.cycles - gc0.cycles
-  const gcUs = ((gc1.pauseMs - gc0.pauseMs) * 1000) / n
+  const cycles = gc.cycles
+  const gcUs = (gc.pauseMs * 1000) / n
   console.log(
-    `garbage collection: ${cycles} collections (${gc1.full - gc0.full} full), ${((1000 * cycles) / n).toFixed(2)} per 1,000 requests, pauses ${gcUs.toFixed(2)} us per request (${((100 * gcUs) / loopUs).toFixed(1)}% of the loop; counted in the stages below, wherever the allocation that set each off was)`,
+    `garbage collection: ${cycles} collections (${gc.full} full), ${((1000 * cycles) / n).toFixed(2)} per 1,000 requests, pauses ${gcUs.toFixed(2)} us per request (${((100 * gcUs) / loopUs).toFixed(1)}% of the loop; counted in the stages below, wherever the allocation that set each off was)`,
   )
   console.log('\nstage | us per request | share of the loop')
   for (const [name, k] of rows)
@@ -241,7 +235,7 @@ async function main() {
           stream,
           loopUsPerRequest: loopUs,
           sampledUsPerRequest: sampledUs,
-          gc: { collections: cycles, full: gc1.full - gc0.full, pauseUsPerRequest: gcUs },
+          gc: { collections: cycles, full: gc.full, pauseUsPerRequest: gcUs },
           stages: Object.fromEntries(rows.map(([k, v]) => [k, us(v)])),
           functions: Object.fromEntries(fnRows.map(([k, v]) => [k, us(v)])),
         },
@@ -252,56 +246,42 @@ async function main() {
   process.exit(0)
 }
 
-/** Collections, bytes allocated and pause time, as JavaScriptCore's GC log on stderr reports them. */
-function tallyGc(proc: { stderr: unknown }) {
+/** Collections (full ones apart) and their pauses, from JavaScriptCore's GC log (`BUN_JSC_logGC`). */
+export function gcTally(log: string): { cycles: number; full: number; pauseMs: number } {
   const t = { cycles: 0, full: 0, pauseMs: 0 }
-  const stderr = proc.stderr
-  if (!(stderr instanceof ReadableStream)) return t
-  void (async () => {
-    let rest = ''
-    const decoder = new TextDecoder()
-    for await (const chunk of stderr as ReadableStream<Uint8Array>) {
-      rest += decoder.decode(chunk, { stream: true })
-      const lines = rest.split('\n')
-      rest = lines.pop()!
-      for (const line of lines) {
-        const start = /: START .* => (\w+)Collection,.* p=([\d.]+)ms/.exec(line)
-        if (start) {
-          t.cycles++
-          if (start[1] === 'Full') t.full++
-          t.pauseMs += Number(start[2])
-        } else if (!line.startsWith('[GC') && !line.startsWith('GC END') && !line.startsWith('Requesting GC'))
-          console.error(line)
-      }
-    }
-  })()
+  for (const m of log.matchAll(/: START .* => (\w+)Collection,.* p=([\d.]+)ms/g)) {
+    t.cycles++
+    if (m[1] === 'Full') t.full++
+    t.pauseMs += Number(m[2])
+  }
   return t
 }
 
 /** bench/bare-proxy.ts under the profiler, in front of the stub. */
 async function startBare(dir: string, flags: string[], stubPort: number, mode: string) {
   const out = join(dir, 'bare.port')
-  const proc = Bun.spawn(
-    [
+  const child = spawnChild({
+    name: 'bare',
+    cmd: [
       process.execPath,
       ...flags,
-      ...(process.env.BARE_FLAGS ? [process.env.BARE_FLAGS] : []),
       join(import.meta.dir, 'bare-proxy.ts'),
       JSON.stringify({ stub: [`http://127.0.0.1:${stubPort}/v1`] }),
       out,
       ...(mode === 'relay' ? ['relay'] : []),
     ],
-    { stdout: 'ignore', stderr: 'pipe', env: { ...process.env, BUN_JSC_logGC: 'true' } },
-  )
-  for (let i = 0; !existsSync(out) || !readFileSync(out, 'utf8'); i++) {
-    if (i > 500) throw new Error('the bare proxy did not start')
-    await Bun.sleep(10)
-  }
+    env: baseEnv({ BUN_JSC_logGC: 'true' }),
+    logDir: dir,
+    raw: true,
+  })
+  const port = await waitForFile(out, child, 10_000)
+  // spawnChild writes stderr to `<log>.err`: the GC log is read from there.
   return {
-    proc,
-    url: `http://127.0.0.1:${readFileSync(out, 'utf8')}`,
+    proc: child.proc,
+    url: `http://127.0.0.1:${port}`,
     key: 'none',
     path: '/stub/v1/chat/completions',
+    gcLog: `${child.log}.err`,
   }
 }
 

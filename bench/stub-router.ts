@@ -6,6 +6,7 @@
  */
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { cpuUs } from './proc.ts'
 
 export const ADMIN = 'bench-admin-token-0123456789abcdef'
 export const REPLY = JSON.stringify({
@@ -112,8 +113,8 @@ export async function startRouter(o: {
   ready?: (proc: ReturnType<typeof Bun.spawn>) => boolean
   /** Flags for Bun itself (`--cpu-prof`, ...). */
   bunFlags?: string[]
-  /** The router's stderr piped to the caller (default: this process's stderr). */
-  pipeStderr?: boolean
+  /** A file for the router's stderr (default: this process's stderr). */
+  stderrFile?: string
 }) {
   writeFileSync(o.configPath, JSON.stringify(o.config))
   const proc = Bun.spawn(
@@ -127,7 +128,7 @@ export async function startRouter(o: {
     ],
     {
       stdout: 'ignore',
-      stderr: o.pipeStderr ? 'pipe' : 'inherit',
+      stderr: o.stderrFile ? Bun.file(o.stderrFile) : 'inherit',
       env: { PATH: process.env.PATH ?? '', ...o.env },
     },
   )
@@ -150,19 +151,43 @@ export async function startRouter(o: {
   return { proc, url, key }
 }
 
-const TICK_US = 10_000
-/** CPU time (us) per thread name of a process. */
+/** CPU time (us) per thread name of a process: `loop` for its main thread. */
 export function threadTimes(pid: number): Map<string, number> {
   const out = new Map<string, number>()
   for (const t of readdirSync(`/proc/${pid}/task`)) {
     try {
-      const stat = readFileSync(`/proc/${pid}/task/${t}/stat`, 'utf8')
-      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
       const name = Number(t) === pid ? 'loop' : readFileSync(`/proc/${pid}/task/${t}/comm`, 'utf8').trim()
-      out.set(name, (out.get(name) ?? 0) + (Number(f[11]) + Number(f[12])) * TICK_US)
+      out.set(name, (out.get(name) ?? 0) + cpuUs(pid, Number(t)))
     } catch {
       // a thread that ended
     }
   }
   return out
+}
+
+/**
+ * `conns` connections each sending `body` to `url` one request after another for `ms`; throws on
+ * an answer `ok` refuses (default: any status but 200). Returns the requests answered.
+ */
+export async function hammer(
+  url: string,
+  headers: Record<string, string>,
+  body: string,
+  conns: number,
+  ms: number,
+  ok: (status: number, text: string) => boolean = (status) => status === 200,
+): Promise<number> {
+  const until = performance.now() + ms
+  let n = 0
+  await Promise.all(
+    Array.from({ length: conns }, async () => {
+      while (performance.now() < until) {
+        const res = await fetch(url, { method: 'POST', headers, body })
+        const text = await res.text()
+        if (!ok(res.status, text)) throw new Error(`${res.status} ${text.slice(0, 300)}`)
+        n++
+      }
+    }),
+  )
+  return n
 }

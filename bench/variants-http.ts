@@ -18,7 +18,7 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
-import { freePort, routerConfig, startRouter, startStub, threadTimes } from './stub-router.ts'
+import { freePort, hammer, routerConfig, startRouter, startStub, threadTimes } from './stub-router.ts'
 
 const { values, positionals } = parseArgs({
   options: { rounds: { type: 'string' }, seconds: { type: 'string' }, conns: { type: 'string' } },
@@ -58,22 +58,14 @@ async function router(index: number) {
 }
 
 type Router = Awaited<ReturnType<typeof router>>
-async function load(r: Router, ms: number): Promise<number> {
-  const until = performance.now() + ms
-  let n = 0
-  const headers = { authorization: `Bearer ${r.key}`, 'content-type': 'application/json' }
-  await Promise.all(
-    Array.from({ length: conns }, async () => {
-      while (performance.now() < until) {
-        const res = await fetch(`${r.url}/v1/chat/completions`, { method: 'POST', headers, body: BODY })
-        if (res.status !== 200) throw new Error(`${res.status} ${await res.text()}`)
-        await res.arrayBuffer()
-        n++
-      }
-    }),
+const load = (r: Router, ms: number) =>
+  hammer(
+    `${r.url}/v1/chat/completions`,
+    { authorization: `Bearer ${r.key}`, 'content-type': 'application/json' },
+    BODY,
+    conns,
+    ms,
   )
-  return n
-}
 
 const routers: Router[] = []
 for (let i = 0; i < variants.length; i++) routers.push(await router(i))
