@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, expect, test } from 'bun:test'
 import { costNano, nanoToRubNumber, parseRub, rubNumberToNano } from '../../src/billing/money.ts'
+import type { SharedMeter } from '../../src/billing/shared-meter.ts'
 import { countChatPrompt, loadTokenizer, reservedPromptTokens } from '../../src/pipeline/tokens.ts'
 import { call, startCluster } from '../helpers/cluster.ts'
 import { ADMIN_TOKEN, CHAT_PRICE } from '../helpers/start.ts'
@@ -85,3 +86,99 @@ test('300 concurrent requests over three nodes on a key that fits about 30: neve
     `three nodes: ${ok} admitted, ${refused} refused with 402; spent ${nanoToRubNumber(sum)} of ${nanoToRubNumber(limitNano)} RUB`,
   )
 }, 60_000)
+
+test("one turn's reservations and settlements reach Redis together, each checked and taken exactly as alone", async () => {
+  const [a, b] = cluster.nodes
+  const meterA = a!.svc.deps.meter as SharedMeter
+  const meterB = b!.svc.deps.meter as SharedMeter
+  const unit = 1_000_000n // 0.001 RUB
+  const org = (await (
+    await call(a!.url, '/v1/admin/organizations', ADMIN_TOKEN, { name: 'turns', balance_rub: 1 })
+  ).json()) as { id: string; master_key: string }
+  const made = async (body: Record<string, unknown>) =>
+    (await (await call(a!.url, '/v1/keys', org.master_key, body)).json()) as { key_id: string }
+  // Room for exactly 10 units on the limited key, 6 in the budgeted key's day, 30 on the unlimited one.
+  const limited = await made({ name: 'limited', limit_rub: nanoToRubNumber(10n * unit) })
+  const budgeted = await made({
+    name: 'budgeted',
+    budget: { amount_rub: nanoToRubNumber(6n * unit), period: 'day' },
+  })
+  const open = await made({ name: 'open' })
+  await Bun.sleep(50) // the keys' events reach node B
+  const live = (node: typeof a, id: string) => node!.svc.identity.keyById(id)!
+  const liveOrg = (node: typeof a) => node!.svc.identity.org(org.id)
+
+  // 60 reservations in one turn of node A's loop and 20 on node B: each decided in order.
+  const tries = (node: typeof a, meter: SharedMeter, n: number) =>
+    Array.from({ length: n }, (_, i) => {
+      const id = [limited, budgeted, open][i % 3]!.key_id
+      return Promise.resolve(meter.reserve(live(node, id), liveOrg(node), unit)).then(
+        (r) => ({ id, r }),
+        (err: { code?: string }) => ({ id, err: err.code }),
+      )
+    })
+  // The rooms exist in Redis first (a room's first use is rebuilt from PostgreSQL, one at a time).
+  for (const x of [limited, budgeted, open])
+    meterA.release(await meterA.reserve(live(a, x.key_id), liveOrg(a), unit))
+  // Node A's calls to Redis, counted: the 60 go in one call (or a few, if a tick comes between).
+  const client = (meterA as unknown as { redis: { send: (cmd: string, args: string[]) => Promise<unknown> } })
+    .redis
+  const send = client.send.bind(client)
+  let callsA = 0
+  client.send = (cmd, args) => {
+    callsA++
+    return send(cmd, args)
+  }
+  const results = await Promise.all([...tries(a, meterA, 60), ...tries(b, meterB, 20)])
+  client.send = send
+  expect(callsA).toBeLessThan(6)
+  const admitted = (id: string) => results.filter((x) => x.id === id && 'r' in x)
+  expect(admitted(limited.key_id)).toHaveLength(10) // of 27 tries
+  expect(admitted(budgeted.key_id)).toHaveLength(6) // of 27
+  expect(admitted(open.key_id)).toHaveLength(26) // all
+  const codes = new Set(results.filter((x) => 'err' in x).map((x) => (x as { err?: string }).err))
+  expect([...codes].sort()).toEqual(['key_budget_exhausted', 'key_limit_reached'])
+
+  // Settled in one turn on each node, each charging a different part of its hold; half released.
+  let charged = 0n
+  let k = 0
+  for (const [node, meter] of [
+    [a, meterA],
+    [b, meterB],
+  ] as const) {
+    const mine = results.slice(node === a ? 0 : 60, node === a ? 60 : 80)
+    for (const x of mine) {
+      if (!('r' in x)) continue
+      k++
+      if (k % 2 === 0) meter.release(x.r)
+      else {
+        const cost = (unit * BigInt(k % 7)) / 7n
+        charged += meter.settle(x.r, {
+          requestId: `turn-${k}`,
+          model: 'test/chat',
+          node: 'sim-1',
+          promptTokens: 1,
+          completionTokens: 1,
+          costNano: cost,
+          batchId: null,
+          startedAtMs: Date.now(),
+          endedAtMs: Date.now(),
+          outcome: 'ok',
+          estimated: false,
+        })
+      }
+    }
+  }
+  // Every hold is gone from Redis and the rooms are exactly what was charged.
+  const keys = [limited, budgeted, open].map((x) => live(b, x.key_id))
+  let after = await meterB.standing(liveOrg(b), keys)
+  // Settlements are sent at the end of their turn, without a reply awaited: read until both nodes' are in.
+  for (let i = 0; i < 50 && after.reservedNano !== 0n; i++) {
+    await Bun.sleep(20)
+    after = await meterB.standing(liveOrg(b), keys)
+  }
+  expect(after.reservedNano).toBe(0n)
+  expect(after.balanceNano).toBe(1_000_000_000n - charged)
+  const spent = [...after.spentNano.values()].reduce((s, v) => s + v, 0n)
+  expect(spent).toBe(charged)
+})
