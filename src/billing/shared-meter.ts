@@ -318,6 +318,8 @@ export class SharedMeter implements MoneyMeter {
   private turnReserves: TurnReserve[] = []
   private turnSettles: { keys: string[]; args: string[] }[] = []
   private turnQueued = false
+  /** Rooms being rebuilt, so that the requests which found one missing together rebuild it once. */
+  private readonly rebuilding = new Map<string, Promise<void>>()
   private timer: ReturnType<typeof setInterval> | undefined
   private beating: Promise<void> | undefined
   /** Whether this node has seen the epoch (a missing one after that means Redis lost its data). */
@@ -746,7 +748,18 @@ export class SharedMeter implements MoneyMeter {
    * rebuild waits out the settling window, so every live node has listed its holds again and
    * flushed the spend it had settled.
    */
-  private async rebuild(which: 'key' | 'org', keyId: string, orgId: string) {
+  private rebuild(which: 'key' | 'org', keyId: string, orgId: string): Promise<void> {
+    // One rebuild per room at a time: the requests that found it missing together wait for it.
+    const room = which === 'key' ? this.keyRoom(keyId) : this.orgRoom(orgId)
+    let p = this.rebuilding.get(room)
+    if (!p) {
+      p = this.rebuildRoom(which, keyId, orgId).finally(() => this.rebuilding.delete(room))
+      this.rebuilding.set(room, p)
+    }
+    return p
+  }
+
+  private async rebuildRoom(which: 'key' | 'org', keyId: string, orgId: string) {
     for (let attempt = 0; attempt < 5; attempt++) {
       await this.ledger.flush()
       let room: string

@@ -1,13 +1,20 @@
 import { RedisClient } from 'bun'
 
 /**
- * A Redis connection that runs named Lua scripts by their SHA, loading a script again when
- * Redis restarted and forgot it. Once connected, a lost connection fails a call at once (the
- * client reconnects in the background), so a request is refused rather than left waiting.
+ * A Redis connection that runs named Lua scripts: by their text (EVAL) until Redis has run them
+ * on this connection, then by their SHA (computed here). Every call goes out the moment it is
+ * made, so Redis runs them in the order made: the shared meter sends one turn's settlements before
+ * its reservations and relies on it (a first use that waited for a `SCRIPT LOAD` was overtaken by
+ * a later call of a script already known). After a reconnection the texts are sent again; if Redis
+ * forgot a script without a reconnection (`SCRIPT FLUSH`), the call that finds out is sent again
+ * with the text. Once connected, a lost connection fails a call at once (the client reconnects in
+ * the background), so a request is refused rather than left waiting.
  */
 export class RedisScripts<Name extends string> {
   readonly redis: RedisClient
-  private readonly sha = new Map<Name, string>()
+  private readonly sha: Record<Name, string>
+  /** Scripts Redis has run on this connection (so it holds them). */
+  private readonly loaded = new Set<Name>()
   private connectedOnce = false
 
   constructor(
@@ -20,6 +27,13 @@ export class RedisScripts<Name extends string> {
       enableOfflineQueue: false,
       connectionTimeout: 2000,
     })
+    this.sha = Object.fromEntries(
+      Object.entries<string>(scripts).map(([name, text]) => [
+        name,
+        new Bun.CryptoHasher('sha1').update(text).digest('hex'),
+      ]),
+    ) as Record<Name, string>
+    this.redis.onclose = () => this.loaded.clear()
   }
 
   /** Asks for a reconnection if the connection was lost (called from a periodic tick). */
@@ -38,19 +52,17 @@ export class RedisScripts<Name extends string> {
       await this.redis.connect()
       this.connectedOnce = true
     }
-    let sha = this.sha.get(name) ?? (await this.load(name))
+    if (!this.loaded.has(name)) {
+      // EVAL runs the text and keeps it, so the next EVALSHA finds it.
+      const out = await this.redis.send('EVAL', [this.scripts[name], String(keys.length), ...keys, ...args])
+      this.loaded.add(name)
+      return out
+    }
     try {
-      return await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args])
+      return await this.redis.send('EVALSHA', [this.sha[name], String(keys.length), ...keys, ...args])
     } catch (err) {
       if (!String((err as Error).message).includes('NOSCRIPT')) throw err
-      sha = await this.load(name)
-      return await this.redis.send('EVALSHA', [sha, String(keys.length), ...keys, ...args])
+      return await this.redis.send('EVAL', [this.scripts[name], String(keys.length), ...keys, ...args])
     }
-  }
-
-  private async load(name: Name): Promise<string> {
-    const sha = String(await this.redis.send('SCRIPT', ['LOAD', this.scripts[name]]))
-    this.sha.set(name, sha)
-    return sha
   }
 }

@@ -117,9 +117,28 @@ test("one turn's reservations and settlements reach Redis together, each checked
         (err: { code?: string }) => ({ id, err: err.code }),
       )
     })
-  // The rooms exist in Redis first (a room's first use is rebuilt from PostgreSQL, one at a time).
-  for (const x of [limited, budgeted, open])
-    meterA.release(await meterA.reserve(live(a, x.key_id), liveOrg(a), unit))
+  // The rooms' first use: 15 reservations in one turn find them missing and rebuild each once
+  // (the key rooms; the organization's room follows).
+  const scripts = meterA as unknown as {
+    run: (name: string, keys: string[], args: string[]) => Promise<string>
+  }
+  const run = scripts.run.bind(meterA)
+  const rebuilt: string[] = []
+  scripts.run = (name, keys, args) => {
+    if (name === 'REBUILD') rebuilt.push(keys[0]!)
+    return run(name, keys, args)
+  }
+  const first = await Promise.all(
+    Array.from({ length: 15 }, (_, i) =>
+      meterA.reserve(live(a, [limited, budgeted, open][i % 3]!.key_id), liveOrg(a), unit),
+    ),
+  )
+  scripts.run = run
+  for (const r of first) meterA.release(r)
+  expect(rebuilt.filter((room) => room.includes(':room:key:')).sort()).toEqual(
+    [limited, budgeted, open].map((x) => `${cluster.prefix}room:key:${x.key_id}`).sort(),
+  )
+  expect(rebuilt.filter((room) => room.includes(':room:org:'))).toHaveLength(1)
   // Node A's calls to Redis, counted: the 60 go in one call (or a few, if a tick comes between).
   const client = (meterA as unknown as { redis: { send: (cmd: string, args: string[]) => Promise<unknown> } })
     .redis

@@ -61,6 +61,8 @@ export async function startCluster(
     sim: fleet.nodes,
     /** The cluster's PostgreSQL database. */
     pgUrl: pg.url,
+    /** Its Redis key prefix. */
+    prefix,
     async stop() {
       for (const node of nodes) await node.stop()
       await fleet.stop()
