@@ -12,6 +12,11 @@ import { writeFileSync } from 'node:fs'
  * looks at the events must): each chunk read with a reader and written to a direct stream, as
  * Tropa's relay does, with nothing else. Without it the fetch's body goes back as it is, and Bun
  * pipes it from socket to socket without JavaScript seeing a byte.
+ *
+ * `json`: the floor of a proxy that reads what it forwards as JSON, as a router must for a
+ * non-streamed answer (usage, ids): the request's text parsed and written again, the answer's
+ * text parsed, its id replaced, and a new Response of its JSON (a streamed request is relayed as
+ * in `relay`).
  */
 
 /** Base URLs without their trailing /v1, by fleet, and a round-robin cursor each. */
@@ -22,7 +27,8 @@ interface Pool {
 
 function main(): void {
   const [routesText, out, mode] = process.argv.slice(2)
-  const relay = mode === 'relay'
+  const relay = mode === 'relay' || mode === 'json'
+  const json = mode === 'json'
   if (!routesText || !out) throw new Error('usage: bun bench/bare-proxy.ts <json routes> <out file>')
   const routes = JSON.parse(routesText) as Record<string, string[]>
   const pools = new Map<string, Pool>()
@@ -43,6 +49,7 @@ function main(): void {
       if (!pool) return new Response('unknown fleet', { status: 404 })
       const origin = pool.origins[pool.next++ % pool.origins.length]!
       try {
+        if (json && req.method === 'POST') return await rewritten(req, origin + url.slice(fleetEnd))
         const res = await fetch(origin + url.slice(fleetEnd), {
           method: req.method,
           headers: req.headers,
@@ -64,6 +71,26 @@ function main(): void {
   }
   process.on('SIGTERM', stop)
   process.on('SIGINT', stop)
+}
+
+/** `json`: the request and the answer parsed and written again (a stream is relayed). */
+async function rewritten(req: Request, target: string): Promise<Response> {
+  const body = JSON.parse(await req.text()) as { stream?: boolean }
+  const res = await fetch(target, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: req.headers.get('authorization') ?? '' },
+    body: JSON.stringify(body),
+    signal: req.signal,
+    decompress: false,
+  })
+  if (body.stream === true || !res.ok || !res.body)
+    return res.body ? new Response(relayed(res.body), res) : res
+  const answer = JSON.parse(await res.text()) as { id?: string }
+  answer.id = 'chatcmpl-bare'
+  return new Response(JSON.stringify(answer), {
+    status: res.status,
+    headers: { 'content-type': 'application/json' },
+  })
 }
 
 /** The body read chunk by chunk in JavaScript and written to a direct stream, one flush a chunk. */

@@ -18,8 +18,9 @@
  *
  * `--analyze F --requests N [--skip-ms MS]`: the same attribution for a profile written by
  * anything else (`bun --cpu-prof bench/request-path.ts .`: the app in-process, no HTTP), its
- * first MS milliseconds left out, per N requests. `--bare plain|relay` profiles bench/bare-proxy.ts
- * (bytes passed through, or the body read in JavaScript) the same way instead of the router.
+ * first MS milliseconds left out, per N requests. `--bare plain|relay|json` profiles
+ * bench/bare-proxy.ts (bytes passed through, the body read in JavaScript, or the request and the
+ * answer parsed and written again) the same way instead of the router.
  */
 import { mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -268,7 +269,7 @@ async function startBare(dir: string, flags: string[], stubPort: number, mode: s
       join(import.meta.dir, 'bare-proxy.ts'),
       JSON.stringify({ stub: [`http://127.0.0.1:${stubPort}/v1`] }),
       out,
-      ...(mode === 'relay' ? ['relay'] : []),
+      ...(mode === 'relay' || mode === 'json' ? [mode] : []),
     ],
     env: baseEnv({ BUN_JSC_logGC: 'true' }),
     logDir: dir,
