@@ -5,7 +5,8 @@ import { type SimNodeOptions, startSimFleet } from '../src/simulator/index.ts'
  * The simulated upstream fleet, in a process of its own so that its CPU is not the load
  * generator's. Three fleets of three nodes each, all Tropa's own simulator:
  * - fast:   timeScale 0, answers at once (non-streaming latency and throughput);
- * - stream: a fixed 5 ms inter-token latency (streaming overhead);
+ * - stream: a fixed 5 ms inter-token latency (streaming overhead), each chunk stamped with the
+ *           time it was sent (`x_sent_ms`);
  * - hold:   one token every `holdItlMs`, to keep thousands of streams open for the memory test.
  *
  * Usage: bun bench/fleet.ts <json FleetSpec> <out file>; writes FleetUrls as JSON to the out
@@ -40,7 +41,8 @@ export function fleetOptions(spec: FleetSpec): Record<FleetName, SimNodeOptions[
     }))
   return {
     fast: nodes('fast', { timeScale: 0 }),
-    stream: nodes('stream', { timeScale: 1, itlMs: spec.streamItlMs }),
+    // Each chunk stamped when sent: what a proxy adds to every token, free of the node's own jitter.
+    stream: nodes('stream', { timeScale: 1, itlMs: spec.streamItlMs, stampChunks: true }),
     hold: nodes('hold', { timeScale: 1, itlMs: spec.holdItlMs }),
   }
 }

@@ -173,10 +173,13 @@ async function sleepUntil(atMs: number, now: Clock): Promise<void> {
 export class SseTokenCounter {
   sawDone = false
   sawError = false
+  /** The `x_sent_ms` stamps (the simulator's `stampChunks`) of the tokens of the last push. */
+  readonly stamps: number[] = []
   private buffer = ''
 
   /** Feeds decoded text; returns how many content tokens completed in it. */
   push(text: string): number {
+    this.stamps.length = 0
     this.buffer += text
     let tokens = 0
     let start = 0
@@ -202,7 +205,10 @@ export class SseTokenCounter {
     }
     // A token is a delta with non-empty content; the role-only first chunk has "content":"".
     const at = ev.indexOf('"content":"')
-    return at >= 0 && ev.charCodeAt(at + 11) !== 34 ? 1 : 0
+    if (at < 0 || ev.charCodeAt(at + 11) === 34) return 0
+    const s = ev.indexOf('"x_sent_ms":')
+    if (s >= 0) this.stamps.push(Number.parseFloat(ev.slice(s + 12, s + 40)))
+    return 1
   }
 }
 
@@ -216,6 +222,12 @@ export interface LoadStats {
   ttft: LatencySummary
   /** Streams: gaps between consecutive content tokens as the client sees them. */
   itl: LatencySummary
+  /**
+   * Streams from stamped nodes: how much longer each gap between consecutive tokens was at the
+   * client than at the node that sent them (0 when shorter): the inter-token latency the path
+   * added, free of the node's own jitter. Empty when the chunks carry no stamps.
+   */
+  addedGap: LatencySummary
 }
 
 export interface LoadResult extends ScheduleResult, LoadStats {
@@ -250,6 +262,7 @@ export async function runLoad(endpoint: Endpoint, body: string, opts: LoadOption
   const ttfb = new LatencyHistogram()
   const ttft = new LatencyHistogram()
   const itl = new LatencyHistogram()
+  const addedGap = new LatencyHistogram()
   const headers = { 'content-type': 'application/json', ...endpoint.headers }
   const errors = new Map<string, number>()
   let ok = 0
@@ -285,8 +298,10 @@ export async function runLoad(endpoint: Endpoint, body: string, opts: LoadOption
       }
       const counter = new SseTokenCounter()
       const gaps: number[] = []
+      const added: number[] = []
       let first = -1
       let last = -1
+      let lastDelay = Number.NaN
       const reader = res.body!.getReader()
       for (;;) {
         const { done, value } = await reader.read()
@@ -297,6 +312,12 @@ export async function runLoad(endpoint: Endpoint, body: string, opts: LoadOption
           if (first < 0) first = t
           else gaps.push(k === 0 ? t - last : 0)
           last = t
+        }
+        // Stamped: each token's delay from the node to here; a gap grew by the change in delay.
+        for (const sent of counter.stamps) {
+          const delay = performance.timeOrigin + t - sent
+          if (!Number.isNaN(lastDelay)) added.push(Math.max(0, delay - lastDelay))
+          lastDelay = delay
         }
       }
       const tEnd = performance.now()
@@ -310,6 +331,7 @@ export async function runLoad(endpoint: Endpoint, body: string, opts: LoadOption
         ttft.recordMs(first - intendedAt)
         total.recordMs(tEnd - intendedAt)
         for (const g of gaps) itl.recordMs(g)
+        for (const g of added) addedGap.recordMs(g)
       }
     } catch (err) {
       const e = err as Error
@@ -343,6 +365,7 @@ export async function runLoad(endpoint: Endpoint, body: string, opts: LoadOption
     ttfb: ttfb.summary(),
     ttft: opts.stream ? ttft.summary() : emptySummary(),
     itl: opts.stream ? itl.summary() : emptySummary(),
+    addedGap: opts.stream ? addedGap.summary() : emptySummary(),
   }
 }
 

@@ -206,8 +206,9 @@ export async function runStream(
     errorSamples: r.errorSamples,
     ttft: r.ttft,
     itl: r.itl,
+    addedGap: r.addedGap,
     total: r.total,
-    reference: { ttft: ref.ttft, itl: ref.itl, total: ref.total },
+    reference: { ttft: ref.ttft, itl: ref.itl, total: ref.total, addedGap: ref.addedGap },
   }
 }
 

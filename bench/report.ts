@@ -25,9 +25,15 @@ export interface StreamResult {
   errorSamples: string[]
   ttft: LatencySummary
   itl: LatencySummary
+  /**
+   * Per gap between tokens, how much longer it was at the client than when the node sent the two
+   * (the simulator stamps each chunk): what the path added, free of the node's jitter. Absent in
+   * runs saved before the stamps.
+   */
+  addedGap?: LatencySummary
   total: LatencySummary
   /** Streams straight to the fleet during the same seconds: what "added" is measured against. */
-  reference: { ttft: LatencySummary; itl: LatencySummary; total: LatencySummary }
+  reference: { ttft: LatencySummary; itl: LatencySummary; total: LatencySummary; addedGap?: LatencySummary }
 }
 
 export interface MemoryLevel {
@@ -168,6 +174,9 @@ export function headline(r: Omit<BenchReport, 'headline' | 'targets'>): Record<s
   const tp = atCommon(tropa, portkey)
   const addedItl = (c: ContestantResult | undefined, key: 'p50' | 'p99') =>
     c?.stream ? (c.stream.itl[key] - c.stream.reference.itl[key]) * 1000 : null
+  /** The stamped gap's p99 through the contestant over that of the same seconds' direct streams, in us. */
+  const stampedGap = (c: ContestantResult | undefined) =>
+    c?.stream?.addedGap?.count ? c.stream.addedGap.p99 * 1000 : null
   const lastLevel = tropa?.memory[tropa.memory.length - 1]
   return {
     tropa_added_p50_ms_2000: at2k(tropa)?.p50 ?? null,
@@ -189,6 +198,10 @@ export function headline(r: Omit<BenchReport, 'headline' | 'targets'>): Record<s
     tropa_added_itl_p99_us: addedItl(tropa, 'p99'),
     bare_added_itl_p99_us: addedItl(bare, 'p99'),
     portkey_added_itl_p99_us: addedItl(portkey, 'p99'),
+    tropa_gap_added_p99_us: stampedGap(tropa),
+    bare_gap_added_p99_us: stampedGap(bare),
+    direct_gap_added_p99_us: stampedGap(direct),
+    tropa_over_bare_gap_added_p99: ratio(stampedGap(tropa) ?? undefined, stampedGap(bare) ?? undefined),
     tropa_kib_per_stream_at_max: lastLevel?.perStreamKiB ?? null,
     tropa_streams_at_max: lastLevel?.opened ?? null,
     billing_added_p50_ms_2000: at2k(tropa) && at2k(nobill) ? at2k(tropa)!.p50 - at2k(nobill)!.p50 : null,
@@ -354,13 +367,13 @@ export function renderTables(r: BenchReport): string {
 
   out.push(
     `### Streaming: ${s.streamConcurrency} concurrent streams through each contestant, simulator inter-token latency ${s.streamItlMs} ms\n`,
-    `"Added" is against ${s.streamConcurrency} streams sent straight to the fleet during the same seconds; for direct itself that is an A/A comparison of two identical groups, the resolution of the column.\n`,
+    `"Added" is against ${s.streamConcurrency} streams sent straight to the fleet during the same seconds; for direct itself that is an A/A comparison of two identical groups, the resolution of the column. "Gap added on the way": each chunk carries the time the node sent it, and each gap between two tokens is compared with the gap at which the node sent them; the increase (0 if none) is what the path added, the node's own jitter out (for direct: the loopback and the client alone).\n`,
   )
   const srows: string[][] = []
   for (const c of r.contestants) {
     const st = c.stream
     if (!c.available || !st) {
-      srows.push([c.label, 'n/a', 'n/a', 'n/a', 'n/a', 'n/a'])
+      srows.push([c.label, 'n/a', 'n/a', 'n/a', 'n/a', 'n/a', 'n/a'])
       continue
     }
     const ref = st.reference
@@ -370,6 +383,7 @@ export function renderTables(r: BenchReport): string {
       `${ms(st.ttft.p50 - ref.ttft.p50)} / ${ms(st.ttft.p99 - ref.ttft.p99)}`,
       `${ms(st.itl.p50, 3)} / ${ms(st.itl.p99, 3)}`,
       `${us(st.itl.p50 - ref.itl.p50)} / ${us(st.itl.p99 - ref.itl.p99)}`,
+      st.addedGap?.count ? `${us(st.addedGap.p50)} / ${us(st.addedGap.p99)}` : 'n/a',
       `${int(st.ok)}${st.errors > 0 ? ` (${int(st.errors)} errors)` : ''}`,
     ])
   }
@@ -381,6 +395,7 @@ export function renderTables(r: BenchReport): string {
         'added TTFT p50 / p99, ms',
         'inter-token p50 / p99, ms',
         'added inter-token p50 / p99, us',
+        'gap added on the way p50 / p99, us (stamped)',
         'streams',
       ],
       srows,

@@ -44,6 +44,11 @@ export interface SimNodeOptions {
   seed?: number
   /** Every answer runs to its max_tokens (vLLM's ignore_eos): long outputs on demand. */
   ignoreEos?: boolean
+  /**
+   * Benchmarks only: every streamed chunk carries `"x_sent_ms"`, the wall-clock ms (to the µs) at
+   * which the node handed it to its stream, so a client can tell what a proxy added to each token.
+   */
+  stampChunks?: boolean
   /** The API the node speaks (default openai); see protocols/index.ts. */
   protocol?: SimProtocol
   /** vLLM's `--scheduling-policy priority`: requests may carry `priority` (else a non-zero one is a 400). */
@@ -316,8 +321,9 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     stats.streams++
     const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":[`
     const includeUsage = body.stream_options?.include_usage === true
+    const stamp = opts.stampChunks === true
     const chunk = (delta: string, finishReason: string | null) =>
-      `data: ${head}{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${finishReason ? `"${finishReason}"` : 'null'}}]}\n\n`
+      `data: ${stamp ? `${head.slice(0, -12)},"x_sent_ms":${(performance.timeOrigin + performance.now()).toFixed(3)},"choices":[` : head}{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${finishReason ? `"${finishReason}"` : 'null'}}]}\n\n`
     const piece = (i: number) => {
       const p = pieces[i]!
       if (!call) return chunk(`{"content":${JSON.stringify(p)}}`, null)

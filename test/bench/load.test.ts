@@ -125,6 +125,20 @@ describe('SseTokenCounter', () => {
     expect(c.sawDone).toBe(true)
   })
 
+  test('reads the stamps of the tokens of each push', () => {
+    const c = new SseTokenCounter()
+    const stamped = (ms: string, delta: string) =>
+      `data: {"id":"x","model":"m","x_sent_ms":${ms},"choices":[{"index":0,"delta":${delta}}]}\n\n`
+    expect(
+      c.push(stamped('1.5', '{"role":"assistant","content":""}') + stamped('2.25', '{"content":"a"}')),
+    ).toBe(1)
+    expect(c.stamps).toEqual([2.25])
+    expect(c.push(stamped('1700000000123.456', '{"content":"b"}'))).toBe(1)
+    expect(c.stamps).toEqual([1700000000123.456])
+    c.push('data: [DONE]\n\n')
+    expect(c.stamps).toEqual([])
+  })
+
   test('notices an error event', () => {
     const c = new SseTokenCounter()
     c.push('data: {"error":{"message":"boom"}}\n\n')
@@ -140,9 +154,29 @@ describe('runLoad against a local server', () => {
       hostname: '127.0.0.1',
       async fetch(req) {
         if (new URL(req.url).pathname !== '/v1/chat/completions') return new Response('no', { status: 404 })
-        const body = (await req.json()) as { stream?: boolean }
+        const body = (await req.json()) as { stream?: boolean; model?: string }
         if (!body.stream) return Response.json({ ok: true })
         const enc = new TextEncoder()
+        if (body.model === 'stamped') {
+          // Stamped 5 ms apart, as a node sends them; the second gap is held 20 ms more on the way.
+          const stamp = () => (performance.timeOrigin + performance.now()).toFixed(3)
+          const token = (i: number) =>
+            `data: {"x_sent_ms":${stamp()},"choices":[{"delta":{"content":" w${i}"}}]}\n\n`
+          const stream = new ReadableStream<Uint8Array>({
+            async start(c) {
+              c.enqueue(enc.encode(token(0)))
+              await Bun.sleep(5)
+              c.enqueue(enc.encode(token(1)))
+              await Bun.sleep(5)
+              const late = token(2)
+              await Bun.sleep(20)
+              c.enqueue(enc.encode(late))
+              c.enqueue(enc.encode('data: [DONE]\n\n'))
+              c.close()
+            },
+          })
+          return new Response(stream, { headers: { 'content-type': 'text/event-stream' } })
+        }
         const stream = new ReadableStream<Uint8Array>({
           async start(c) {
             c.enqueue(enc.encode('data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'))
@@ -191,6 +225,28 @@ describe('runLoad against a local server', () => {
     expect(r.itl.p50).toBeGreaterThanOrEqual(3)
     expect(r.ttft.p50).toBeGreaterThanOrEqual(3)
     expect(r.total.p50).toBeGreaterThanOrEqual(r.ttft.p50)
+  })
+
+  test('stamped chunks: what the way added to each gap, apart from the gaps the node made', async () => {
+    const r = await runLoad(endpoint(), chatBody('stamped', { stream: true, maxTokens: 4, seed: 1 }), {
+      stream: true,
+      warmupMs: 0,
+      drainMs: 1000,
+      closed: { concurrency: 2, durationMs: 300 },
+    })
+    expect(r.errors).toBe(0)
+    // Per stream two gaps: the first as sent (nothing added), the second held 20 ms.
+    expect(r.addedGap.count).toBe(r.ok * 2)
+    expect(r.addedGap.p50).toBeLessThan(10)
+    expect(r.addedGap.p99).toBeGreaterThanOrEqual(18)
+    // Unstamped streams have none.
+    const plain = await runLoad(endpoint(), chatBody('m', { stream: true, maxTokens: 4, seed: 1 }), {
+      stream: true,
+      warmupMs: 0,
+      drainMs: 1000,
+      closed: { concurrency: 1, durationMs: 50 },
+    })
+    expect(plain.addedGap.count).toBe(0)
   })
 
   test('errors are counted with their reason', async () => {
