@@ -203,6 +203,11 @@ export function headline(r: Omit<BenchReport, 'headline' | 'targets'>): Record<s
     direct_gap_added_p99_us: stampedGap(direct),
     tropa_over_bare_gap_added_p99: ratio(stampedGap(tropa) ?? undefined, stampedGap(bare) ?? undefined),
     tropa_kib_per_stream_at_max: lastLevel?.perStreamKiB ?? null,
+    bare_kib_per_stream_at_max: bare?.memory[bare.memory.length - 1]?.perStreamKiB ?? null,
+    tropa_over_bare_kib_per_stream: ratio(
+      lastLevel?.perStreamKiB,
+      bare?.memory[bare.memory.length - 1]?.perStreamKiB,
+    ),
     tropa_streams_at_max: lastLevel?.opened ?? null,
     billing_added_p50_ms_2000: at2k(tropa) && at2k(nobill) ? at2k(tropa)!.p50 - at2k(nobill)!.p50 : null,
     billing_added_p99_ms_2000: at2k(tropa) && at2k(nobill) ? at2k(tropa)!.p99 - at2k(nobill)!.p99 : null,
@@ -212,6 +217,8 @@ export function headline(r: Omit<BenchReport, 'headline' | 'targets'>): Record<s
     shared_added_p50_ms_2000: at2k(shared)?.p50 ?? null,
     shared_over_embedded_added_p50_2000: ratio(at2k(shared)?.p50, at2k(tropa)?.p50),
     shared_max_rps: shared?.maxHeldRps ?? null,
+    shared_over_embedded_max_rps: ratio(shared?.maxHeldRps, tropa?.maxHeldRps),
+    shared_over_embedded_wrk_rps: ratio(shared?.wrk?.rps, tropa?.wrk?.rps),
     shared_wrk_rps: shared?.wrk?.rps ?? null,
     noise_added_p50_ms_2000: rep.noise && direct ? (addedAt(rep.noise, direct, 2000)?.p50 ?? null) : null,
     // Direct's two concurrent groups: an A/A comparison.
@@ -312,6 +319,75 @@ export function checkTargets(h: Record<string, number | null>): TargetCheck[] {
       'PostgreSQL + Redis added p50 under 2x the embedded default (2,000 RPS)',
       sharedRatio === null ? 'n/a' : `${f(sharedRatio)}x (+${f(v('shared_added_p50_ms_2000'))} ms)`,
       sharedRatio === null ? null : sharedRatio < 2,
+    ),
+    ...issue24Targets(h),
+  ]
+}
+
+/**
+ * Issue #24's targets, as ratios of this run (the issue judges the median of three runs:
+ * `bun bench/run.ts --median a.json b.json c.json`). Resident memory at start is measured by
+ * `bench/stream-memory.ts` (a fresh process before any request), not here.
+ */
+export function issue24Targets(h: Record<string, number | null>): TargetCheck[] {
+  const v = (k: string): number | null => h[k] ?? null
+  const pct = (x: number) => `${(x * 100).toFixed(0)}%`
+  const at = (
+    k: string,
+    bound: number,
+    target: string,
+    ge: boolean,
+    show: (x: number) => string,
+  ): TargetCheck => {
+    const x = v(k)
+    return {
+      target,
+      value: x === null ? 'n/a' : show(x),
+      met: x === null ? null : ge ? x >= bound : x <= bound,
+    }
+  }
+  const gapT = v('tropa_gap_added_p99_us')
+  const gapB = v('bare_gap_added_p99_us')
+  const gap = gapT !== null && gapB !== null && gapB > 0 ? gapT / gapB : null
+  return [
+    at(
+      'tropa_over_bare_max_rps',
+      0.9,
+      "#24: highest rate held >= 90% of the bare proxy's",
+      true,
+      (x) => `${pct(x)} (${int(v('tropa_max_rps') ?? 0)} vs ${int(v('bare_max_rps') ?? 0)} RPS)`,
+    ),
+    at('tropa_over_bare_wrk_rps', 0.75, "#24: wrk raw >= 75% of the bare proxy's", true, pct),
+    at(
+      'tropa_over_bare_added_p99_2000',
+      3,
+      "#24: added p99 at 2,000 RPS <= 3x the bare proxy's",
+      false,
+      (x) => `${x.toFixed(2)}x`,
+    ),
+    {
+      target: "#24: streams' added inter-token p99 <= 1.2x the bare proxy's (stamped gaps)",
+      value:
+        gap === null
+          ? 'n/a'
+          : `${gap.toFixed(2)}x (${gapT!.toFixed(0)} against ${gapB!.toFixed(0)} us; straight to the fleet ${(v('direct_gap_added_p99_us') ?? 0).toFixed(0)} us)`,
+      met: gap === null ? null : gap <= 1.2,
+    },
+    at(
+      'tropa_over_bare_kib_per_stream',
+      1.5,
+      "#24: memory per open stream <= 1.5x the bare proxy's",
+      false,
+      (x) =>
+        `${x.toFixed(2)}x (${(v('tropa_kib_per_stream_at_max') ?? 0).toFixed(1)} against ${(v('bare_kib_per_stream_at_max') ?? 0).toFixed(1)} KiB)`,
+    ),
+    at(
+      'shared_over_embedded_max_rps',
+      0.75,
+      "#24: PostgreSQL + Redis holds >= 75% of the embedded default's rate",
+      true,
+      (x) =>
+        `${pct(x)} (${int(v('shared_max_rps') ?? 0)} vs ${int(v('tropa_max_rps') ?? 0)} RPS; wrk ${v('shared_over_embedded_wrk_rps') === null ? 'n/a' : pct(v('shared_over_embedded_wrk_rps')!)})`,
     ),
   ]
 }

@@ -39,7 +39,8 @@ const HELP = `bun bench/run.ts [--quick] [--only direct,bare,tropa,tropa-nobill,
   --only      a subset of the contestants (direct is always run: it is the floor)
   --json      where to write the JSON summary (default .bench/results/bench-<time>.json)
   --build     compile the working tree into the run directory instead of using dist/tropa
-  --render    print the tables of a saved JSON summary (no run)`
+  --render    print the tables of a saved JSON summary (no run)
+  --median    with saved JSON summaries as arguments: each target on the median of their figures (no run)`
 
 const REEXEC = 'BENCH_REEXEC'
 const NOT_RUN = 'not run (Tropa not selected)'
@@ -84,8 +85,34 @@ function gitCommit(): string {
   return dirty.stdout.toString().trim().length > 0 ? `${commit} (src/ has uncommitted changes)` : commit
 }
 
+/**
+ * The targets on the median of several saved runs' figures (each headline figure's median over
+ * the runs that have it), with every run's own value beside it.
+ */
+function medianOfRuns(files: string[]): string {
+  if (files.length === 0) throw new Error('--median needs saved JSON summaries')
+  const heads = files.map((f) => headline(JSON.parse(readFileSync(f, 'utf8')) as BenchReport))
+  const mid: Record<string, number | null> = {}
+  for (const k of Object.keys(heads[0]!)) {
+    const xs = heads.map((h) => h[k]).filter((x): x is number => typeof x === 'number')
+    mid[k] = xs.length ? median(xs) : null
+  }
+  const each = heads.map((h) => checkTargets(h))
+  const rows = checkTargets(mid).map((t, i) => [
+    t.target,
+    ...each.map((c) => c[i]!.value),
+    t.value,
+    t.met === null ? 'n/a' : t.met ? 'yes' : 'no',
+  ])
+  const head = ['target', ...files.map((_, i) => `run ${i + 1}`), `median of ${files.length}`, 'met']
+  const line = (cells: string[]) => `| ${cells.join(' | ')} |`
+  return [`Runs: ${files.join(', ')}`, '', line(head), line(head.map(() => '---')), ...rows.map(line)].join(
+    '\n',
+  )
+}
+
 async function main(): Promise<void> {
-  const { values } = parseArgs({
+  const { values, positionals } = parseArgs({
     args: process.argv.slice(2),
     options: {
       quick: { type: 'boolean' },
@@ -93,11 +120,14 @@ async function main(): Promise<void> {
       json: { type: 'string' },
       build: { type: 'boolean' },
       render: { type: 'string' },
+      median: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
+    allowPositionals: true,
   })
   if (values.help) return void console.log(HELP)
+  if (values.median) return void console.log(medianOfRuns(positionals))
   if (values.render) {
     // Headline and targets are recomputed, so a report re-renders with the current rules.
     const saved = JSON.parse(readFileSync(values.render, 'utf8')) as BenchReport
