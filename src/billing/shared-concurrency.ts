@@ -124,10 +124,12 @@ export class SharedConcurrency implements ConcurrencyLimiter {
       this.pending.set(member, set)
       let verdict: string
       try {
-        verdict = await this.scripts.run(
-          'ACQUIRE',
-          [set, this.alive],
-          [String(key.maxConcurrency ?? 0), member, this.alivePrefix, String(SET_TTL_MS)],
+        verdict = String(
+          await this.scripts.inTurn(
+            'ACQUIRE',
+            [set, this.alive],
+            [String(key.maxConcurrency ?? 0), member, this.alivePrefix, String(SET_TTL_MS)],
+          ),
         )
       } catch {
         this.pending.delete(member)

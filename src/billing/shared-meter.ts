@@ -53,65 +53,34 @@ end
 // A budget room counts down from zero: it is -(charges admitted in its period + holds), so the
 // scripts that give holds back add to it as to any room, and the budget itself (which PATCH may
 // change) is not in Redis: a request may hold only if -room <= budget - amount.
-const RESERVE_FN = `${LESS}
+const RESERVE = `${LESS}
 local function neg(a)
   if a:sub(1, 1) == '-' then return a:sub(2) end
   if a == '0' then return a end
   return '-' .. a
 end
--- rooms: key room, org room, then the budget rooms; maxes: what each budget room may hold before this.
-local function reserve(held, rooms, amount, limited, id, maxes)
-  local k = redis.call('GET', rooms[1])
-  if not k then return 'MISS_KEY' end
-  if limited == '1' and less(k, amount) then return 'KEY' end
-  for i = 3, #rooms do
-    local b = redis.call('GET', rooms[i])
-    if not b then return 'MISS_B' .. (i - 2) end
-    if less(maxes[i - 2], neg(b)) then return 'B' .. (i - 2) end
-  end
-  local o = redis.call('GET', rooms[2])
-  if not o then return 'MISS_ORG' end
-  if less(o, amount) then return 'ORG' end
-  local hold = amount
-  for i = 1, #rooms do
-    redis.call('DECRBY', rooms[i], amount)
-    hold = hold .. ' ' .. rooms[i]
-  end
-  redis.call('HSET', held, id, hold)
-  return 'OK'
-end
-`
-
-const RESERVE = `${RESERVE_FN}
 if redis.call('EXISTS', KEYS[4]) == 0 then return 'ALIVE' end
-local rooms = {KEYS[1], KEYS[2]}
-local maxes = {}
+local amount = ARGV[1]
+local k = redis.call('GET', KEYS[1])
+if not k then return 'MISS_KEY' end
+if ARGV[2] == '1' and less(k, amount) then return 'KEY' end
 for i = 5, #KEYS do
-  rooms[#rooms + 1] = KEYS[i]
-  maxes[#maxes + 1] = ARGV[i - 1]
+  local b = redis.call('GET', KEYS[i])
+  if not b then return 'MISS_B' .. (i - 4) end
+  if less(ARGV[i - 1], neg(b)) then return 'B' .. (i - 4) end
 end
-return reserve(KEYS[3], rooms, ARGV[1], ARGV[2], ARGV[3], maxes)
-`
-
-// Many reservations in one call (those that reached this node in one turn of its event loop),
-// each checked and taken in order exactly as RESERVE would. KEYS: this node's holds, its heartbeat,
-// then each reservation's rooms. ARGV: for each, the number of its rooms, amount, limited, hold id,
-// then what each of its budget rooms may hold. Returns a verdict per reservation.
-const RESERVE_MANY = `${RESERVE_FN}
-local out = {}
-local alive = redis.call('EXISTS', KEYS[2]) == 1
-local k, a = 3, 1
-while a <= #ARGV do
-  local n = tonumber(ARGV[a])
-  local amount, limited, id = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  a = a + 4
-  local rooms, maxes = {}, {}
-  for i = 1, n do rooms[i] = KEYS[k]; k = k + 1 end
-  for i = 3, n do maxes[#maxes + 1] = ARGV[a]; a = a + 1 end
-  if alive then out[#out + 1] = reserve(KEYS[1], rooms, amount, limited, id, maxes)
-  else out[#out + 1] = 'ALIVE' end
+local o = redis.call('GET', KEYS[2])
+if not o then return 'MISS_ORG' end
+if less(o, amount) then return 'ORG' end
+local hold = amount .. ' ' .. KEYS[1] .. ' ' .. KEYS[2]
+redis.call('DECRBY', KEYS[1], amount)
+redis.call('DECRBY', KEYS[2], amount)
+for i = 5, #KEYS do
+  redis.call('DECRBY', KEYS[i], amount)
+  hold = hold .. ' ' .. KEYS[i]
 end
-return out
+redis.call('HSET', KEYS[3], ARGV[3], hold)
+return 'OK'
 `
 
 // What rooms hold now, and every hold of every node (the caller sums them: Lua numbers are
@@ -131,40 +100,18 @@ return {rooms, holds}
 // if the hold is still listed (amount - charged), what to take if it is not (-charged: a sweep
 // already gave the whole hold back, or Redis lost it and the rooms were rebuilt without it), and
 // '1' to have the rooms' values after it returned (for alerts; '' for a missing room).
-const SETTLE_FN = `
-local function settle(held, rooms, id, back, take)
-  local d = take
-  if redis.call('HDEL', held, id) == 1 then d = back end
-  if d ~= '0' then
-    for i = 1, #rooms do
-      if redis.call('EXISTS', rooms[i]) == 1 then redis.call('INCRBY', rooms[i], d) end
-    end
+const SETTLE = `
+local d = ARGV[3]
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then d = ARGV[2] end
+if d ~= '0' then
+  for i = 2, #KEYS do
+    if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], d) end
   end
 end
-`
-
-const SETTLE = `${SETTLE_FN}
-local rooms = {}
-for i = 2, #KEYS do rooms[i - 1] = KEYS[i] end
-settle(KEYS[1], rooms, ARGV[1], ARGV[2], ARGV[3])
 if ARGV[4] == '1' then
-  local after = {}
-  for i = 1, #rooms do after[i] = redis.call('GET', rooms[i]) or '' end
-  return after
-end
-return 0
-`
-
-// Many settlements in one call, in order, each as SETTLE. KEYS: this node's holds, then each
-// settlement's rooms. ARGV: for each, the number of its rooms, hold id, back, take.
-const SETTLE_MANY = `${SETTLE_FN}
-local k, a = 2, 1
-while a <= #ARGV do
-  local n = tonumber(ARGV[a])
   local rooms = {}
-  for i = 1, n do rooms[i] = KEYS[k]; k = k + 1 end
-  settle(KEYS[1], rooms, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
-  a = a + 4
+  for i = 2, #KEYS do rooms[i - 1] = redis.call('GET', KEYS[i]) or '' end
+  return rooms
 end
 return 0
 `
@@ -257,19 +204,7 @@ const MAX_BOUND = 1n << 80n
 /** How long a budget room outlives its period: holds admitted in it still settle into it meanwhile. */
 const BUDGET_ROOM_GRACE_MS = 3_600_000
 
-/** At most this many reservations (or settlements) in one script call. */
-const TURN_SLICE = 128
-
-interface TurnReserve {
-  /** Key room, org room, budget rooms. */
-  readonly rooms: string[]
-  /** Amount, limited, hold id, what each budget room may hold. */
-  readonly args: string[]
-  readonly done: (verdict: string) => void
-  readonly fail: (err: unknown) => void
-}
-
-const SCRIPTS = { RESERVE, RESERVE_MANY, SETTLE, SETTLE_MANY, HEARTBEAT, RELIST, SWEEP, REBUILD, STANDING }
+const SCRIPTS = { RESERVE, SETTLE, HEARTBEAT, RELIST, SWEEP, REBUILD, STANDING }
 type ScriptName = keyof typeof SCRIPTS
 
 export interface SharedMeterOptions {
@@ -310,14 +245,6 @@ export class SharedMeter implements MoneyMeter {
   /** Settlements Redis did not take (it was unreachable): sent again, in order, when it is back. */
   private readonly unsent: { keys: string[]; args: string[] }[] = []
   private seq = 0
-  /**
-   * The reservations and settlements that reached this node in one turn of its event loop: sent
-   * together at its end, one script call for each kind (a round trip to Redis costs the loop
-   * about 15 us of CPU, more than the rest of the money path). Settlements go first, in order.
-   */
-  private turnReserves: TurnReserve[] = []
-  private turnSettles: { keys: string[]; args: string[] }[] = []
-  private turnQueued = false
   /** Rooms being rebuilt, so that the requests which found one missing together rebuild it once. */
   private readonly rebuilding = new Map<string, Promise<void>>()
   private timer: ReturnType<typeof setInterval> | undefined
@@ -390,16 +317,14 @@ export class SharedMeter implements MoneyMeter {
     for (let attempt = 0; attempt < 6; attempt++) {
       let verdict: string
       try {
+        const keys = budgetRooms
+          ? [...rooms, this.held, this.alive, ...budgetRooms]
+          : [...rooms, this.held, this.alive]
+        // The first try goes with the other reservations and settlements of this turn, in one call.
         verdict =
           attempt === 0
-            ? await this.reserveInTurn(budgetRooms ? [...rooms, ...budgetRooms] : rooms, args)
-            : await this.run(
-                'RESERVE',
-                budgetRooms
-                  ? [...rooms, this.held, this.alive, ...budgetRooms]
-                  : [...rooms, this.held, this.alive],
-                args,
-              )
+            ? String(await this.scripts.inTurn('RESERVE', keys, args))
+            : await this.run('RESERVE', keys, args)
       } catch {
         throw new SharedStateUnavailable()
       }
@@ -541,7 +466,8 @@ export class SharedMeter implements MoneyMeter {
   }
 
   /**
-   * One script per settlement: the hold leaves this node's hash and the unused part goes back.
+   * One script per settlement (sent with the others of this turn in one call): the hold leaves
+   * this node's hash and the unused part goes back.
    * When the organization is watched (alerts), the script returns the rooms after it, and the
    * watch gets bounds from them (a settlement Redis missed is not watched: a later one is).
    */
@@ -555,10 +481,9 @@ export class SharedMeter implements MoneyMeter {
     if (r.budgetRooms) keys.push(...r.budgetRooms)
     const args = [r.hold, (r.amountNano - charged).toString(), (-charged).toString()]
     if (this.unsent.length > 0) this.unsent.push({ keys, args })
-    else if (!watched) {
-      this.turnSettles.push({ keys, args })
-      this.queueTurn()
-    } else
+    else if (!watched)
+      void this.scripts.inTurn('SETTLE', keys, args).catch(() => this.unsent.push({ keys, args }))
+    else
       void this.scripts.reply('SETTLE', keys, [...args, '1']).then(
         (rooms) => this.watched(r, rooms),
         () => this.unsent.push({ keys, args }),
@@ -603,71 +528,6 @@ export class SharedMeter implements MoneyMeter {
         return { keySpentNano: s.spentNano.get(key.id) ?? 0n, balanceNano: s.balanceNano }
       },
     })
-  }
-
-  /** A reservation's first try, sent with the others of this turn. `rooms`: key, org, budgets. */
-  private reserveInTurn(rooms: string[], args: string[]): Promise<string> {
-    return new Promise<string>((done, fail) => {
-      this.turnReserves.push({ rooms, args, done, fail })
-      this.queueTurn()
-    })
-  }
-
-  private queueTurn() {
-    if (this.turnQueued) return
-    this.turnQueued = true
-    setImmediate(this.sendTurn)
-  }
-
-  /** Sends this turn's settlements, then its reservations: one script call each (in slices). */
-  private readonly sendTurn = () => {
-    this.turnQueued = false
-    const settles = this.turnSettles
-    const reserves = this.turnReserves
-    this.turnSettles = []
-    this.turnReserves = []
-    for (let i = 0; i < settles.length; i += TURN_SLICE) this.sendSettles(settles.slice(i, i + TURN_SLICE))
-    for (let i = 0; i < reserves.length; i += TURN_SLICE) this.sendReserves(reserves.slice(i, i + TURN_SLICE))
-  }
-
-  private sendSettles(settles: { keys: string[]; args: string[] }[]) {
-    const missed = () => this.unsent.push(...settles)
-    if (settles.length === 1) return void this.run('SETTLE', settles[0]!.keys, settles[0]!.args).catch(missed)
-    const keys = [this.held]
-    const args: string[] = []
-    for (const s of settles) {
-      // keys: [held, ...rooms]; args: [hold, back, take]
-      keys.push(...s.keys.slice(1))
-      args.push(String(s.keys.length - 1), ...s.args)
-    }
-    void this.run('SETTLE_MANY', keys, args).catch(missed)
-  }
-
-  private sendReserves(reserves: TurnReserve[]) {
-    if (reserves.length === 1) {
-      const r = reserves[0]!
-      const [key, org, ...budgets] = r.rooms
-      return void this.run('RESERVE', [key!, org!, this.held, this.alive, ...budgets], r.args).then(
-        r.done,
-        r.fail,
-      )
-    }
-    const keys = [this.held, this.alive]
-    const args: string[] = []
-    for (const r of reserves) {
-      keys.push(...r.rooms)
-      args.push(String(r.rooms.length), ...r.args)
-    }
-    this.scripts.reply('RESERVE_MANY', keys, args).then(
-      (verdicts) => {
-        reserves.forEach((r, i) => {
-          r.done(String((verdicts as unknown[])[i]))
-        })
-      },
-      (err) => {
-        for (const r of reserves) r.fail(err)
-      },
-    )
   }
 
   /** Adds to a room only if it exists (a missing room is rebuilt from the record anyway). */
@@ -825,7 +685,7 @@ export class SharedMeter implements MoneyMeter {
 
   /** Stops the heartbeat; holds still listed are given back by the next sweep of another node. */
   close(): void {
-    this.sendTurn()
+    this.scripts.sendTurn()
     if (this.timer) clearInterval(this.timer)
     this.timer = undefined
     const redis = this.redis

@@ -110,7 +110,8 @@ export class SharedRateLimiter implements RateLimiter {
     let verdict: string
     try {
       this.scripts.poke()
-      verdict = await this.scripts.run('ADMIT', keys, args)
+      // Sent with the turn's other scripts (reservations, settlements of this node) in one call.
+      verdict = String(await this.scripts.inTurn('ADMIT', keys, args))
     } catch {
       throw new SharedStateUnavailable()
     }
@@ -128,10 +129,11 @@ export class SharedRateLimiter implements RateLimiter {
       .filter((b) => b.tpm !== null)
       .map((b) => this.hash(b.id, startMs))
     if (keys.length === 0) return
-    void this.scripts.run('USED', keys, [String(completionTokens), String(2 * WINDOW_MS)]).catch(() => {})
+    void this.scripts.inTurn('USED', keys, [String(completionTokens), String(2 * WINDOW_MS)]).catch(() => {})
   }
 
   close(): void {
+    this.scripts.sendTurn()
     this.scripts.redis.close()
   }
 }

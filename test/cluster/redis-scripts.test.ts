@@ -29,3 +29,55 @@ test('a script used for the first time is not overtaken by a later call of a scr
     scripts.redis.close()
   }
 })
+
+test("one turn's calls go in one script call, each as alone, in the order called", async () => {
+  const url = process.env.TROPA_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379'
+  const tag = `${process.pid}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`
+  const key = `tropa-test-turn:${tag}`
+  const scripts = new RedisScripts(url, {
+    // Appends ARGV[1] to the list and returns its length.
+    PUSH: `-- ${tag}\nreturn redis.call('RPUSH', KEYS[1], ARGV[1])`,
+    // Raises an error after writing: the other calls of the turn still run.
+    FAIL: `-- ${tag}\nredis.call('RPUSH', KEYS[1], 'before-failure')\nreturn redis.call('INCR', KEYS[2])`,
+    NOTHING: `-- ${tag}\nreturn nil`,
+    LIST: `-- ${tag}\nreturn redis.call('LRANGE', KEYS[1], 0, -1)`,
+  })
+  try {
+    await scripts.redis.connect()
+    await scripts.redis.send('SET', [`${key}:text`, 'not a number'])
+    const sent: string[] = []
+    const send = scripts.redis.send.bind(scripts.redis)
+    scripts.redis.send = (cmd: string, args: string[]) => {
+      sent.push(cmd)
+      return send(cmd, args)
+    }
+    const calls = [
+      scripts.inTurn('PUSH', [key], ['a']),
+      scripts.inTurn('FAIL', [key, `${key}:text`], []).then(
+        () => 'resolved',
+        (err: Error) => err.message,
+      ),
+      scripts.inTurn('NOTHING', [], []),
+      scripts.inTurn('PUSH', [key], ['b']),
+      scripts.inTurn('LIST', [key], []),
+    ]
+    const [a, failed, nothing, b, list] = await Promise.all(calls)
+    expect(sent).toEqual(['EVAL']) // one call, the turn's script sent by its text the first time
+    expect(a).toBe(1)
+    expect(failed).toContain('not an integer')
+    expect(nothing).toBeNull()
+    expect(b).toBe(3)
+    expect(list).toEqual(['a', 'before-failure', 'b'])
+    // 300 calls in one turn: three calls of at most 128, in order; then the text is known.
+    sent.length = 0
+    const many = await Promise.all(
+      Array.from({ length: 300 }, (_, i) => scripts.inTurn('PUSH', [key], [String(i)])),
+    )
+    expect(many).toEqual(Array.from({ length: 300 }, (_, i) => 4 + i))
+    expect(sent).toEqual(['EVALSHA', 'EVALSHA', 'EVALSHA'])
+    scripts.redis.send = send
+  } finally {
+    await scripts.redis.send('DEL', [key, `${key}:text`])
+    scripts.redis.close()
+  }
+})
