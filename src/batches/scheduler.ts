@@ -26,6 +26,12 @@ export interface BatchSettings {
   /** Share of each node's max_concurrency batch lines leave free on a node with no interactive traffic. */
   readonly interactiveReserve: number
   /**
+   * Slots of every node batch lines leave free whatever the shares say (at least one line still
+   * runs on a node of one slot): an interactive request arriving at a node full of lines starts
+   * at the engine's next iteration, without waiting for the lines' cancellation to reach it.
+   */
+  readonly reserveSlots: number
+  /**
    * Share of each node's max_concurrency batch lines may keep while interactive traffic is active
    * there; lines beyond it are pre-empted when an interactive request starts on the node.
    */
@@ -537,7 +543,13 @@ export class BatchScheduler {
    */
   private batchCap(c: Candidate, nowMs: number): number {
     const slots = c.route.maxConcurrency
-    const share = Math.max(1, Math.floor(slots * (1 - this.settings.interactiveReserve)))
+    const share = Math.max(
+      1,
+      Math.min(
+        Math.floor(slots * (1 - this.settings.interactiveReserve)),
+        slots - this.settings.reserveSlots,
+      ),
+    )
     const load = this.interactiveLoad(nowMs)
     if (this.packing) {
       // The plan says which nodes are the batch's: one of them fills once its last interactive

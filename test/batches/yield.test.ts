@@ -42,7 +42,10 @@ function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false,
         })),
       },
     ],
-    extra: { batches: { tick_ms: 20, workers: 1, concurrency: 32, quiet_ms: 300, ...batches } },
+    // reserve_slots 0: lines fill every slot of a node (the tests below count them so).
+    extra: {
+      batches: { tick_ms: 20, workers: 1, concurrency: 32, quiet_ms: 300, reserve_slots: 0, ...batches },
+    },
   })
 }
 
@@ -158,6 +161,30 @@ describe('interactive requests take nodes back from a running batch', () => {
     expect(served.filter((n) => n === t.nodes[home]!.name)).toHaveLength(streams[home]!)
     // Meanwhile the other node kept running batch lines.
     expect(t.nodes[other]!.stats().running).toBeGreaterThan(0)
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+  }, 60_000)
+})
+
+describe('batches.reserve_slots', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    // The default (undefined is left out of the config): one slot of every node kept free.
+    t = await start({}, false, { reserve_slots: undefined })
+  })
+  afterAll(() => t.stop())
+
+  test('by default lines leave one slot of every node free, and an interactive request takes it', async () => {
+    const client = t.client()
+    const batch = await startBatch(client, 200)
+    await until(() => running(t.nodes) === 2 * (SEQS - 1))
+    // As lines end and others take their slots, no node ever runs more than SEQS - 1.
+    for (let i = 0; i < 40; i++) {
+      expect(t.nodes.every((x) => x.stats().running <= SEQS - 1)).toBe(true)
+      await Bun.sleep(10)
+    }
+    const a = await interactive(t, 500)
+    expect(a).toMatchObject({ status: 200, done: true })
     await client.batches.cancel(batch.id)
     await finished(client, batch.id)
   }, 60_000)
