@@ -4,13 +4,14 @@
 // refusals side by side; the batch's throughput in the valleys and the peaks of a bursty load,
 // and on an idle fleet against interactive saturation. Issue #25's targets are checked at the end.
 //   bun bench/batch-yield.ts [--seconds 20] [--seed 1] [--reps 2] [--priority] [--quick] [--json FILE]
-//     [--aa] [--pack-share X] [--quiet-load X] [--fill-load X] [--reserve X] [--only NAME[,NAME]]
+//     [--aa] [--pack-share X] [--quiet-load X] [--fill-load X] [--reserve X] [--reserve-slots N]
+//     [--only NAME[,NAME]]
 // --only: the scenarios whose names contain one of these (50%, 80%, bursts); the valley and
 // peak targets are checked only when the bursts run.
 // --aa: an A/A pass, the "with" runs started with no batch either: the ratios it prints are the
 // bench's own noise floor for the same seed and length. --pack-share/--quiet-load/--fill-load set
 // batches.pack_share/quiet_load/fill_load (0 turns packing off: the behaviour before it);
-// --reserve sets batches.interactive_reserve.
+// --reserve and --reserve-slots set batches.interactive_reserve and reserve_slots.
 // Each scenario runs `reps` pairs in ABBA order (without, with, with, without, ...), every pair
 // on its own seeded arrivals, the samples of each condition pooled: a drift of the machine over
 // the run (a warming cache, another process) then weighs on both sides alike.
@@ -38,6 +39,7 @@ const { values } = parseArgs({
     'quiet-load': { type: 'string' },
     'fill-load': { type: 'string' },
     reserve: { type: 'string' },
+    'reserve-slots': { type: 'string' },
     only: { type: 'string' },
     help: { type: 'boolean' },
   },
@@ -50,8 +52,8 @@ if (values.help) {
   --quick          a short smoke run
   --aa             A/A: no batch on either side (the noise floor)
   --priority       nodes marked for vLLM priority scheduling
-  --pack-share X, --quiet-load X, --fill-load X, --reserve X   batches.pack_share, quiet_load,
-                   fill_load, interactive_reserve
+  --pack-share X, --quiet-load X, --fill-load X, --reserve X, --reserve-slots N
+                   batches.pack_share, quiet_load, fill_load, interactive_reserve, reserve_slots
   --only LIST      scenarios whose names contain one of these (comma-separated: 50%,80%,bursts)
   --json FILE      the report as JSON`)
   process.exit(0)
@@ -75,6 +77,7 @@ const batchOptions = {
   ...(values['quiet-load'] !== undefined && { quiet_load: Number(values['quiet-load']) }),
   ...(values['fill-load'] !== undefined && { fill_load: Number(values['fill-load']) }),
   ...(values.reserve !== undefined && { interactive_reserve: Number(values.reserve) }),
+  ...(values['reserve-slots'] !== undefined && { reserve_slots: Number(values['reserve-slots']) }),
 }
 
 const node = (i: number): SimNodeOptions => ({
