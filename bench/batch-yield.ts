@@ -4,10 +4,14 @@
 // refusals side by side; the batch's throughput in the valleys and the peaks of a bursty load,
 // and on an idle fleet against interactive saturation. Issue #25's targets are checked at the end.
 //   bun bench/batch-yield.ts [--seconds 20] [--seed 1] [--reps 2] [--priority] [--quick] [--json FILE]
-//     [--aa] [--pack-share X] [--quiet-load X] [--fill-load X]
+//     [--aa] [--pack-share X] [--quiet-load X] [--fill-load X] [--reserve X] [--reserve-slots N]
+//     [--only NAME[,NAME]]
+// --only: the scenarios whose names contain one of these (50%, 80%, bursts); the valley and
+// peak targets are checked only when the bursts run.
 // --aa: an A/A pass, the "with" runs started with no batch either: the ratios it prints are the
 // bench's own noise floor for the same seed and length. --pack-share/--quiet-load/--fill-load set
-// batches.pack_share/quiet_load/fill_load (0 turns packing off: the behaviour before it).
+// batches.pack_share/quiet_load/fill_load (0 turns packing off: the behaviour before it);
+// --reserve and --reserve-slots set batches.interactive_reserve and reserve_slots.
 // Each scenario runs `reps` pairs in ABBA order (without, with, with, without, ...), every pair
 // on its own seeded arrivals, the samples of each condition pooled: a drift of the machine over
 // the run (a warming cache, another process) then weighs on both sides alike.
@@ -34,8 +38,27 @@ const { values } = parseArgs({
     'pack-share': { type: 'string' },
     'quiet-load': { type: 'string' },
     'fill-load': { type: 'string' },
+    reserve: { type: 'string' },
+    'reserve-slots': { type: 'string' },
+    only: { type: 'string' },
+    help: { type: 'boolean' },
   },
 })
+if (values.help) {
+  console.log(`bun bench/batch-yield.ts [options]
+  --seconds N      length of a 50% or 80% run (default 20; bursts are 10 s phases)
+  --seed N         arrivals' seed (default 1)
+  --reps N         ABBA pairs per scenario (default 2)
+  --quick          a short smoke run
+  --aa             A/A: no batch on either side (the noise floor)
+  --priority       nodes marked for vLLM priority scheduling
+  --pack-share X, --quiet-load X, --fill-load X, --reserve X, --reserve-slots N
+                   batches.pack_share, quiet_load, fill_load, interactive_reserve, reserve_slots
+  --only LIST      scenarios whose names contain one of these (comma-separated: 50%,80%,bursts)
+  --json FILE      the report as JSON`)
+  process.exit(0)
+}
+const ONLY = values.only?.split(',').filter((x) => x.length > 0)
 const QUICK = values.quick === true
 const SECONDS = Number(values.seconds ?? (QUICK ? 4 : 20))
 const SEED = Number(values.seed ?? 1)
@@ -53,6 +76,8 @@ const batchOptions = {
   ...(values['pack-share'] !== undefined && { pack_share: Number(values['pack-share']) }),
   ...(values['quiet-load'] !== undefined && { quiet_load: Number(values['quiet-load']) }),
   ...(values['fill-load'] !== undefined && { fill_load: Number(values['fill-load']) }),
+  ...(values.reserve !== undefined && { interactive_reserve: Number(values.reserve) }),
+  ...(values['reserve-slots'] !== undefined && { reserve_slots: Number(values['reserve-slots']) }),
 }
 
 const node = (i: number): SimNodeOptions => ({
@@ -116,6 +141,8 @@ const key = (await jsonCall(router.url, '/v1/keys', org.master_key as string, { 
 const auth = { authorization: `Bearer ${key}` }
 
 interface Sample {
+  /** When it was sent, ms after its run's open loop started. */
+  atMs?: number
   ttftMs: number | undefined
   gapsMs: number[]
   status: number
@@ -211,7 +238,8 @@ async function openLoop(phases: readonly Phase[], capacity: number, seed: number
       const wait = t0 + at - performance.now()
       if (wait > 1) await Bun.sleep(wait)
       const phase = p.name
-      samples.push(streamed(i++).then((s) => ({ ...s, phase })))
+      const atMs = performance.now() - t0
+      samples.push(streamed(i++).then((s) => ({ ...s, phase, atMs })))
     }
     at = end
   }
@@ -411,7 +439,7 @@ export interface BatchYieldReport {
     rates: Record<string, number>
     load: Record<string, number>
     /** Each ABBA pair's own ratios with / without (the spread within the run). */
-    pairs: { ttftP50: number; ttftP99: number; itlP99: number }[]
+    pairs: { ttftP50: number; ttftP99: number; itlP99: number; lateTtftP99: number; lateItlP99: number }[]
     /** Nodes the packing plan gave the batch per phase, with a batch (mean of the router's gauge). */
     held: Record<string, number>
     early: boolean
@@ -460,6 +488,7 @@ try {
   ]
   const results = []
   for (const s of scenarios) {
+    if (ONLY && !ONLY.some((o) => s.name.includes(o))) continue
     const pooled = {
       without: [] as (Sample & { phase: string })[],
       with: [] as (Sample & { phase: string })[],
@@ -467,16 +496,26 @@ try {
     const lines = new Map<string, { lines: number; seconds: number }>()
     const loadWithout = new Map<string, number[]>()
     const heldWith = new Map<string, number[]>()
-    const pairs: { ttftP50: number; ttftP99: number; itlP99: number }[] = []
+    const pairs: {
+      ttftP50: number
+      ttftP99: number
+      itlP99: number
+      lateTtftP99: number
+      lateItlP99: number
+    }[] = []
     let early = false
     for (let rep = 0; rep < REPS; rep++) {
       // ABBA: even pairs run without the batch first, odd pairs with it first.
       const order = rep % 2 === 0 ? [false, true] : [true, false]
-      const pair: { with?: Figures; without?: Figures } = {}
+      const pair: { with?: Figures; without?: Figures; withLate?: Figures; withoutLate?: Figures } = {}
       for (const withBatch of order) {
         const run = await scenario(s.name, s.phases, capacity, withBatch, rep)
         pooled[withBatch ? 'with' : 'without'].push(...run.samples)
         pair[withBatch ? 'with' : 'without'] = figures(run.samples)
+        // The run past its first 2 s: what the batch's start (a fleet full of lines) leaves out.
+        pair[withBatch ? 'withLate' : 'withoutLate'] = figures(
+          run.samples.filter((x) => (x.atMs ?? 0) >= 2000),
+        )
         if (!withBatch) {
           for (const [ph, xs] of run.load) loadWithout.set(ph, [...(loadWithout.get(ph) ?? []), ...xs])
           continue
@@ -494,6 +533,8 @@ try {
         ttftP50: pair.with!.ttftP50 / pair.without!.ttftP50,
         ttftP99: pair.with!.ttftP99 / pair.without!.ttftP99,
         itlP99: pair.with!.itlP99 / pair.without!.itlP99,
+        lateTtftP99: pair.withLate!.ttftP99 / pair.withoutLate!.ttftP99,
+        lateItlP99: pair.withLate!.itlP99 / pair.withoutLate!.itlP99,
       })
     }
     const phaseNames = [...new Set(s.phases.map((p) => p.name))]
@@ -529,6 +570,7 @@ try {
         with: result.with,
         phases: result.phases,
         batchRates: result.rates,
+        pairs: result.pairs,
       }),
     )
   }
@@ -559,16 +601,18 @@ try {
     if (r.early)
       checks.push({ what: `${r.name}: the batch ran the whole time`, value: 0, target: 'yes', met: false })
   }
-  const bursts = results.find((r) => r.name.startsWith('bursts'))!
-  const valley = (bursts.rates.valley ?? 0) / idleRate
-  const peak = (bursts.rates.peak ?? 0) / idleRate
-  checks.push({
-    what: 'batch rate in valleys / idle rate',
-    value: valley,
-    target: '>= 0.80',
-    met: valley >= 0.8,
-  })
-  checks.push({ what: 'batch rate in peaks / idle rate', value: peak, target: '<= 0.10', met: peak <= 0.1 })
+  const bursts = results.find((r) => r.name.startsWith('bursts'))
+  if (bursts) {
+    const valley = (bursts.rates.valley ?? 0) / idleRate
+    const peak = (bursts.rates.peak ?? 0) / idleRate
+    checks.push({
+      what: 'batch rate in valleys / idle rate',
+      value: valley,
+      target: '>= 0.80',
+      met: valley >= 0.8,
+    })
+    checks.push({ what: 'batch rate in peaks / idle rate', value: peak, target: '<= 0.10', met: peak <= 0.1 })
+  }
   checks.push({
     what: 'idle batch rate / interactive saturation',
     value: idleRate / capacity,
@@ -615,6 +659,12 @@ try {
     console.log('|---|---|---|---|')
     for (const c of checks)
       console.log(`| ${c.what} | ${c.value.toFixed(2)} | ${c.target} | ${c.met ? 'met' : 'MISSED'} |`)
+    console.log('\n| scenario | each pair past its first 2 s: TTFT p99 with / without | inter-token p99 |')
+    console.log('|---|---|---|')
+    for (const r of results)
+      console.log(
+        `| ${r.name} | ${r.pairs.map((p) => p.lateTtftP99.toFixed(2)).join(', ')} | ${r.pairs.map((p) => p.lateItlP99.toFixed(2)).join(', ')} |`,
+      )
   }
 } finally {
   router.proc.kill('SIGKILL')

@@ -26,6 +26,12 @@ export interface BatchSettings {
   /** Share of each node's max_concurrency batch lines leave free on a node with no interactive traffic. */
   readonly interactiveReserve: number
   /**
+   * Slots of every node batch lines leave free whatever the shares say (at least one line still
+   * runs on a node of one slot): an interactive request arriving at a node full of lines starts
+   * at the engine's next iteration, without waiting for the lines' cancellation to reach it.
+   */
+  readonly reserveSlots: number
+  /**
    * Share of each node's max_concurrency batch lines may keep while interactive traffic is active
    * there; lines beyond it are pre-empted when an interactive request starts on the node.
    */
@@ -243,10 +249,7 @@ export class BatchScheduler {
     const now = Math.floor(Date.now() / 1000)
     this.drainQueue() // nodes may have freed up without a batch line ending (interactive traffic left)
     const active = await this.store.batchesInStatus(['validating', 'in_progress', 'cancelling', 'finalizing'])
-    this.pool.batchQuietMs =
-      this.queued.length > 0 || active.some((b) => b.status === 'in_progress')
-        ? this.settings.quietMs
-        : undefined
+    this.wanting = this.queued.length > 0 || active.some((b) => b.status === 'in_progress')
     this.plan(Date.now())
     this.idleSinceMs = active.length === 0 ? this.idleSinceMs || Date.now() : 0
     if (this.idleSinceMs > 0 && Date.now() - this.idleSinceMs >= 1000) this.idleSinceMs = Date.now()
@@ -540,7 +543,13 @@ export class BatchScheduler {
    */
   private batchCap(c: Candidate, nowMs: number): number {
     const slots = c.route.maxConcurrency
-    const share = Math.max(1, Math.floor(slots * (1 - this.settings.interactiveReserve)))
+    const share = Math.max(
+      1,
+      Math.min(
+        Math.floor(slots * (1 - this.settings.interactiveReserve)),
+        slots - this.settings.reserveSlots,
+      ),
+    )
     const load = this.interactiveLoad(nowMs)
     if (this.packing) {
       // The plan says which nodes are the batch's: one of them fills once its last interactive
@@ -591,6 +600,10 @@ export class BatchScheduler {
 
   /** Whether the packing plan decides which nodes are the batch's (see `plan`). */
   private packing = false
+  /** A batch is running or has lines waiting for a node (set every tick). */
+  private wanting = false
+  /** Whether a batch may have a node now (see `plan`): routing prefers to leave it one only then. */
+  private mayHaveNode = false
 
   /**
    * The packing plan, brought up to date at every interactive start and end and every tick. While
@@ -608,11 +621,17 @@ export class BatchScheduler {
   private plan(nowMs: number): void {
     const nodes = this.pool.nodes.values()
     const load = this.interactiveLoad(nowMs)
-    if (
-      this.settings.packShare <= 0 ||
-      this.pool.batchQuietMs === undefined ||
-      load > this.settings.quietLoad
-    ) {
+    // A node can be the batch's only while the fleet's load is at most quietLoad. Over it, a
+    // batch changes nothing for interactive traffic: routing is told of no batch (no node is
+    // priced up to stay free for it), and the lines still running anywhere over what their node
+    // may keep beside interactive traffic are pre-empted now, as the load rises, rather than when
+    // a request lands on their node and waits for their iteration.
+    const may = this.wanting && load <= this.settings.quietLoad
+    this.pool.batchQuietMs = may ? this.settings.quietMs : undefined
+    if (this.mayHaveNode && !may && !this.packing)
+      for (const n of this.pool.nodes.values()) if (n.batchInFlight > 0) this.preemptOn(n)
+    this.mayHaveNode = may
+    if (this.settings.packShare <= 0 || !may) {
       if (!this.packing) return
       this.packing = false
       for (const n of nodes) this.giveBack(n)

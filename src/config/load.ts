@@ -181,6 +181,7 @@ export interface Config {
     readonly concurrency: number
     readonly windowSec: number
     readonly interactiveReserve: number
+    readonly reserveSlots: number
     readonly busyShare: number
     readonly quietMs: number
     readonly fillLoad: number
@@ -473,6 +474,7 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
       concurrency: cfg.batches?.concurrency ?? 64,
       windowSec: cfg.batches?.window_sec ?? 24 * 3600,
       interactiveReserve: cfg.batches?.interactive_reserve ?? 0,
+      reserveSlots: cfg.batches?.reserve_slots ?? 1,
       busyShare: cfg.batches?.busy_share ?? 0,
       quietMs: cfg.batches?.quiet_ms ?? 1000,
       fillLoad: cfg.batches?.fill_load ?? FILL_LOAD,

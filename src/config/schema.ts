@@ -187,6 +187,8 @@ export const BatchesSchema = T.Object(
     window_sec: T.Optional(T.Integer({ minimum: 1 })),
     /** Share of every node's max_concurrency that batch lines leave free on a node with no interactive traffic. */
     interactive_reserve: T.Optional(T.Number({ minimum: 0, maximum: 0.95 })),
+    /** Slots of every node batch lines leave free whatever the shares say (a node of one slot still takes one line). */
+    reserve_slots: T.Optional(T.Integer({ minimum: 0, maximum: 10_000 })),
     /** Share of every node's max_concurrency batch lines may keep while interactive traffic is active there. */
     busy_share: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
     /** A node takes batch lines once no interactive request has been in flight there for this long. */

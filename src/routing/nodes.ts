@@ -20,6 +20,11 @@ export class NodeState {
    * request ended.
    */
   batchHeld = false
+  /**
+   * When batch lines here were last pre-empted: a request sent about then waits for the lines'
+   * engine iteration under way, which says nothing of the node's speed (routing/predicted.ts).
+   */
+  batchPreemptedAtMs = Number.NEGATIVE_INFINITY
   consecutiveFailures = 0
   /** The node answered its last request; until then (and after a failure) it is probed first. */
   answering = false
@@ -129,9 +134,11 @@ export class NodePool {
    */
   onInteractive: ((node: NodeState) => void) | undefined
   /**
-   * Set while a batch is running (its lines want nodes): how long a node must go without
+   * Set while a batch is running (its lines want nodes) and the fleet's interactive load is low
+   * enough for it to have a node (batches/scheduler.ts `plan`): how long a node must go without
    * interactive traffic before batch lines may use it. Interactive requests then prefer nodes
-   * already serving interactive traffic (routing/predicted.ts), so that idle nodes stay free.
+   * already serving interactive traffic (routing/predicted.ts), so that idle nodes stay free;
+   * unset, a batch changes nothing in routing.
    */
   batchQuietMs: number | undefined
   /** Told after an interactive request started or ended on a node (the batch scheduler's packing plan). */
@@ -164,9 +171,10 @@ export class NodePool {
   }
 
   /** A batch line was pre-empted on the node: it leaves with no verdict on the node. */
-  preemptBatch(node: NodeState): void {
+  preemptBatch(node: NodeState, nowMs = Date.now()): void {
     node.batchInFlight--
     node.inFlight--
+    node.batchPreemptedAtMs = nowMs
   }
 
   /** An interactive request left the node before it answered, through no fault of the node (lost hedge, client gone). */

@@ -19,7 +19,10 @@ export interface RouteRequest {
   readonly stream: boolean
   /** Nodes already tried for this request (failover, hedging). */
   readonly exclude: ReadonlySet<Candidate>
-  /** While a batch runs: how long a node must go without interactive traffic to be the batch's (routing/nodes.ts). */
+  /**
+   * While a batch could have a node (one runs and the fleet's interactive load leaves it one):
+   * how long a node must go without interactive traffic to be the batch's (routing/nodes.ts).
+   */
   readonly batchQuietMs?: number | undefined
   readonly nowMs: number
 }

@@ -64,8 +64,10 @@ export interface PredictedTtftOptions {
    */
   readonly maxDecodeShare: number
   /**
-   * While a batch runs, a node that is the batch's (quiet: no interactive request in flight nor
-   * lately, or running batch lines and no interactive request) is priced this much higher:
+   * While a batch could have a node (`RouteRequest.batchQuietMs` set: a batch wants nodes and
+   * the fleet's interactive load leaves it one), a node that is the batch's (quiet: no
+   * interactive request in flight nor lately, or running batch lines and no interactive request)
+   * is priced this much higher:
    * interactive requests stay on nodes already serving interactive traffic unless those would be
    * slower by more than this factor, so that at low load the batch gets whole nodes (taking one
    * back pre-empts its lines).
@@ -77,6 +79,13 @@ export interface PredictedTtftOptions {
    * full or would be this much slower (the plan itself takes a node back as the load rises).
    */
   readonly batchHeldFactor: number
+  /**
+   * A first token on a node whose batch lines were pre-empted up to this long before its request
+   * was sent (or after) teaches no prefill rate: it waited for the lines' engine iteration under
+   * way, not for the node (priced down, the node would lose interactive traffic to the others,
+   * longer decode steps there, for the ~10 s of a dip's recovery).
+   */
+  readonly preemptSettleMs: number
   /**
    * Hedge a streamed request when its first chunk is later than this quantile of observed/predicted
    * TTFT times the prediction (and at least `hedgeMinMs` after it started).
@@ -121,6 +130,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   maxDecodeShare: 0.5,
   batchNodeFactor: 1.1,
   batchHeldFactor: 3,
+  preemptSettleMs: 250,
   hedgeQuantile: 0.95,
   hedgeMinMs: 50,
   hedgeAltShare: 2,
@@ -364,14 +374,17 @@ export class PredictedTtft implements RoutingPolicy {
         const c = pool[i]!
         const cached = withCache ? Math.min(matched[i]! * req.blockTokens, req.promptTokens - 1) : 0
         let t = this.predict(this.model(c.node), req.promptTokens, cached, req.nowMs) / c.route.weight
-        if (c.node.batchHeld) {
+        if (req.batchQuietMs === undefined) {
+          // No batch could have a node now (none runs, or the fleet is too busy for one): a node
+          // running lines is priced as any other (an interactive request there pre-empts them).
+          batchNode[i] = false
+        } else if (c.node.batchHeld) {
           // Held for a batch while interactive load is low (batches.pack_share).
           t *= this.opts.batchHeldFactor
           batchNode[i] = true
         } else if (
           c.node.interactiveInFlight === 0 &&
-          (c.node.batchInFlight > 0 ||
-            (req.batchQuietMs !== undefined && c.node.quiet(req.nowMs, req.batchQuietMs)))
+          (c.node.batchInFlight > 0 || c.node.quiet(req.nowMs, req.batchQuietMs))
         ) {
           t *= this.opts.batchNodeFactor
           batchNode[i] = true
@@ -470,7 +483,9 @@ export class PredictedTtft implements RoutingPolicy {
     // waited for (the queue ahead of it, its own included) over the time they took.
     const decodeMs = this.decodeStepsMs(a.decodingAtStart, m.itlMs)
     const prefillMs = ttft - m.rttMs - decodeMs
+    const afterLines = a.startedAtMs - a.candidate.node.batchPreemptedAtMs <= this.opts.preemptSettleMs
     if (
+      !afterLines &&
       prefillMs > 0 &&
       a.queueAheadTokens >= this.opts.minRateSampleTokens &&
       decodeMs <= this.opts.maxDecodeShare * (ttft - m.rttMs)
@@ -485,7 +500,8 @@ export class PredictedTtft implements RoutingPolicy {
     }
     // A tiny prompt on an idle node measures the network, not the prefill.
     if (a.queueAheadTokens <= own && own <= 64 && a.decodingAtStart === 0) m.observeRtt(ttft, nowMs)
-    if (a.predictedTtftMs !== undefined && a.predictedTtftMs > 0) this.ratio.add(ttft / a.predictedTtftMs)
+    if (!afterLines && a.predictedTtftMs !== undefined && a.predictedTtftMs > 0)
+      this.ratio.add(ttft / a.predictedTtftMs)
   }
 
   ended(

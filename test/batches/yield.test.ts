@@ -42,7 +42,10 @@ function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false,
         })),
       },
     ],
-    extra: { batches: { tick_ms: 20, workers: 1, concurrency: 32, quiet_ms: 300, ...batches } },
+    // reserve_slots 0: lines fill every slot of a node (the tests below count them so).
+    extra: {
+      batches: { tick_ms: 20, workers: 1, concurrency: 32, quiet_ms: 300, reserve_slots: 0, ...batches },
+    },
   })
 }
 
@@ -163,6 +166,30 @@ describe('interactive requests take nodes back from a running batch', () => {
   }, 60_000)
 })
 
+describe('batches.reserve_slots', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    // The default (undefined is left out of the config): one slot of every node kept free.
+    t = await start({}, false, { reserve_slots: undefined })
+  })
+  afterAll(() => t.stop())
+
+  test('by default lines leave one slot of every node free, and an interactive request takes it', async () => {
+    const client = t.client()
+    const batch = await startBatch(client, 200)
+    await until(() => running(t.nodes) === 2 * (SEQS - 1))
+    // As lines end and others take their slots, no node ever runs more than SEQS - 1.
+    for (let i = 0; i < 40; i++) {
+      expect(t.nodes.every((x) => x.stats().running <= SEQS - 1)).toBe(true)
+      await Bun.sleep(10)
+    }
+    const a = await interactive(t, 500)
+    expect(a).toMatchObject({ status: 200, done: true })
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+  }, 60_000)
+})
+
 describe('routes marked priority_scheduling', () => {
   let t: Tropa
   beforeAll(async () => {
@@ -231,6 +258,134 @@ describe('batches.quiet_load: a busy fleet has no quiet node', () => {
     expect(done.text).toContain('data: [DONE]')
     // The stream over and the load fallen: both nodes take lines again.
     await until(() => running(t.nodes) === 2 * SEQS)
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+  }, 60_000)
+
+  test('as the load rises over quiet_load, lines are pre-empted on every node, not only on the one a request lands on', async () => {
+    const client = t.client()
+    const batch = await startBatch(client, 200)
+    await until(() => running(t.nodes) === 2 * SEQS)
+    const abortedBefore = t.nodes.map((x) => x.stats().aborted)
+    const streamsBefore = t.nodes.map((x) => x.stats().streams)
+    // One stream is a load of 1/8, over 0.1: no node can be the batch's while it runs.
+    const res = await t.fetch('/v1/chat/completions', {
+      method: 'POST',
+      body: JSON.stringify({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'rising load' }],
+        max_tokens: 100,
+        stream: true,
+      }),
+    })
+    const text = await res.text()
+    expect(text).toContain('data: [DONE]')
+    const home = t.nodes.findIndex((x, i) => x.stats().streams > streamsBefore[i]!)
+    const other = t.nodes[1 - home]!
+    // The other node, where no interactive request went, had its lines cancelled upstream too
+    // (before, they ran on to their end there).
+    expect(home).toBeGreaterThanOrEqual(0)
+    expect(other.stats().aborted - abortedBefore[1 - home]!).toBeGreaterThan(0)
+    await client.batches.cancel(batch.id)
+    const b = await finished(client, batch.id)
+    expect(b.status).toBe('cancelled')
+    // Pre-empted lines are billed once at most: one ledger row per finished line.
+    const rows = (await usageRows(t)).filter((r) => r.batchId === batch.id)
+    expect(rows).toHaveLength(b.request_counts!.completed)
+  }, 60_000)
+})
+
+describe('a batch that cannot have a node costs interactive routing nothing', () => {
+  let t: Tropa
+  beforeAll(async () => {
+    // Slow prefill: a long prompt's prefill (~0.8 s) dwarfs what one decoding stream adds to a
+    // node's predicted time to first token (~30 ms), so the two nodes are predicted within 10%
+    // of each other, where a batch's 10% (batchNodeFactor) used to decide.
+    t = await start({ prefillTokensPerSec: 2_500 }, false, { quiet_load: 0.1 })
+  })
+  afterAll(() => t.stop())
+
+  const words = 'the quick brown fox jumps over a lazy dog while seven wizards quietly judge'.split(' ')
+  /** A prompt of ~2,000 tokens, unique from its first word (no cached prefix anywhere). */
+  const longPrompt = (i: number) =>
+    `${i} ${Array.from({ length: 2000 }, (_, k) => words[(k * 7 + i) % words.length]).join(' ')}`
+  const ask = async (i: number, content = longPrompt(i)) => {
+    const res = await t.fetch('/v1/chat/completions', {
+      method: 'POST',
+      body: JSON.stringify({
+        model: 'test/chat',
+        messages: [{ role: 'user', content }],
+        max_tokens: 2,
+        stream: true,
+      }),
+    })
+    expect(res.status).toBe(200)
+    await res.text()
+    return res.headers.get('x-tropa-node')
+  }
+
+  test('a first token that waited for the iteration of lines it pre-empted teaches the node no slower prefill rate', async () => {
+    const client = t.client()
+    const rates = async () => {
+      const text = await (await fetch(`${t.url}/metrics`)).text()
+      return t.nodes.map((x) =>
+        Number(
+          new RegExp(`^tropa_node_prefill_tokens_per_second\\{node="${x.name}"\\} (\\S+)$`, 'm').exec(
+            text,
+          )![1],
+        ),
+      )
+    }
+    // Rates learned on both nodes, with no batch (requests of ~600 prompt tokens: enough to teach).
+    const mid = (i: number) => longPrompt(i).split(' ').slice(0, 600).join(' ')
+    for (let i = 0; i < 6; i++) await ask(200 + i, mid(200 + i))
+    const before = await rates()
+    // Lines of ~2,000 prompt tokens: each node spends its next ~1.6 s in prefill iterations of
+    // ~0.4 s (the engine's 2,048-token budget at 5,000 tokens/s).
+    const batch = await startChatBatch(client, 40, { maxTokens: 20, prefix: 'long', content: longPrompt })
+    await until(() => running(t.nodes) === 2 * SEQS)
+    // One request on each node: each pre-empts the lines there and waits for their iteration.
+    const nodes = await Promise.all([ask(300, mid(300)), ask(301, mid(301))])
+    expect(new Set(nodes).size).toBe(2)
+    const after = await rates()
+    // Before, a first token that waited up to 0.4 s for the lines' iteration priced its node at a
+    // fraction of its rate (a dip, ~10 s to recover), and interactive traffic crowded the other.
+    for (let i = 0; i < t.nodes.length; i++) expect(after[i]!).toBeGreaterThan(0.6 * before[i]!)
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+    // Lines at an upstream when the batch was cancelled finish there: the next test starts on an
+    // idle fleet (they would slow the first tokens it learns rates from).
+    await until(() => running(t.nodes) === 0)
+  }, 60_000)
+
+  test('while the fleet is busier than quiet_load, requests spread over the nodes as with no batch', async () => {
+    // Both nodes' prefill rates learned, with no batch.
+    for (let i = 0; i < 6; i++) await ask(i)
+    const client = t.client()
+    const batch = await startBatch(client, 400)
+    await until(() => running(t.nodes) === 2 * SEQS)
+    // A long stream (a load of 1/8, over 0.1) keeps the batch off every node while it runs.
+    const long = t
+      .fetch('/v1/chat/completions', {
+        method: 'POST',
+        body: JSON.stringify({
+          model: 'test/chat',
+          messages: [{ role: 'user', content: 'a long answer' }],
+          max_tokens: 500,
+          stream: true,
+        }),
+      })
+      .then(async (res) => ({ node: res.headers.get('x-tropa-node'), text: await res.text() }))
+    await until(() => running(t.nodes) === 1)
+    const served: (string | null)[] = []
+    for (let i = 0; i < 6; i++) served.push(await ask(100 + i))
+    const { node: busy, text } = await long
+    expect(text).toContain('data: [DONE]')
+    // With no batch, near-equal predictions alternate (the node sent to longest ago wins a tie):
+    // the node without the stream gets its share. Before, it was priced 10% up and left out of
+    // ties to stay free for a batch that could not run there: every request went to the node
+    // decoding the stream.
+    expect(served.filter((n) => n !== busy).length).toBeGreaterThanOrEqual(2)
     await client.batches.cancel(batch.id)
     await finished(client, batch.id)
   }, 60_000)

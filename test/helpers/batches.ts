@@ -2,20 +2,24 @@ import type OpenAI from 'openai'
 import { toFile } from 'openai'
 
 /**
- * Uploads `n` chat lines (`<prefix>-0` ... `<prefix>-<n-1>`, `maxTokens` out each, 16 by default)
- * and starts them as a batch.
+ * Uploads `n` chat lines (`<prefix>-0` ... `<prefix>-<n-1>`, `maxTokens` out each, 16 by default;
+ * the user message `line <i>` unless `content` says otherwise) and starts them as a batch.
  */
 export async function startChatBatch(
   client: OpenAI,
   n: number,
-  { maxTokens = 16, prefix = 'id' }: { maxTokens?: number; prefix?: string } = {},
+  {
+    maxTokens = 16,
+    prefix = 'id',
+    content = (i) => `line ${i}`,
+  }: { maxTokens?: number; prefix?: string; content?: (i: number) => string } = {},
 ) {
   const rows = Array.from({ length: n }, (_, i) =>
     JSON.stringify({
       custom_id: `${prefix}-${i}`,
       method: 'POST',
       url: '/v1/chat/completions',
-      body: { model: 'test/chat', messages: [{ role: 'user', content: `line ${i}` }], max_tokens: maxTokens },
+      body: { model: 'test/chat', messages: [{ role: 'user', content: content(i) }], max_tokens: maxTokens },
     }),
   )
   const file = await client.files.create({
