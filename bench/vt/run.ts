@@ -21,7 +21,15 @@ import {
   VllmPrefixAware,
   VllmSession,
 } from './policies.ts'
-import { FLEETS, type FleetName, fleetCapacity, prepare, type SimOptions, simulate } from './sim.ts'
+import {
+  FLEETS,
+  type FleetName,
+  fleetCapacity,
+  type PreparedRequest,
+  prepare,
+  type SimOptions,
+  simulate,
+} from './sim.ts'
 import {
   OUTPUT_TOKENS,
   PROMPT_TOKENS_PER_REQUEST,
@@ -32,7 +40,7 @@ import {
   type WorkloadName,
 } from './workloads.ts'
 
-interface Variant {
+export interface Variant {
   readonly name: string
   readonly make: (rng: () => number) => RoutingPolicy
   /** Poll the nodes' /metrics this often (ms). */
@@ -109,14 +117,18 @@ export interface Cell {
 const quantile = (sorted: number[], q: number) =>
   sorted.length === 0 ? Number.NaN : sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!
 
-interface Task {
+export interface Task {
   fleet: FleetName
   workload: WorkloadName
   load: number
   seed: number
 }
 
-export function runTask(t: Task, durationMs: number, variants: readonly Variant[]): Cell[] {
+/** One cell's trace and the world it runs in (every policy's the same; the variant adds its own settings). */
+export function cellSetup(
+  t: Task,
+  durationMs: number,
+): { rps: number; prepared: PreparedRequest[]; sim: SimOptions } {
   const fleet = FLEETS[t.fleet]
   const capacity = fleetCapacity(fleet, PROMPT_TOKENS_PER_REQUEST[t.workload], OUTPUT_TOKENS)
   const rps = capacity * t.load
@@ -137,6 +149,11 @@ export function runTask(t: Task, durationMs: number, variants: readonly Variant[
     measureToMs: D,
     horizonMs: D + 120_000,
   }
+  return { rps, prepared, sim }
+}
+
+export function runTask(t: Task, durationMs: number, variants: readonly Variant[]): Cell[] {
+  const { rps, prepared, sim } = cellSetup(t, durationMs)
   const cells: Cell[] = []
   for (const v of variants) {
     const r = simulate(v.make(seeded(t.seed)), prepared, {

@@ -104,6 +104,13 @@ export interface PredictedTtftOptions {
   readonly frozenTokens: number
   readonly frozenMinMs: number
   /**
+   * A node's /metrics `waiting` counts as a queue for slots (the slot wait in the prediction)
+   * only when this many polls in a row show requests waiting: an engine shows a request that
+   * arrived during a step as waiting until the step ends, with slots free, and one such poll
+   * priced the node (a prefix's holder, say) seconds up until the next.
+   */
+  readonly slotWaitPolls: number
+  /**
    * A rate learned at a request's end (its first token seconds before) that is lower than the
    * node's dips it from now only when the node is slow next to the fleet: the sample over the
    * node's rate below this share of the median such ratio of the fleet's recent first tokens.
@@ -137,6 +144,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   frozenTokens: 24,
   frozenMinMs: 1500,
   fleetSlowShare: 0.5,
+  slotWaitPolls: 2,
 }
 
 /** What the policy has learned about one node. */
@@ -163,6 +171,8 @@ export class NodeModel {
   hitRatio = 1
   /** From /metrics: requests the node itself has waiting for a slot. */
   metricWaiting = 0
+  /** Polls in a row, up to the last, that showed requests waiting. */
+  waitingPolls = 0
   metricRunning = 0
   /** Requests of ours outstanding there (sent, not ended) at its last /metrics. */
   metricOwn = 0
@@ -287,11 +297,17 @@ export class PredictedTtft implements RoutingPolicy {
   predict(m: NodeModel, n: number, cached: number, nowMs: number): number {
     const queued = m.queuedTokens
     let slotWaitMs = 0
-    if (this.metricsOn && nowMs - m.metricAtMs < 5_000 && m.metricWaiting > 0) {
+    if (
+      this.metricsOn &&
+      nowMs - m.metricAtMs < 5_000 &&
+      m.metricWaiting > 0 &&
+      m.waitingPolls >= this.opts.slotWaitPolls
+    ) {
       // The node has requests waiting for a slot (its own backlog or other routers' traffic):
       // each must wait for running ones to finish, about a service time per slot's worth. The
       // poll is up to a second old: requests of ours sent there since wait too, and ours that
-      // ended since freed slots.
+      // ended since freed slots. (One poll showing some waiting is no backlog: an engine lists a
+      // request that arrived during a step as waiting until the step ends, slots free or not.)
       const waiting = Math.max(0, m.metricWaiting + m.waiting + m.decoding - m.metricOwn)
       if (waiting > 0) slotWaitMs = ((waiting + 1) * m.serviceMs) / Math.max(1, m.metricRunning)
     }
@@ -571,6 +587,7 @@ export class PredictedTtft implements RoutingPolicy {
     this.metricsOn = true
     const m = this.model(node)
     m.metricWaiting = metrics.waiting
+    m.waitingPolls = metrics.waiting > 0 ? m.waitingPolls + 1 : 0
     m.metricRunning = metrics.running
     m.metricAtMs = nowMs
     m.metricOwn = m.waiting + m.decoding

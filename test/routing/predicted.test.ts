@@ -342,6 +342,8 @@ describe('PredictedTtft', () => {
       p.firstChunk(a, 10_100 + k)
       return a
     })
+    // (two polls in a row: one alone is no backlog, see below)
+    p.nodeMetrics(c.node, { waiting: 1, running: 2, kvUsage: 0.5 }, 9_500)
     p.nodeMetrics(c.node, { waiting: 1, running: 2, kvUsage: 0.5 }, 10_500)
     const full = p.estimateTtftMs(c, req({ nowMs: 10_600 }))
     // (1 waiting + this one) x 4 s / 2 slots on top of the prefill
@@ -352,6 +354,27 @@ describe('PredictedTtft', () => {
       p.ended(a, 10_700, 'ok', undefined, 10)
     }
     expect(p.estimateTtftMs(c, req({ nowMs: 10_800 }))).toBeLessThan(1000)
+  })
+
+  test('one poll showing a request waiting is a step boundary, not a queue for slots', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng() })
+    const c = cands[0]!
+    for (let i = 0; i < 10; i++) serve(p, pool, c, req({ nowMs: i * 100 }), 100, 4000)
+    const a = new Attempt(c, req({ nowMs: 10_000 }), 10_000)
+    pool.begin(c.node, a.startedAtMs)
+    p.started(a)
+    p.firstChunk(a, 10_100)
+    const idle = p.estimateTtftMs(c, req({ nowMs: 10_150 }))
+    // an engine lists a request that arrived during a step as waiting until the step ends
+    p.nodeMetrics(c.node, { waiting: 1, running: 1, kvUsage: 0.1 }, 10_200)
+    expect(p.estimateTtftMs(c, req({ nowMs: 10_250 }))).toBeLessThan(idle + 100)
+    p.nodeMetrics(c.node, { waiting: 0, running: 2, kvUsage: 0.1 }, 11_200)
+    p.nodeMetrics(c.node, { waiting: 1, running: 2, kvUsage: 0.1 }, 12_200)
+    expect(p.estimateTtftMs(c, req({ nowMs: 12_250 }))).toBeLessThan(idle + 100)
+    // still waiting at the next poll: the slots are full, the wait counts
+    p.nodeMetrics(c.node, { waiting: 1, running: 2, kvUsage: 0.1 }, 13_200)
+    expect(p.estimateTtftMs(c, req({ nowMs: 13_250 }))).toBeGreaterThan(idle + 2000)
   })
 
   test('learns how often predicted prefix hits are real', () => {
