@@ -77,6 +77,20 @@ async function interactive(t: Tropa, i: number) {
   return { status: res.status, done: text.includes('data: [DONE]'), node: res.headers.get('x-tropa-node') }
 }
 
+/** A streamed interactive request of `maxTokens` tokens: the node it ran on and its whole text. */
+const longStream = (t: Tropa, maxTokens: number) =>
+  t
+    .fetch('/v1/chat/completions', {
+      method: 'POST',
+      body: JSON.stringify({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'a long answer' }],
+        max_tokens: maxTokens,
+        stream: true,
+      }),
+    })
+    .then(async (res) => ({ node: res.headers.get('x-tropa-node'), text: await res.text() }))
+
 async function finished(client: OpenAI, id: string) {
   let b = await client.batches.retrieve(id)
   for (let i = 0; i < 1500 && !['completed', 'failed', 'cancelled', 'expired'].includes(b.status); i++) {
@@ -224,17 +238,7 @@ describe('batches.quiet_load: a busy fleet has no quiet node', () => {
     const batch = await startBatch(client, 200)
     await until(() => running(t.nodes) === 2 * SEQS)
     // A long stream: about 4 s of tokens on one node.
-    const long = t
-      .fetch('/v1/chat/completions', {
-        method: 'POST',
-        body: JSON.stringify({
-          model: 'test/chat',
-          messages: [{ role: 'user', content: 'a long answer' }],
-          max_tokens: 200,
-          stream: true,
-        }),
-      })
-      .then(async (res) => ({ node: res.headers.get('x-tropa-node'), text: await res.text() }))
+    const long = longStream(t, 200)
     // The lines already running end (about a second each); none starts while the stream runs.
     await until(() => running(t.nodes) === 1)
     const load = Number(
@@ -365,17 +369,7 @@ describe('a batch that cannot have a node costs interactive routing nothing', ()
     const batch = await startBatch(client, 400)
     await until(() => running(t.nodes) === 2 * SEQS)
     // A long stream (a load of 1/8, over 0.1) keeps the batch off every node while it runs.
-    const long = t
-      .fetch('/v1/chat/completions', {
-        method: 'POST',
-        body: JSON.stringify({
-          model: 'test/chat',
-          messages: [{ role: 'user', content: 'a long answer' }],
-          max_tokens: 500,
-          stream: true,
-        }),
-      })
-      .then(async (res) => ({ node: res.headers.get('x-tropa-node'), text: await res.text() }))
+    const long = longStream(t, 500)
     await until(() => running(t.nodes) === 1)
     const served: (string | null)[] = []
     for (let i = 0; i < 6; i++) served.push(await ask(100 + i))
