@@ -319,11 +319,15 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
     }
 
     stats.streams++
-    const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":[`
+    const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)}`
     const includeUsage = body.stream_options?.include_usage === true
-    const stamp = opts.stampChunks === true
+    /** `,"x_sent_ms":<now>` on stamping nodes: the time this chunk is handed to the stream. */
+    const stamp = () =>
+      opts.stampChunks === true
+        ? `,"x_sent_ms":${(performance.timeOrigin + performance.now()).toFixed(3)}`
+        : ''
     const chunk = (delta: string, finishReason: string | null) =>
-      `data: ${stamp ? `${head.slice(0, -12)},"x_sent_ms":${(performance.timeOrigin + performance.now()).toFixed(3)},"choices":[` : head}{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${finishReason ? `"${finishReason}"` : 'null'}}]}\n\n`
+      `data: ${head}${stamp()},"choices":[{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${finishReason ? `"${finishReason}"` : 'null'}}]}\n\n`
     const piece = (i: number) => {
       const p = pieces[i]!
       if (!call) return chunk(`{"content":${JSON.stringify(p)}}`, null)
@@ -383,7 +387,7 @@ export async function startSimNode(opts: SimNodeOptions): Promise<SimNode> {
           stats.completionTokens += outputTokens
           stats.cachedTokens += cached
           send(chunk('{}', finish))
-          if (includeUsage) send(`data: ${head}],"usage":${JSON.stringify(usage(cached))}}\n\n`)
+          if (includeUsage) send(`data: ${head},"choices":[],"usage":${JSON.stringify(usage(cached))}}\n\n`)
           send('data: [DONE]\n\n')
           closed = true
           controller.close()

@@ -37,10 +37,11 @@ test(
     }
     expect(r.ready?.runs).toBe(1)
     expect(r.targets.length).toBe(16)
-    // Issue #24's six, each judged (every figure it needs was measured).
+    // Issue #24's six, each with its figures measured (a quick run's added p99 may still be
+    // noise with no ratio, so the verdict itself may be n/a).
     const i24 = r.targets.filter((t) => t.target.startsWith('#24:'))
     expect(i24).toHaveLength(6)
-    for (const t of i24) expect(t.met).not.toBeNull()
+    for (const t of i24) expect(t.value).not.toBe('n/a')
     expect(Object.keys(r.headline)).toContain('tropa_over_bare_added_p50_2000')
   },
   { timeout: 120_000 },
