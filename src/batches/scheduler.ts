@@ -602,8 +602,6 @@ export class BatchScheduler {
   private packing = false
   /** A batch is running or has lines waiting for a node (set every tick). */
   private wanting = false
-  /** Whether a batch may have a node now (see `plan`): routing prefers to leave it one only then. */
-  private mayHaveNode = false
 
   /**
    * The packing plan, brought up to date at every interactive start and end and every tick. While
@@ -627,10 +625,11 @@ export class BatchScheduler {
     // may keep beside interactive traffic are pre-empted now, as the load rises, rather than when
     // a request lands on their node and waits for their iteration.
     const may = this.wanting && load <= this.settings.quietLoad
+    // Routing is told (batchQuietMs) only while a batch may have a node.
+    const had = this.pool.batchQuietMs !== undefined
     this.pool.batchQuietMs = may ? this.settings.quietMs : undefined
-    if (this.mayHaveNode && !may && !this.packing)
+    if (had && !may && !this.packing)
       for (const n of this.pool.nodes.values()) if (n.batchInFlight > 0) this.preemptOn(n)
-    this.mayHaveNode = may
     if (this.settings.packShare <= 0 || !may) {
       if (!this.packing) return
       this.packing = false
