@@ -119,8 +119,9 @@ test('a 2,000-line batch leaves interactive requests served with their time to f
   // The batch really ran alongside: 100-116 lines here with batches.quiet_load 0.15 and packing
   // off (the defaults since issue #25's packing work; 410 with packing on), so the floor is 40.
   expect(doneDuring).toBeGreaterThan(40)
-  // Typically 0-4% here (logged above); the bound leaves room for a shared 2-core machine's
-  // noise (one CI run saw 10.2%), while a batch that took the interactive share shows as refusals
-  // or as TTFT several times higher.
-  expect(during).toBeLessThanOrEqual(alone * 1.25)
+  // Typically 0-4% here (logged above), but a median of 7-8 ms moves by tens of percent on a
+  // shared 2-core machine (CI runs saw +10% and +44%); how much a batch costs interactive TTFT is
+  // measured by bench/batch-yield.ts, not here. What this guards: a batch that took the
+  // interactive share shows as refusals (above) or as TTFT several times higher.
+  expect(during).toBeLessThanOrEqual(alone * 2)
 }, 120_000)
