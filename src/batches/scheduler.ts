@@ -529,6 +529,13 @@ export class BatchScheduler {
     if (!best) return undefined
     const node = best
     this.pool.beginBatch(node.node)
+    // A batch's first lines may run before the tick that reads its status: the plan (and what
+    // routing is told) must know of it from its first line, or a load rising before that tick
+    // would leave its lines running on nodes no interactive request landed on.
+    if (!this.wanting) {
+      this.wanting = true
+      this.plan(now)
+    }
     return this.fund(w, m, key, b.orgId, node, now)
   }
 

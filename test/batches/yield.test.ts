@@ -228,8 +228,9 @@ describe('routes marked priority_scheduling', () => {
 describe('batches.quiet_load: a busy fleet has no quiet node', () => {
   let t: Tropa
   beforeAll(async () => {
-    // One interactive stream is a load of 1/8 (two nodes of 4 slots): over 0.1.
-    t = await start({}, false, { quiet_load: 0.1 })
+    // One interactive stream is a load of 1/8 (two nodes of 4 slots): over 0.1. A slow tick: a
+    // batch's lines start before the tick that reads its status, and must count from the first.
+    t = await start({}, false, { quiet_load: 0.1, tick_ms: 1500 })
   })
   afterAll(() => t.stop())
 
