@@ -15,6 +15,7 @@ import { openStore } from './storage/open.ts'
 import { SqliteStoreUnusable } from './storage/sqlite/check.ts'
 import { VERSION } from './version.ts'
 import { mergeMetrics } from './workers/metrics.ts'
+import { WorkerNodes } from './workers/nodes.ts'
 import { runPrimary } from './workers/primary.ts'
 import { type ToWorker, WORKER_ENV, WORKER_PORT_ENV } from './workers/protocol.ts'
 import { PrimaryLink } from './workers/worker.ts'
@@ -187,6 +188,10 @@ async function serve(base: Config, reload: () => Config): Promise<void> {
     return reload()
   }
   if (link) {
+    // The primary runs the batches, this worker interactive requests: each tells the other of its
+    // own on the nodes, so that a batch yields here as in one process (src/workers/nodes.ts).
+    const nodes = new WorkerNodes(svc.deps.pool, (reports) => link.tell('nodes', reports))
+    link.onBatchView((view) => nodes.apply(view))
     link.metricsHere = () => localMetrics(svc, { worker: true })
     svc.gatherMetrics = () =>
       link

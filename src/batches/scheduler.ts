@@ -605,6 +605,11 @@ export class BatchScheduler {
     return this.slots
   }
 
+  /** A batch is running or has lines waiting for a node (set every tick, and by a first line). */
+  get wantsNodes(): boolean {
+    return this.wanting
+  }
+
   /** Whether the packing plan decides which nodes are the batch's (see `plan`). */
   private packing = false
   /** A batch is running or has lines waiting for a node (set every tick). */
@@ -624,6 +629,11 @@ export class BatchScheduler {
    * that a load near a boundary does not move a node back and forth.
    */
   private plan(nowMs: number): void {
+    this.planNodes(nowMs)
+    this.pool.onBatchState?.()
+  }
+
+  private planNodes(nowMs: number): void {
     const nodes = this.pool.nodes.values()
     const load = this.interactiveLoad(nowMs)
     // A node can be the batch's only while the fleet's load is at most quietLoad. Over it, a

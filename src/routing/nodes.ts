@@ -141,8 +141,16 @@ export class NodePool {
    * unset, a batch changes nothing in routing.
    */
   batchQuietMs: number | undefined
-  /** Told after an interactive request started or ended on a node (the batch scheduler's packing plan). */
-  onInteractiveChange: ((nowMs: number) => void) | undefined
+  /**
+   * Told after an interactive request started or ended on a node (the batch scheduler's packing
+   * plan; in a worker process, its report to the primary: src/workers/nodes.ts).
+   */
+  onInteractiveChange: ((nowMs: number, node: NodeState) => void) | undefined
+  /**
+   * Told when what batches hold of the nodes may have changed (lines began or ended, the
+   * scheduler's plan ran): the primary passes it on to its workers (src/workers/nodes.ts).
+   */
+  onBatchState: (() => void) | undefined
 
   candidates(modelId: string): readonly Candidate[] {
     return this.byModel.get(modelId) ?? []
@@ -154,7 +162,20 @@ export class NodePool {
     node.requests++
     node.lastInteractiveAtMs = nowMs
     if (node.batchInFlight > 0) this.onInteractive?.(node)
-    this.onInteractiveChange?.(nowMs)
+    this.onInteractiveChange?.(nowMs, node)
+  }
+
+  /**
+   * Interactive requests that other processes run on the node (the workers of the primary that
+   * runs the batches: src/workers/nodes.ts), `delta` more or fewer than reported before, the
+   * latest started or ended at `atMs`. The scheduler sees them as its own: lines on the node are
+   * pre-empted as they arrive, and the plan follows them.
+   */
+  mirrorInteractive(node: NodeState, delta: number, atMs: number, nowMs = Date.now()): void {
+    node.inFlight += delta
+    node.lastInteractiveAtMs = Math.max(node.lastInteractiveAtMs, atMs)
+    if (delta > 0 && node.batchInFlight > 0) this.onInteractive?.(node)
+    this.onInteractiveChange?.(nowMs, node)
   }
 
   /** A batch line starts on the node (counted apart, so batches can yield to interactive traffic). */
@@ -162,12 +183,14 @@ export class NodePool {
     node.inFlight++
     node.batchInFlight++
     node.requests++
+    this.onBatchState?.()
   }
 
   endBatch(node: NodeState, ok: boolean, nowMs = Date.now()): void {
     node.batchInFlight--
     node.inFlight--
     this.outcome(node, ok, nowMs)
+    this.onBatchState?.()
   }
 
   /** A batch line was pre-empted on the node: it leaves with no verdict on the node. */
@@ -175,20 +198,21 @@ export class NodePool {
     node.batchInFlight--
     node.inFlight--
     node.batchPreemptedAtMs = nowMs
+    this.onBatchState?.()
   }
 
   /** An interactive request left the node before it answered, through no fault of the node (lost hedge, client gone). */
   cancel(node: NodeState, nowMs = Date.now()): void {
     node.inFlight--
     node.lastInteractiveAtMs = nowMs
-    this.onInteractiveChange?.(nowMs)
+    this.onInteractiveChange?.(nowMs, node)
   }
 
   /** An interactive request left the node; `ok` says whether the node served it. */
   end(node: NodeState, ok: boolean, nowMs = Date.now()): void {
     node.inFlight--
     node.lastInteractiveAtMs = nowMs
-    this.onInteractiveChange?.(nowMs)
+    this.onInteractiveChange?.(nowMs, node)
     this.outcome(node, ok, nowMs)
   }
 

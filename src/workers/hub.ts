@@ -7,6 +7,7 @@ import type { ClusterBus, ClusterEvent } from '../cluster/bus.ts'
 import { SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
 import type { IdentityService } from '../identity/service.ts'
+import type { NodeReport, PrimaryNodes } from './nodes.ts'
 import { encodeError, Outbox, type ToPrimary, type ToWorker } from './protocol.ts'
 
 /** One worker as the primary sees it: how to send to it, and what it holds. */
@@ -131,6 +132,8 @@ export class Hub {
     readonly bus: HubBus,
     /** The primary's own metrics' text (its ledger, batches, the nodes its batches use). */
     private readonly metricsHere: () => Promise<string>,
+    /** The batch's nodes and the workers' interactive requests on them (src/workers/nodes.ts). */
+    private readonly nodes?: PrimaryNodes,
   ) {}
 
   /** Every process's metrics: the primary's and each worker's that answers within 2 s. */
@@ -165,12 +168,14 @@ export class Hub {
   attach(worker: number, send: (batch: ToWorker[]) => void): void {
     const out = new Outbox(send)
     this.bus.workers.set(worker, { send: (m) => out.push(m), holds: new Map(), slots: new Map() })
+    if (this.nodes) out.push({ bv: this.nodes.latest() })
   }
 
   /** A worker exited: its requests died with it, so their holds and slots come back (unbilled). */
   detach(worker: number): { holds: number; slots: number } {
     const w = this.bus.workers.get(worker)
     this.bus.forget(worker)
+    this.nodes?.forget(worker)
     if (!w) return { holds: 0, slots: 0 }
     for (const r of w.holds.values()) this.meter.release(r)
     for (const s of w.slots.values()) s.release()
@@ -250,6 +255,10 @@ export class Hub {
         const r = this.pair(keyId, orgId, (k, o) => this.meter.reserve(k, o, amount, endUser))
         if (r instanceof Promise) return r.then(keep)
         return keep(r)
+      }
+      case 'nodes': {
+        this.nodes?.report(worker, a[0] as NodeReport[])
+        return
       }
       case 'settle': {
         const [rid, s] = a as [number, Settlement]

@@ -6,6 +6,7 @@ import { buildServices, type Services, type ThreadEntries } from '../services.ts
 import { openStore } from '../storage/open.ts'
 import type { Store } from '../storage/store.ts'
 import { Hub, HubBus } from './hub.ts'
+import { PrimaryNodes } from './nodes.ts'
 import { type ToPrimary, type ToWorker, WORKER_ENV, WORKER_PORT_ENV } from './protocol.ts'
 
 export interface PrimaryOptions {
@@ -58,10 +59,26 @@ export async function runPrimary(base: Config, o: PrimaryOptions): Promise<void>
     )
     svc.loadConfig = o.reload
   }
+  const nodes =
+    svc &&
+    new PrimaryNodes(
+      svc.deps.pool,
+      () => svc?.batches.scheduler?.wantsNodes ?? false,
+      (view) => {
+        for (const w of bus.workers.values()) w.send({ bv: view })
+      },
+    )
   const hub =
     svc &&
-    new Hub(svc.identity, svc.deps.meter, svc.deps.limiter, svc.deps.concurrency, svc.ledger, bus, () =>
-      localMetrics(svc!),
+    new Hub(
+      svc.identity,
+      svc.deps.meter,
+      svc.deps.limiter,
+      svc.deps.concurrency,
+      svc.ledger,
+      bus,
+      () => localMetrics(svc!),
+      nodes,
     )
 
   // The port: free now (no one else listens on it, with or without SO_REUSEPORT), and a real one.

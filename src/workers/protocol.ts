@@ -1,4 +1,5 @@
 import * as errors from '../errors.ts'
+import type { BatchView } from './nodes.ts'
 
 /**
  * The messages between the primary and its workers, over Bun's IPC channel (structured clone, so
@@ -16,6 +17,8 @@ export type ToWorker =
   | { readonly ev: Record<string, unknown> & { readonly msg: string } }
   /** The primary asks the worker (its metrics); the worker answers with an `answer` telling. */
   | { readonly q: number; readonly ask: 'metrics' }
+  /** What the primary's batches hold of the nodes (src/workers/nodes.ts). */
+  | { readonly bv: BatchView }
 
 /** The environment variable that makes a process one of the workers (its value: the worker's number). */
 export const WORKER_ENV = 'TROPA_WORKER'

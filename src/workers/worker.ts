@@ -13,6 +13,7 @@ import { hasRateLimits, type RateLimiter } from '../billing/rate-limiter.ts'
 import type { ClusterBus, ClusterEvent } from '../cluster/bus.ts'
 import { type RateLimited, SharedStateUnavailable } from '../errors.ts'
 import type { LiveKey, LiveOrg } from '../identity/live.ts'
+import type { BatchView } from './nodes.ts'
 import { decodeError, type EncodedError, Outbox, type ToPrimary, type ToWorker } from './protocol.ts'
 
 /**
@@ -24,6 +25,9 @@ export class PrimaryLink {
   private seq = 0
   private readonly waiting = new Map<number, { ok: (v: unknown) => void; fail: (e: Error) => void }>()
   private eventHandler: ((ev: ToWorker & { ev: unknown }) => void) | undefined
+  private viewHandler: ((view: BatchView) => void) | undefined
+  /** The primary's latest view, kept until a handler takes it (it may come before the services are up). */
+  private view: BatchView | undefined
   /** What this worker answers when the primary asks (its metrics' text). */
   metricsHere: (() => Promise<string>) | undefined
   gone = false
@@ -43,6 +47,11 @@ export class PrimaryLink {
       this.eventHandler?.(m)
       return
     }
+    if ('bv' in m) {
+      if (this.viewHandler) this.viewHandler(m.bv)
+      else this.view = m.bv
+      return
+    }
     if ('ask' in m) {
       const q = m.q
       void (this.metricsHere?.() ?? Promise.resolve('')).then(
@@ -60,6 +69,13 @@ export class PrimaryLink {
 
   onEvent(h: (m: ToWorker & { ev: unknown }) => void): void {
     this.eventHandler = h
+  }
+
+  /** The primary's views of the batch's nodes (src/workers/nodes.ts), the latest one at once. */
+  onBatchView(h: (view: BatchView) => void): void {
+    this.viewHandler = h
+    if (this.view) h(this.view)
+    this.view = undefined
   }
 
   /** The primary is gone: whatever waits fails (the worker exits right after). */
