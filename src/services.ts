@@ -13,6 +13,7 @@ import { SharedMeter } from './billing/shared-meter.ts'
 import { SharedRateLimiter } from './billing/shared-rate-limiter.ts'
 import { Catalogue } from './catalogue/catalogue.ts'
 import { RedisBus } from './cluster/bus.ts'
+import { PeerNodes } from './cluster/peer-nodes.ts'
 import { type Config, ConfigError, loadConfig, type ModelConfig } from './config/load.ts'
 import { InvalidConfig } from './errors.ts'
 import { DiskWatch } from './files/disk.ts'
@@ -378,6 +379,12 @@ export async function buildServices(
     concurrency: config.batches.concurrency,
     maxAttempts: config.batches.maxAttempts,
   })
+  // A cluster's nodes each run batches and serve interactive requests: each tells the others of
+  // its requests on the upstreams while a batch wants nodes, so lines yield to all of them.
+  const peers =
+    bus instanceof RedisBus && scheduler
+      ? new PeerNodes(pool, bus.nodeId, () => scheduler.wantsNodes, bus.channelOf('nodes'))
+      : undefined
   const batches = new BatchService(
     store,
     files,
@@ -433,6 +440,7 @@ export async function buildServices(
     async stop() {
       clearTimeout(sweep)
       disk.stop()
+      peers?.stop()
       await scheduler?.stop()
       await delivery.stop()
       await webhooks.settled()

@@ -521,7 +521,11 @@ export class BatchScheduler {
     let best: Candidate | undefined
     for (const c of this.pool.candidates(m.model)) {
       const cap = this.batchCap(c, now)
-      if (!c.node.available(now) || c.node.inFlight >= c.route.maxConcurrency || c.node.batchInFlight >= cap)
+      if (
+        !c.node.available(now) ||
+        c.node.inFlight + c.node.remoteInteractive >= c.route.maxConcurrency ||
+        c.node.batchInFlight >= cap
+      )
         continue
       if (!best || c.node.batchInFlight / c.route.weight < best.node.batchInFlight / best.route.weight)
         best = c
@@ -561,11 +565,12 @@ export class BatchScheduler {
     if (this.packing) {
       // The plan says which nodes are the batch's: one of them fills once its last interactive
       // request ended; the nodes kept for interactive traffic take no line while it holds.
-      if (c.node.batchHeld && c.node.interactiveInFlight === 0) return share
+      if (c.node.batchHeld && c.node.interactiveEverywhere === 0) return share
     } else if (c.node.quiet(nowMs, this.settings.quietMs) && load <= this.settings.quietLoad) return share
     const fill = this.settings.fillLoad
-    if (fill > 0 && load <= fill) return Math.max(0, Math.min(share, slots - c.node.interactiveInFlight - 1))
-    return Math.min(Math.floor(slots * this.settings.busyShare), slots - c.node.interactiveInFlight)
+    if (fill > 0 && load <= fill)
+      return Math.max(0, Math.min(share, slots - c.node.interactiveEverywhere - 1))
+    return Math.min(Math.floor(slots * this.settings.busyShare), slots - c.node.interactiveEverywhere)
   }
 
   /** Every node's max_concurrency summed (a node of several models at its largest); undefined: to count. */
@@ -583,7 +588,7 @@ export class BatchScheduler {
   interactiveLoad(nowMs: number): number {
     const slots = this.countSlots()
     let inFlight = 0
-    for (const n of this.pool.nodes.values()) inFlight += n.interactiveInFlight
+    for (const n of this.pool.nodes.values()) inFlight += n.interactiveEverywhere
     const now = inFlight / slots
     // Read again within the same millisecond, a rise shows at once (a fall waits for time to pass).
     const dt = Math.max(0, nowMs - this.loadAtMs)
@@ -661,7 +666,7 @@ export class BatchScheduler {
     const order = [...nodes].sort(
       (a, b) =>
         Number(b.available(nowMs)) - Number(a.available(nowMs)) ||
-        b.interactiveInFlight - a.interactiveInFlight ||
+        b.interactiveEverywhere - a.interactiveEverywhere ||
         Number(a.batchHeld) - Number(b.batchHeld) ||
         a.batchInFlight - b.batchInFlight ||
         (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),

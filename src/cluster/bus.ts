@@ -1,4 +1,5 @@
 import { RedisClient } from 'bun'
+import type { PeerChannel } from './peer-nodes.ts'
 
 /**
  * What one router node tells the others: a key changed (with its new status when that is the
@@ -72,10 +73,13 @@ export class RedisBus implements ClusterBus {
   private readonly handlers = new Map<ClusterEvent['t'], (e: ClusterEvent) => unknown>()
   private resubscribing = false
   private resubscribedAtMs = 0
+  private subscribed = false
+  /** Channels beside the events' (`channelOf`), by their Redis name. */
+  private readonly extra = new Map<string, (text: string) => void>()
 
   constructor(
     url: string,
-    prefix: string,
+    private readonly prefix: string,
     readonly nodeId: string,
     private readonly boundMs: number,
   ) {
@@ -124,6 +128,26 @@ export class RedisBus implements ClusterBus {
     // The client may still believe it is subscribed from before a reconnect: start over.
     await this.sub.unsubscribe(this.channel).catch(() => {})
     await this.sub.subscribe(this.channel, this.onMessage)
+    for (const [ch, h] of this.extra) {
+      await this.sub.unsubscribe(ch).catch(() => {})
+      await this.sub.subscribe(ch, h)
+    }
+  }
+
+  /**
+   * A channel beside the events' (`<prefix><name>`) on the same connections: what is published
+   * there is heard by every node, this one included, with no acknowledgement and no delivery
+   * guarantee (cluster/peer-nodes.ts repeats itself every second).
+   */
+  channelOf(name: string): PeerChannel {
+    const ch = `${this.prefix}${name}`
+    return {
+      publish: (text) => void this.pub.publish(ch, text).catch(() => {}),
+      listen: (handler) => {
+        this.extra.set(ch, handler)
+        if (this.subscribed) void this.sub.subscribe(ch, handler).catch(() => {})
+      },
+    }
   }
 
   private resubscribe(): void {
@@ -145,6 +169,8 @@ export class RedisBus implements ClusterBus {
       throw new Error(`cannot reach Redis for the cluster bus: ${(err as Error).message}`)
     }
     await this.sub.subscribe(this.channel, this.onMessage)
+    for (const [ch, h] of this.extra) await this.sub.subscribe(ch, h)
+    this.subscribed = true
     // After a reconnect the subscription must be made again; until then events may be missed.
     this.sub.onconnect = () => this.resubscribe()
     const now = Date.now()

@@ -43,14 +43,26 @@ export class NodeState {
     readonly baseUrl: string,
   ) {}
 
+  /**
+   * Interactive requests other processes run on the node, as they last reported them (the
+   * workers of the primary that runs the batches, the other nodes of a cluster: src/workers/nodes.ts,
+   * src/cluster/peer-nodes.ts). Not in inFlight: this process's routing and limits count its own.
+   */
+  remoteInteractive = 0
+
   /** Interactive requests in flight (batch lines are not: an interactive request pre-empts them). */
   get interactiveInFlight(): number {
     return this.inFlight - this.batchInFlight
   }
 
+  /** Interactive requests on the node from this process and the others that report theirs (batches yield to them all). */
+  get interactiveEverywhere(): number {
+    return this.inFlight - this.batchInFlight + this.remoteInteractive
+  }
+
   /** No interactive request in flight here, and none for `quietMs`: batch lines may use the node. */
   quiet(nowMs: number, quietMs: number): boolean {
-    return this.interactiveInFlight === 0 && nowMs - this.lastInteractiveAtMs >= quietMs
+    return this.interactiveEverywhere === 0 && nowMs - this.lastInteractiveAtMs >= quietMs
   }
 
   /**
@@ -172,7 +184,7 @@ export class NodePool {
    * pre-empted as they arrive, and the plan follows them.
    */
   mirrorInteractive(node: NodeState, delta: number, atMs: number, nowMs = Date.now()): void {
-    node.inFlight += delta
+    node.remoteInteractive += delta
     node.lastInteractiveAtMs = Math.max(node.lastInteractiveAtMs, atMs)
     if (delta > 0 && node.batchInFlight > 0) this.onInteractive?.(node)
     this.onInteractiveChange?.(nowMs, node)

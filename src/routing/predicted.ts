@@ -399,7 +399,7 @@ export class PredictedTtft implements RoutingPolicy {
           t *= this.opts.batchHeldFactor
           batchNode[i] = true
         } else if (
-          c.node.interactiveInFlight === 0 &&
+          c.node.interactiveEverywhere === 0 &&
           (c.node.batchInFlight > 0 || c.node.quiet(req.nowMs, req.batchQuietMs))
         ) {
           t *= this.opts.batchNodeFactor

@@ -1,0 +1,128 @@
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import OpenAI from 'openai'
+import { startSimFleet } from '../../src/simulator/index.ts'
+import { startChatBatch } from '../helpers/batches.ts'
+import { clusterConfig, startNode } from '../helpers/infra.ts'
+import { freshPgDatabase } from '../helpers/pg.ts'
+import { jsonCall } from '../helpers/process.ts'
+import { ADMIN_TOKEN } from '../helpers/start.ts'
+
+// Two router nodes share PostgreSQL and Redis; both run lines of the same batch, and each serves
+// interactive requests of its own. A request on router B pre-empts router A's lines as it would
+// B's own (cluster/peer-nodes.ts): the routers tell each other of their interactive requests on
+// each upstream while a batch wants nodes.
+const SEQS = 4
+const REDIS_URL = process.env.TROPA_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379'
+
+describe('a cluster: a batch yields to every router node’s interactive requests', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'tropa-cluster-yield-'))
+  let fleet: Awaited<ReturnType<typeof startSimFleet>>
+  let pg: Awaited<ReturnType<typeof freshPgDatabase>>
+  let a: Awaited<ReturnType<typeof startNode>>
+  let b: Awaited<ReturnType<typeof startNode>>
+  let key: string
+
+  beforeAll(async () => {
+    fleet = await startSimFleet(
+      [1, 2].map((i) => ({
+        name: `sim-${i}`,
+        maxSeqs: SEQS,
+        prefillTokensPerSec: 50_000,
+        itlMs: 20, // a line of 40 tokens holds its slot for about a second
+        iterationOverheadMs: 1,
+        ignoreEos: true,
+        seed: i,
+      })),
+    )
+    pg = await freshPgDatabase()
+    const cfg = clusterConfig({
+      dir,
+      pgUrl: pg.url,
+      redisUrl: REDIS_URL,
+      sim: fleet.nodes,
+      extra: {
+        // One interactive stream is a load of 1/8 (two upstreams of 4 slots): over 0.1.
+        batches: {
+          tick_ms: 20,
+          workers: 1,
+          concurrency: 32,
+          quiet_ms: 300,
+          reserve_slots: 0,
+          quiet_load: 0.1,
+        },
+      },
+    })
+    // Routes of the upstreams' real size, with no hedging.
+    const file = JSON.parse(readFileSync(cfg.path, 'utf8')) as {
+      models: { routes: Record<string, unknown>[] }[]
+    }
+    for (const m of file.models)
+      for (const r of m.routes) Object.assign(r, { max_concurrency: SEQS, hedge: false })
+    writeFileSync(cfg.path, JSON.stringify(file))
+    a = await startNode(cfg.path)
+    b = await startNode(cfg.path)
+    const org = await jsonCall(a.url, '/v1/admin/organizations', ADMIN_TOKEN, {
+      name: 'y',
+      balance_rub: 1000,
+    })
+    key = (await jsonCall(a.url, '/v1/keys', org.master_key as string, { name: 'k' })).key as string
+  })
+  afterAll(async () => {
+    await b?.stop()
+    await a?.stop()
+    await fleet?.stop()
+    await pg?.drop()
+    rmSync(dir, { recursive: true, force: true })
+  })
+
+  const running = () => fleet.nodes.reduce((s, n) => s + n.stats().running, 0)
+  const linesOf = (n: typeof a) =>
+    [...n.svc.deps.pool.nodes.values()].reduce((s, x) => s + x.batchInFlight, 0)
+  async function until(what: () => boolean, tries = 500) {
+    for (let i = 0; i < tries; i++) {
+      if (what()) return
+      await Bun.sleep(20)
+    }
+    throw new Error('condition not reached')
+  }
+  const stream = (url: string, maxTokens: number, content: string) =>
+    fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        model: 'test/chat',
+        messages: [{ role: 'user', content }],
+        max_tokens: maxTokens,
+        stream: true,
+      }),
+    }).then(async (res) => ({ status: res.status, text: await res.text() }))
+
+  test("router B's interactive requests pre-empt router A's lines; once they end, A's lines run again", async () => {
+    const client = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: key, maxRetries: 0 })
+    const batch = await startChatBatch(client, 300, { maxTokens: 40, prefix: 'line' })
+    // Both upstreams full of lines, some of them router A's.
+    await until(() => running() === 2 * SEQS && linesOf(a) > 0)
+    const preemptedBefore = a.svc.batches.scheduler!.preempted
+    const abortedBefore = fleet.nodes.reduce((s, n) => s + n.stats().aborted, 0)
+    // As many requests as the fleet has slots, all through router B.
+    const answers = await Promise.all(Array.from({ length: 2 * SEQS }, (_, i) => stream(b.url, 30, `b ${i}`)))
+    for (const x of answers) {
+      expect(x.status).toBe(200)
+      expect(x.text).toContain('data: [DONE]')
+    }
+    // Router A cancelled lines upstream for requests it never saw itself.
+    expect(a.svc.batches.scheduler!.preempted).toBeGreaterThan(preemptedBefore)
+    expect(fleet.nodes.reduce((s, n) => s + n.stats().aborted, 0) - abortedBefore).toBeGreaterThanOrEqual(
+      2 * SEQS,
+    )
+    // B's requests over, A counts none of them still: the batch has both upstreams again, A's
+    // lines among them.
+    await until(() => running() === 2 * SEQS && linesOf(a) > 0)
+    const remote = [...a.svc.deps.pool.nodes.values()].reduce((s, x) => s + x.remoteInteractive, 0)
+    expect(remote).toBe(0)
+    await client.batches.cancel(batch.id)
+  }, 60_000)
+})
