@@ -5,7 +5,7 @@
 // and on an idle fleet against interactive saturation. Issue #25's targets are checked at the end.
 //   bun bench/batch-yield.ts [--seconds 20] [--seed 1] [--reps 2] [--priority] [--quick] [--json FILE]
 //     [--aa] [--pack-share X] [--quiet-load X] [--fill-load X] [--reserve X] [--reserve-slots N]
-//     [--only NAME[,NAME]]
+//     [--workers N] [--only NAME[,NAME]]
 // --only: the scenarios whose names contain one of these (50%, 80%, bursts); the valley and
 // peak targets are checked only when the bursts run.
 // --aa: an A/A pass, the "with" runs started with no batch either: the ratios it prints are the
@@ -40,6 +40,7 @@ const { values } = parseArgs({
     'fill-load': { type: 'string' },
     reserve: { type: 'string' },
     'reserve-slots': { type: 'string' },
+    workers: { type: 'string' },
     only: { type: 'string' },
     help: { type: 'boolean' },
   },
@@ -54,6 +55,7 @@ if (values.help) {
   --priority       nodes marked for vLLM priority scheduling
   --pack-share X, --quiet-load X, --fill-load X, --reserve X, --reserve-slots N
                    batches.pack_share, quiet_load, fill_load, interactive_reserve, reserve_slots
+  --workers N      server.workers (default 1): N processes serve the requests, the primary runs the batch
   --only LIST      scenarios whose names contain one of these (comma-separated: 50%,80%,bursts)
   --json FILE      the report as JSON`)
   process.exit(0)
@@ -135,7 +137,8 @@ writeFileSync(
     ],
   }),
 )
-const router = await startRouterProcess(configPath, freePort())
+// server.workers: the primary runs the batch, the workers the interactive requests.
+const router = await startRouterProcess(configPath, freePort(), { TROPA_WORKERS: values.workers ?? '1' })
 const org = await jsonCall(router.url, '/v1/admin/organizations', ADMIN, { name: 'bench', balance_rub: 1e6 })
 const key = (await jsonCall(router.url, '/v1/keys', org.master_key as string, { name: 'b' })).key as string
 const auth = { authorization: `Bearer ${key}` }
@@ -360,8 +363,9 @@ function phaseRates(
 /** The router's view of the fleet's interactive load, as batch admission reads it, and the nodes its plan gives the batch (/metrics). */
 async function interactiveLoad(): Promise<{ load: number; held: number }> {
   const text = await (await fetch(`${router.url}/metrics`)).text()
-  const m = /^tropa_batch_interactive_load (\S+)$/m.exec(text)
-  const h = /^tropa_batch_held_nodes (\S+)$/m.exec(text)
+  // With server.workers the series carry a worker label: the primary's (it runs the batch).
+  const m = /^tropa_batch_interactive_load(?:\{worker="primary"\})? (\S+)$/m.exec(text)
+  const h = /^tropa_batch_held_nodes(?:\{worker="primary"\})? (\S+)$/m.exec(text)
   return { load: m ? Number(m[1]) : Number.NaN, held: h ? Number(h[1]) : Number.NaN }
 }
 

@@ -11,14 +11,20 @@ import type { NodePool, NodeState } from '../routing/nodes.ts'
  * - a worker, while the view says a batch is around (`report`), the interactive requests it runs
  *   on each node that changed, as absolute counts (a report repeated or lost in a restart cannot
  *   leave a count astray); all of them when `report` turns on. Without a batch it sends nothing.
+ * The view carries every worker's interactive requests back to each worker, so that its routing
+ * tells a node another worker keeps busy from a quiet one (the batch's), as one process does.
  */
 export interface BatchView {
   /** `NodePool.batchQuietMs`, or null when unset. */
   readonly quietMs: number | null
   /** A batch wants nodes or lines run: workers report their interactive requests. */
   readonly report: boolean
-  /** Nodes with lines, held by the plan or pre-empted lately: base URL, lines, held, pre-empted at. */
-  readonly nodes: readonly (readonly [string, number, boolean, number])[]
+  /**
+   * Nodes with lines, held by the plan, pre-empted lately or (while `report`) serving interactive
+   * requests: base URL, lines, held, pre-empted at, the workers' interactive requests there in
+   * all, the latest of them started or ended at.
+   */
+  readonly nodes: readonly (readonly [string, number, boolean, number, number, number])[]
 }
 
 /** A worker's interactive requests on a node: base URL, in flight, the latest started or ended at (ms). */
@@ -59,14 +65,24 @@ export class PrimaryNodes {
   }
 
   private current(): BatchView {
-    const nodes: [string, number, boolean, number][] = []
+    const nodes: [string, number, boolean, number, number, number][] = []
     let lines = 0
+    for (const n of this.pool.nodes.values()) lines += n.batchInFlight
+    const report = this.wanting() || lines > 0
     for (const n of this.pool.nodes.values()) {
-      lines += n.batchInFlight
-      if (n.batchInFlight > 0 || n.batchHeld || Number.isFinite(n.batchPreemptedAtMs))
-        nodes.push([n.baseUrl, n.batchInFlight, n.batchHeld, n.batchPreemptedAtMs])
+      // The primary serves no request: every interactive request it knows of is a worker's.
+      const busy = report && (n.remoteInteractive > 0 || n.lastInteractiveAtMs > 0)
+      if (n.batchInFlight > 0 || n.batchHeld || Number.isFinite(n.batchPreemptedAtMs) || busy)
+        nodes.push([
+          n.baseUrl,
+          n.batchInFlight,
+          n.batchHeld,
+          n.batchPreemptedAtMs,
+          report ? n.remoteInteractive : 0,
+          report ? n.lastInteractiveAtMs : 0,
+        ])
     }
-    return { quietMs: this.pool.batchQuietMs ?? null, report: this.wanting() || lines > 0, nodes }
+    return { quietMs: this.pool.batchQuietMs ?? null, report, nodes }
   }
 
   /** The view a worker that starts now begins with. */
@@ -88,6 +104,8 @@ export class PrimaryNodes {
       mine.set(baseUrl, n)
       if (node) this.pool.mirrorInteractive(node, n - before, atMs, now)
     }
+    // The workers' views carry every worker's requests.
+    this.changed()
   }
 
   /** A worker exited: its requests are gone with it. */
@@ -100,6 +118,7 @@ export class PrimaryNodes {
       const node = this.pool.nodes.get(baseUrl)
       if (node && n !== 0) this.pool.mirrorInteractive(node, -n, now, now)
     }
+    this.changed()
   }
 }
 
@@ -108,6 +127,8 @@ export class WorkerNodes {
   private reporting = false
   private readonly dirty = new Set<NodeState>()
   private scheduled = false
+  /** What this worker last reported of each node (the view's totals less these are the other workers'). */
+  private readonly reported = new Map<string, number>()
 
   constructor(
     private readonly pool: NodePool,
@@ -126,7 +147,10 @@ export class WorkerNodes {
     this.scheduled = false
     if (!this.reporting || this.dirty.size === 0) return
     const nodes: NodeReport[] = []
-    for (const n of this.dirty) nodes.push([n.baseUrl, n.interactiveInFlight, n.lastInteractiveAtMs])
+    for (const n of this.dirty) {
+      nodes.push([n.baseUrl, n.interactiveInFlight, n.lastInteractiveAtMs])
+      this.reported.set(n.baseUrl, n.interactiveInFlight)
+    }
     this.dirty.clear()
     this.send(nodes)
   }
@@ -136,12 +160,22 @@ export class WorkerNodes {
     this.pool.batchQuietMs = view.quietMs ?? undefined
     const byUrl = new Map(view.nodes.map((x) => [x[0], x] as const))
     for (const n of this.pool.nodes.values()) {
-      const [, lines, held, preemptedAtMs] = byUrl.get(n.baseUrl) ?? ['', 0, false, Number.NEGATIVE_INFINITY]
+      const [, lines, held, preemptedAtMs, all, lastAtMs] = byUrl.get(n.baseUrl) ?? [
+        '',
+        0,
+        false,
+        Number.NEGATIVE_INFINITY,
+        0,
+        0,
+      ]
       // Lines count in inFlight as in one process, so interactiveInFlight stays this worker's own.
       n.inFlight += lines - n.batchInFlight
       n.batchInFlight = lines
       n.batchHeld = held
       n.batchPreemptedAtMs = preemptedAtMs ?? Number.NEGATIVE_INFINITY
+      // The other workers' requests there (the totals lag this worker's last report by a turn).
+      n.remoteInteractive = view.report ? Math.max(0, all - (this.reported.get(n.baseUrl) ?? 0)) : 0
+      if (view.report && lastAtMs > n.lastInteractiveAtMs) n.lastInteractiveAtMs = lastAtMs
     }
     const was = this.reporting
     this.reporting = view.report
