@@ -16,7 +16,13 @@ interface Lib {
   countTokens(text: string, options: Options): number
   setMergeCacheSize(size: number): void
 }
+/** The library's byte-pair stage, which its own count runs on each piece of the split. */
+interface BytePairs {
+  getBpeRankFromString(piece: string): number | undefined
+  bytePairEncode(piece: string): number[]
+}
 let lib: Lib | undefined
+let pairs: BytePairs | undefined
 let loading: Promise<void> | undefined
 
 /**
@@ -60,6 +66,10 @@ export function loadTokenizer(): Promise<void> {
     classes = buildClasses()
     const re = m.O200K_TOKEN_SPLIT_REGEX
     split = new RegExp(re.source, re.flags)
+    const core = (m.encoding as unknown as { bytePairEncodingCoreProcessor?: BytePairs })
+      .bytePairEncodingCoreProcessor
+    if (typeof core?.getBpeRankFromString === 'function' && typeof core.bytePairEncode === 'function')
+      pairs = core
     lib = m as unknown as Lib
   })
   return loading
@@ -103,22 +113,60 @@ export function encode(text: string): number[] {
  */
 export function countTokens(text: string): number {
   const l = loaded()
-  if (!hasLongRun(text)) return l.countTokens(text, PLAIN)
+  if (!hasLongRun(text)) return countPlain(l, text)
   let n = 0
   forEachSpan(text, (span, long) => {
     if (!long) {
-      n += l.countTokens(span, PLAIN)
+      n += countPlain(l, span)
       return
     }
     // the cuts inside the piece and its two ends (the whitespace before it may split otherwise)
     n += CUT_MARGIN
     for (let at = 0; at < span.length; ) {
       const end = chunkEnd(span, at)
-      n += l.countTokens(span.slice(at, end), PLAIN) + CUT_MARGIN
+      n += countPlain(l, span.slice(at, end)) + CUT_MARGIN
       at = end
     }
   })
   return n
+}
+
+/**
+ * o200k's split for text of ASCII alone: the library's pattern with each Unicode property class
+ * written as the ASCII characters it holds (\p{Lu} and \p{Lt} as A-Z, \p{Ll} as a-z, \p{L} as
+ * A-Za-z, \p{N} as 0-9; \p{Lm}, \p{Lo} and \p{M} hold none), and no `u` flag. On ASCII it cuts
+ * the same pieces (test/unit/tokens.test.ts compares them on random text). Why: every match of a
+ * pattern with Unicode property classes made JavaScriptCore's young-generation collections visit
+ * megabytes more under load (3-7 MB a collection against 0.35 MB, and stops of 10-30 ms:
+ * bench/results/2026-11-26-gc-pauses.md); most prompts are ASCII.
+ */
+const ASCII_SPLIT =
+  /[^\r\nA-Za-z0-9]?[A-Z]*[a-z]+(?:'(?:[sS]|[dD]|[mM]|[tT]|[lL][lL]|[vV][eE]|[rR][eE]))?|[^\r\nA-Za-z0-9]?[A-Z]+[a-z]*(?:'(?:[sS]|[dD]|[mM]|[tT]|[lL][lL]|[vV][eE]|[rR][eE]))?|[0-9]{1,3}| ?[^\sA-Za-z0-9]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+/g
+// biome-ignore lint/suspicious/noControlCharactersInRegex: the range is every non-ASCII code unit
+const NON_ASCII = /[^\x00-\x7f]/
+
+/** The library's count with no special tokens (PLAIN), by the ASCII split when the text allows it. */
+function countPlain(l: Lib, text: string): number {
+  const bp = pairs
+  if (bp === undefined || NON_ASCII.test(text)) return l.countTokens(text, PLAIN)
+  const re = ASCII_SPLIT
+  re.lastIndex = 0
+  let n = 0
+  for (let m = re.exec(text); m !== null; m = re.exec(text)) {
+    const piece = m[0]
+    n += bp.getBpeRankFromString(piece) !== undefined ? 1 : bp.bytePairEncode(piece).length
+  }
+  return n
+}
+
+/** The pieces o200k's split cuts ASCII text into, by the library's pattern and by ASCII_SPLIT (for tests). */
+export function asciiSplitPieces(text: string): { library: string[]; ascii: string[] } {
+  loaded()
+  const re = split!
+  return {
+    library: [...text.matchAll(new RegExp(re.source, re.flags))].map((m) => m[0]),
+    ascii: [...text.matchAll(new RegExp(ASCII_SPLIT.source, ASCII_SPLIT.flags))].map((m) => m[0]),
+  }
 }
 
 // What each UTF-16 code unit can be in o200k's split, as bits (built at load, 64 KB): \s; a

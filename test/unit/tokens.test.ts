@@ -42,3 +42,52 @@ test('a long text counted a slice at a time counts exactly as a whole', async ()
   expect(sliced).toBeGreaterThanOrEqual(countTokens(run))
   expect(sliced).toBeLessThanOrEqual(Math.ceil(countTokens(run) * 1.005))
 })
+
+test('ASCII text is split as the library splits it, and counted as it counts it, without its Unicode pattern', async () => {
+  await loadTokenizer()
+  const { asciiSplitPieces, countTokens: count } = await import('../../src/tokenizer.ts')
+  const library = await import('../../src/tokenizer-tables.ts')
+  const PLAIN = { disallowedSpecial: new Set<string>() }
+  const rand = prng(11)
+  // Every ASCII character, with the ones the pattern treats apart weighted up: letters of both
+  // cases, digits, apostrophes and contractions, CR, LF, '/', spaces and tabs, punctuation.
+  const all = Array.from({ length: 128 }, (_, i) => String.fromCharCode(i))
+  const heavy = [
+    ...'aAzZmMsStTdD019 \t\r\n/\'"-.,;:!?(){}[]_<>@#$%^&*+=|\\`~',
+    "'s",
+    "'LL",
+    "'ve",
+    "'Re",
+    '  ',
+    '\r\n',
+    ' \n',
+  ]
+  const pick = () =>
+    rand() < 0.3 ? all[Math.floor(rand() * all.length)]! : heavy[Math.floor(rand() * heavy.length)]!
+  const words = [
+    'The',
+    'quick',
+    'BROWN',
+    'fox',
+    "don't",
+    'JSON',
+    'camelCase',
+    'x86_64',
+    '2026',
+    ' ',
+    '\n',
+    '  ',
+    'http://a.b/c',
+  ]
+  for (let round = 0; round < 3000; round++) {
+    let text = ''
+    const len = 1 + Math.floor(rand() * 60)
+    for (let i = 0; i < len; i++) text += rand() < 0.7 ? pick() : words[Math.floor(rand() * words.length)]!
+    const { library: want, ascii: got } = asciiSplitPieces(text)
+    expect(got).toEqual(want)
+    expect(count(text)).toBe(library.countTokens(text, PLAIN))
+  }
+  // Text with one non-ASCII character goes the library's way: the same count as before.
+  for (const text of ['naïve café', 'Привет, мир', 'emoji 🙂 here', 'tab\tand\u00a0nbsp'])
+    expect(count(text)).toBe(library.countTokens(text, PLAIN))
+})
