@@ -1,4 +1,4 @@
-import type { NodePool, NodeState } from '../routing/nodes.ts'
+import { ChangedNodes, interactiveReport, type NodePool, type NodeState } from '../routing/nodes.ts'
 
 /** A channel every router node of the cluster publishes on and hears (Redis pub/sub: cluster/bus.ts). */
 export interface PeerChannel {
@@ -32,8 +32,7 @@ const SYNC_MS = 1_000
 export class PeerNodes {
   /** By peer: interactive requests it reported, by base URL, and when it was last heard. */
   private readonly peers = new Map<string, { counts: Map<string, number>; heardAtMs: number }>()
-  private readonly dirty = new Set<NodeState>()
-  private scheduled = false
+  private readonly changed: ChangedNodes
   private reporting = false
   /** Set while others' requests are written into the pool: they are not this node's to report. */
   private mirroring = false
@@ -51,6 +50,9 @@ export class PeerNodes {
       before?.(nowMs, node)
       this.local(node)
     }
+    this.changed = new ChangedNodes((n) =>
+      this.channel.publish(JSON.stringify({ from: this.nodeId, n } satisfies PeerReport)),
+    )
     channel.listen((text) => this.receive(text))
     this.timer = setInterval(() => this.sync(), SYNC_MS)
     this.timer.unref?.()
@@ -71,21 +73,9 @@ export class PeerNodes {
     if (!this.reporting) {
       // Reporting starts: every node, so the others' counts of ours start right.
       this.reporting = true
-      for (const n of this.pool.nodes.values()) this.dirty.add(n)
+      for (const n of this.pool.nodes.values()) this.changed.add(n)
     }
-    this.dirty.add(node)
-    if (this.scheduled) return
-    this.scheduled = true
-    setImmediate(this.flush)
-  }
-
-  private readonly flush = () => {
-    this.scheduled = false
-    if (this.dirty.size === 0) return
-    const n: [string, number, number][] = []
-    for (const x of this.dirty) n.push([x.baseUrl, x.interactiveInFlight, x.lastInteractiveAtMs])
-    this.dirty.clear()
-    this.channel.publish(JSON.stringify({ from: this.nodeId, n } satisfies PeerReport))
+    this.changed.add(node)
   }
 
   /** Every second while a batch wants nodes: all of ours (a sync), and the silent peers forgotten. */
@@ -94,9 +84,7 @@ export class PeerNodes {
     for (const [id, p] of this.peers) if (now - p.heardAtMs >= EXPIRE_MS) this.forget(id)
     this.reporting = this.wanting()
     if (!this.reporting) return
-    const n: [string, number, number][] = []
-    for (const x of this.pool.nodes.values())
-      n.push([x.baseUrl, x.interactiveInFlight, x.lastInteractiveAtMs])
+    const n = [...this.pool.nodes.values()].map(interactiveReport)
     this.channel.publish(JSON.stringify({ from: this.nodeId, all: true, n } satisfies PeerReport))
   }
 

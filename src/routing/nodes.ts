@@ -261,3 +261,39 @@ export class NodePool {
     }
   }
 }
+
+/** A node's interactive requests as another process is told of them: base URL, in flight, latest started or ended at (ms). */
+export type InteractiveReport = [string, number, number]
+
+export const interactiveReport = (n: NodeState): InteractiveReport => [
+  n.baseUrl,
+  n.interactiveInFlight,
+  n.lastInteractiveAtMs,
+]
+
+/**
+ * Nodes whose interactive requests changed, handed over once at the end of the event-loop turn
+ * (src/workers/nodes.ts, src/cluster/peer-nodes.ts tell other processes of them).
+ */
+export class ChangedNodes {
+  private readonly dirty = new Set<NodeState>()
+  private scheduled = false
+
+  constructor(private readonly send: (reports: InteractiveReport[]) => void) {}
+
+  add(node: NodeState): void {
+    this.dirty.add(node)
+    if (this.scheduled) return
+    this.scheduled = true
+    setImmediate(this.flush)
+  }
+
+  readonly flush = (): void => {
+    this.scheduled = false
+    if (this.dirty.size === 0) return
+    const reports: InteractiveReport[] = []
+    for (const n of this.dirty) reports.push(interactiveReport(n))
+    this.dirty.clear()
+    this.send(reports)
+  }
+}

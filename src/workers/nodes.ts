@@ -1,4 +1,4 @@
-import type { NodePool, NodeState } from '../routing/nodes.ts'
+import { ChangedNodes, type InteractiveReport, type NodePool } from '../routing/nodes.ts'
 
 /**
  * Batches and interactive traffic across `server.workers` processes. The primary runs every batch
@@ -28,7 +28,7 @@ export interface BatchView {
 }
 
 /** A worker's interactive requests on a node: base URL, in flight, the latest started or ended at (ms). */
-export type NodeReport = readonly [string, number, number]
+export type NodeReport = Readonly<InteractiveReport>
 
 /** The primary's side: sends its view of the batch's nodes, mirrors the workers' interactive requests. */
 export class PrimaryNodes {
@@ -125,8 +125,7 @@ export class PrimaryNodes {
 /** A worker's side: takes the primary's view into its routing, reports its interactive requests. */
 export class WorkerNodes {
   private reporting = false
-  private readonly dirty = new Set<NodeState>()
-  private scheduled = false
+  private readonly changed: ChangedNodes
   /** What this worker last reported of each node (the view's totals less these are the other workers'). */
   private readonly reported = new Map<string, number>()
 
@@ -134,25 +133,14 @@ export class WorkerNodes {
     private readonly pool: NodePool,
     private readonly send: (nodes: NodeReport[]) => void,
   ) {
-    pool.onInteractiveChange = (_nowMs, node) => {
+    this.changed = new ChangedNodes((reports) => {
       if (!this.reporting) return
-      this.dirty.add(node)
-      if (this.scheduled) return
-      this.scheduled = true
-      setImmediate(this.flush)
+      for (const [baseUrl, n] of reports) this.reported.set(baseUrl, n)
+      this.send(reports)
+    })
+    pool.onInteractiveChange = (_nowMs, node) => {
+      if (this.reporting) this.changed.add(node)
     }
-  }
-
-  private readonly flush = () => {
-    this.scheduled = false
-    if (!this.reporting || this.dirty.size === 0) return
-    const nodes: NodeReport[] = []
-    for (const n of this.dirty) {
-      nodes.push([n.baseUrl, n.interactiveInFlight, n.lastInteractiveAtMs])
-      this.reported.set(n.baseUrl, n.interactiveInFlight)
-    }
-    this.dirty.clear()
-    this.send(nodes)
   }
 
   /** The primary's view: its lines count on the nodes here as they do in one process. */
@@ -181,8 +169,8 @@ export class WorkerNodes {
     this.reporting = view.report
     if (view.report && !was) {
       // Every node, so that the primary's counts start right (they may be from before a pause).
-      for (const n of this.pool.nodes.values()) this.dirty.add(n)
-      this.flush()
+      for (const n of this.pool.nodes.values()) this.changed.add(n)
+      this.changed.flush()
     }
   }
 }

@@ -4,37 +4,27 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import OpenAI from 'openai'
-import { startSimFleet } from '../../src/simulator/index.ts'
 import { startChatBatch } from '../helpers/batches.ts'
 import { freePort, jsonCall, startRouterProcess } from '../helpers/process.ts'
 import { ADMIN_TOKEN } from '../helpers/start.ts'
+import { startYieldFleet, streamOnce, until, YIELD_SEQS } from '../helpers/yield-fleet.ts'
 
 // With server.workers, the primary runs every batch line and the workers every interactive
 // request (docs/workers.md). A batch yields to interactive traffic there as in one process: the
 // workers tell the primary of their requests on each node (src/workers/nodes.ts), and lines are
 // pre-empted as they arrive.
-const SEQS = 4
+const SEQS = YIELD_SEQS
 const WORKERS = 2
 
 describe(`${WORKERS} workers: interactive requests take nodes back from the primary's batch`, () => {
-  let fleet: Awaited<ReturnType<typeof startSimFleet>>
+  let fleet: Awaited<ReturnType<typeof startYieldFleet>>
   let router: Awaited<ReturnType<typeof startRouterProcess>>
   let client: OpenAI
   let key: string
   const dir = mkdtempSync(join(tmpdir(), 'tropa-workers-yield-'))
 
   beforeAll(async () => {
-    fleet = await startSimFleet(
-      [1, 2].map((i) => ({
-        name: `sim-${i}`,
-        maxSeqs: SEQS,
-        prefillTokensPerSec: 50_000,
-        itlMs: 20, // a line of 40 tokens holds its slot for about a second
-        iterationOverheadMs: 1,
-        ignoreEos: true,
-        seed: i,
-      })),
-    )
+    fleet = await startYieldFleet()
     const configPath = join(dir, 'tropa.json')
     writeFileSync(
       configPath,
@@ -79,32 +69,10 @@ describe(`${WORKERS} workers: interactive requests take nodes back from the prim
     rmSync(dir, { recursive: true, force: true })
   })
 
-  const running = () => fleet.nodes.reduce((s, n) => s + n.stats().running, 0)
-  const aborted = () => fleet.nodes.map((n) => n.stats().aborted)
-  async function until(what: () => boolean, tries = 500) {
-    for (let i = 0; i < tries; i++) {
-      if (what()) return
-      await Bun.sleep(20)
-    }
-    throw new Error('condition not reached')
-  }
+  const running = () => fleet.running()
+  const aborted = () => fleet.aborted()
   /** A streamed request on a connection of its own (so either worker may take it). */
-  const stream = (maxTokens: number, content: string) =>
-    fetch(`${router.url}/v1/chat/completions`, {
-      method: 'POST',
-      keepalive: false,
-      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({
-        model: 'test/chat',
-        messages: [{ role: 'user', content }],
-        max_tokens: maxTokens,
-        stream: true,
-      }),
-    }).then(async (res) => ({
-      status: res.status,
-      node: res.headers.get('x-tropa-node'),
-      text: await res.text(),
-    }))
+  const stream = (maxTokens: number, content: string) => streamOnce(router.url, key, maxTokens, content)
 
   test('a request on a node full of lines pre-empts them there, and a load over quiet_load pre-empts them on the other node too; the batch runs on after it, each line billed once', async () => {
     const batch = await startChatBatch(client, 120, { maxTokens: 40, prefix: 'line' })

@@ -3,40 +3,30 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import OpenAI from 'openai'
-import { startSimFleet } from '../../src/simulator/index.ts'
 import { startChatBatch } from '../helpers/batches.ts'
 import { clusterConfig, startNode } from '../helpers/infra.ts'
 import { freshPgDatabase } from '../helpers/pg.ts'
 import { jsonCall } from '../helpers/process.ts'
 import { ADMIN_TOKEN } from '../helpers/start.ts'
+import { startYieldFleet, streamOnce, until, YIELD_SEQS } from '../helpers/yield-fleet.ts'
 
 // Two router nodes share PostgreSQL and Redis; both run lines of the same batch, and each serves
 // interactive requests of its own. A request on router B pre-empts router A's lines as it would
 // B's own (cluster/peer-nodes.ts): the routers tell each other of their interactive requests on
 // each upstream while a batch wants nodes.
-const SEQS = 4
+const SEQS = YIELD_SEQS
 const REDIS_URL = process.env.TROPA_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379'
 
 describe('a cluster: a batch yields to every router node’s interactive requests', () => {
   const dir = mkdtempSync(join(tmpdir(), 'tropa-cluster-yield-'))
-  let fleet: Awaited<ReturnType<typeof startSimFleet>>
+  let fleet: Awaited<ReturnType<typeof startYieldFleet>>
   let pg: Awaited<ReturnType<typeof freshPgDatabase>>
   let a: Awaited<ReturnType<typeof startNode>>
   let b: Awaited<ReturnType<typeof startNode>>
   let key: string
 
   beforeAll(async () => {
-    fleet = await startSimFleet(
-      [1, 2].map((i) => ({
-        name: `sim-${i}`,
-        maxSeqs: SEQS,
-        prefillTokensPerSec: 50_000,
-        itlMs: 20, // a line of 40 tokens holds its slot for about a second
-        iterationOverheadMs: 1,
-        ignoreEos: true,
-        seed: i,
-      })),
-    )
+    fleet = await startYieldFleet()
     pg = await freshPgDatabase()
     const cfg = clusterConfig({
       dir,
@@ -78,27 +68,10 @@ describe('a cluster: a batch yields to every router node’s interactive request
     rmSync(dir, { recursive: true, force: true })
   })
 
-  const running = () => fleet.nodes.reduce((s, n) => s + n.stats().running, 0)
+  const running = () => fleet.running()
   const linesOf = (n: typeof a) =>
     [...n.svc.deps.pool.nodes.values()].reduce((s, x) => s + x.batchInFlight, 0)
-  async function until(what: () => boolean, tries = 500) {
-    for (let i = 0; i < tries; i++) {
-      if (what()) return
-      await Bun.sleep(20)
-    }
-    throw new Error('condition not reached')
-  }
-  const stream = (url: string, maxTokens: number, content: string) =>
-    fetch(`${url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({
-        model: 'test/chat',
-        messages: [{ role: 'user', content }],
-        max_tokens: maxTokens,
-        stream: true,
-      }),
-    }).then(async (res) => ({ status: res.status, text: await res.text() }))
+  const stream = (url: string, maxTokens: number, content: string) => streamOnce(url, key, maxTokens, content)
 
   test("router B's interactive requests pre-empt router A's lines; once they end, A's lines run again", async () => {
     const client = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: key, maxRetries: 0 })
