@@ -135,10 +135,11 @@ export function countTokens(text: string): number {
  * o200k's split for text of ASCII alone: the library's pattern with each Unicode property class
  * written as the ASCII characters it holds (\p{Lu} and \p{Lt} as A-Z, \p{Ll} as a-z, \p{L} as
  * A-Za-z, \p{N} as 0-9; \p{Lm}, \p{Lo} and \p{M} hold none), and no `u` flag. On ASCII it cuts
- * the same pieces (test/unit/tokens.test.ts compares them on random text). Why: every match of a
- * pattern with Unicode property classes made JavaScriptCore's young-generation collections visit
- * megabytes more under load (3-7 MB a collection against 0.35 MB, and stops of 10-30 ms:
- * bench/results/2026-11-26-gc-pauses.md); most prompts are ASCII.
+ * the same pieces (test/unit/tokens.test.ts compares them on random text). Why: in probe runs,
+ * matching the Unicode-property pattern on each prompt went with JavaScriptCore's young-generation
+ * collections visiting megabytes more (bench/results/2026-11-26-gc-pauses.md, where the effect
+ * measured after this change is not shown either way); it also leaves most prompts, which are
+ * ASCII, off the engine's Unicode path.
  */
 const ASCII_SPLIT =
   /[^\r\nA-Za-z0-9]?[A-Z]*[a-z]+(?:'(?:[sS]|[dD]|[mM]|[tT]|[lL][lL]|[vV][eE]|[rR][eE]))?|[^\r\nA-Za-z0-9]?[A-Z]+[a-z]*(?:'(?:[sS]|[dD]|[mM]|[tT]|[lL][lL]|[vV][eE]|[rR][eE]))?|[0-9]{1,3}| ?[^\sA-Za-z0-9]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+/g
