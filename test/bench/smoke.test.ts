@@ -41,7 +41,10 @@ test(
     // noise with no ratio, so the verdict itself may be n/a).
     const i24 = r.targets.filter((t) => t.target.startsWith('#24:'))
     expect(i24).toHaveLength(6)
-    for (const t of i24) expect(t.value).not.toBe('n/a')
+    // (wrk's figure needs wrk: .ci/run installs it; a machine without it reads n/a there.)
+    for (const t of i24)
+      if (!(r.settings.wrk === 'not installed' && t.target.includes('wrk raw')))
+        expect(t.value).not.toBe('n/a')
     expect(Object.keys(r.headline)).toContain('tropa_over_bare_added_p50_2000')
   },
   { timeout: 120_000 },
