@@ -48,9 +48,12 @@ export interface PredictedTtftOptions {
   readonly sessionSlack: number
   /**
    * A new session's first request ignores cached prefixes when they draw it to a node decoding
-   * more than this many requests above the least busy candidate.
+   * more than this many requests above the least busy candidate, or more than
+   * `sessionSpreadPerKTokens` per 1000 tokens of the prefix cached there, if that is more:
+   * spreading repeats the prefix's prefill, and a long one is worth a busier node.
    */
   readonly sessionSpread: number
+  readonly sessionSpreadPerKTokens: number
   /**
    * First tokens that waited on fewer uncached tokens than this do not teach the prefill rate:
    * the fixed cost of a step outweighs the prefill in them.
@@ -133,6 +136,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   tieShare: 0.1,
   sessionSlack: 1.15,
   sessionSpread: 2,
+  sessionSpreadPerKTokens: 3,
   minRateSampleTokens: 512,
   maxDecodeShare: 0.5,
   batchNodeFactor: 1.1,
@@ -434,9 +438,16 @@ export class PredictedTtft implements RoutingPolicy {
       // prefix it would find (a system prompt all sessions share, say) draws it to a node busier
       // than the least busy by more than `sessionSpread` decoding requests, it is placed as if
       // nothing were cached, and so the popular prefix spreads instead of piling on one node.
+      // Spreading repeats the prefix's prefill: a long prefix (an agent's 2k-token tool prompt)
+      // takes a busier node before it spreads, `sessionSpreadPerKTokens` requests per 1k tokens.
       let minDecoding = Number.POSITIVE_INFINITY
       for (const i of picked) minDecoding = Math.min(minDecoding, this.model(pool[i]!.node).decoding)
-      if (this.model(pool[best]!.node).decoding > minDecoding + this.opts.sessionSpread) scan(false)
+      const cachedTokens = Math.min(matched[best]! * req.blockTokens, req.promptTokens - 1)
+      const spread = Math.max(
+        this.opts.sessionSpread,
+        (this.opts.sessionSpreadPerKTokens * cachedTokens) / 1000,
+      )
+      if (this.model(pool[best]!.node).decoding > minDecoding + spread) scan(false)
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx

@@ -291,6 +291,41 @@ describe('PredictedTtft', () => {
     }
   })
 
+  test('a new session stays with a long prefix it shares on a busier node, and spreads off a short one', () => {
+    // A new session finding its prompt's prefix cached on a node decoding 4 more requests than
+    // the others: spreading recomputes the prefix (its prefill, once) to put the session's
+    // turns on a calmer node. Worth it for a 1k-token system prompt; not for a 2k-token one.
+    const placeNew = (prefixTokens: number) => {
+      const { pool, cands } = fleet(4)
+      const p = new PredictedTtft({ rng: rng(5) })
+      for (const c of cands) serve(p, pool, c, req({ nowMs: 0 }), 100)
+      const shared = 'tool prompt '.repeat(Math.ceil((prefixTokens * 4) / 12)).slice(0, prefixTokens * 4)
+      const turn = (i: number, nowMs: number) =>
+        req({
+          nowMs,
+          session: `agent-${i}`,
+          prefix: prefixOf(`${shared}the first turn of agent ${i}`),
+          promptTokens: prefixTokens + 400,
+        })
+      const first = turn(0, 1000)
+      const home = p.choose(cands, first)!
+      const others = new Set(cands.filter((c) => c !== home))
+      // Four sessions decoding on the prefix's node (sent, first chunk in, not ended).
+      for (let i = 0; i < 4; i++) {
+        const r = i === 0 ? first : { ...turn(i, 1000 + i * 10), exclude: others }
+        pool.begin(home.node, r.nowMs)
+        const a = new Attempt(home, r, r.nowMs)
+        p.started(a)
+        p.firstChunk(a, r.nowMs + 100)
+      }
+      return { home, next: p.choose(cands, turn(9, 2000)) }
+    }
+    const long = placeNew(2000)
+    expect(long.next).toBe(long.home)
+    const short = placeNew(1000)
+    expect(short.next).not.toBe(short.home)
+  })
+
   test('hedges only once it knows what late means, and later than the prediction', () => {
     const { pool, cands } = fleet(2)
     const p = new PredictedTtft({ rng: rng(), hedgeMinMs: 50 })
