@@ -48,9 +48,12 @@ export interface PredictedTtftOptions {
   readonly sessionSlack: number
   /**
    * A new session's first request ignores cached prefixes when they draw it to a node decoding
-   * more than this many requests above the least busy candidate.
+   * more than this many requests above the least busy candidate, or more than
+   * `sessionSpreadPerKTokens` per 1000 tokens of the prefix cached there, if that is more:
+   * spreading repeats the prefix's prefill, and a long one is worth a busier node.
    */
   readonly sessionSpread: number
+  readonly sessionSpreadPerKTokens: number
   /**
    * First tokens that waited on fewer uncached tokens than this do not teach the prefill rate:
    * the fixed cost of a step outweighs the prefill in them.
@@ -111,6 +114,15 @@ export interface PredictedTtftOptions {
    */
   readonly slotWaitPolls: number
   /**
+   * When the prediction puts a request off the nodes holding its longest prefix match (at least
+   * this many blocks), a holder is priced again with its queue credited with the prefill done
+   * since it started (the queue's head is partly prefilled, which the queued tokens alone do not
+   * say), and wins when that is sooner. Not when an attempt sent there without a first token
+   * yet shares the prefix: its blocks are still being computed, and a request admitted before
+   * they are computes them again behind it. 0: off.
+   */
+  readonly holderCreditBlocks: number
+  /**
    * A rate learned at a request's end (its first token seconds before) that is lower than the
    * node's dips it from now only when the node is slow next to the fleet: the sample over the
    * node's rate below this share of the median such ratio of the fleet's recent first tokens.
@@ -133,6 +145,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   tieShare: 0.1,
   sessionSlack: 1.15,
   sessionSpread: 2,
+  sessionSpreadPerKTokens: 3,
   minRateSampleTokens: 512,
   maxDecodeShare: 0.5,
   batchNodeFactor: 1.1,
@@ -145,12 +158,17 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   frozenMinMs: 1500,
   fleetSlowShare: 0.5,
   slotWaitPolls: 2,
+  holderCreditBlocks: 8,
 }
 
 /** What the policy has learned about one node. */
 export class NodeModel {
   /** Uncached prompt tokens sent and not yet answered with a first chunk (P). */
   queuedTokens = 0
+  /** Since when the queue has been prefilling: when it last became non-empty, or its last first chunk. */
+  queueSinceMs = 0
+  /** Attempts sent here without a first chunk yet. */
+  readonly pending = new Set<Attempt>()
   /** Requests past their first chunk and not ended (D). */
   decoding = 0
   /** Requests sent and not answered yet (non-streamed ones stay here until they end). */
@@ -293,9 +311,18 @@ export class PredictedTtft implements RoutingPolicy {
     return m
   }
 
-  /** Predicted TTFT on a node for `n` prompt tokens of which `cached` are likely cached, ms. */
-  predict(m: NodeModel, n: number, cached: number, nowMs: number): number {
-    const queued = m.queuedTokens
+  /**
+   * Predicted TTFT on a node for `n` prompt tokens of which `cached` are likely cached, ms. With
+   * `credit`, the queue is taken as prefilling at the node's rate since `queueSinceMs`.
+   */
+  predict(m: NodeModel, n: number, cached: number, nowMs: number, credit = false): number {
+    const queued =
+      credit && m.queuedTokens > 0
+        ? Math.max(
+            0,
+            m.queuedTokens - (Math.max(0, nowMs - m.queueSinceMs - m.rttMs / 2) * m.rate(nowMs)) / 1000,
+          )
+        : m.queuedTokens
     let slotWaitMs = 0
     if (
       this.metricsOn &&
@@ -429,14 +456,37 @@ export class PredictedTtft implements RoutingPolicy {
       }
     }
     scan(true)
+    if (
+      this.opts.holderCreditBlocks > 0 &&
+      bestMatch >= this.opts.holderCreditBlocks &&
+      matched[best]! < bestMatch
+    ) {
+      // Sent off the prefix's holders: price them again with their queues' progress credited.
+      for (const i of picked) {
+        if (matched[i] !== bestMatch || batchNode[i]) continue
+        const t = this.holderTtft(this.model(pool[i]!.node), req, bestMatch)
+        if (t !== undefined && t / pool[i]!.route.weight < ts[best]!) {
+          ts[i] = t / pool[i]!.route.weight
+          best = i
+        }
+      }
+      bestTtft = ts[best]!
+    }
     if (newSession) {
       // A new session settles where it starts: its turns will load that node. When the cached
       // prefix it would find (a system prompt all sessions share, say) draws it to a node busier
       // than the least busy by more than `sessionSpread` decoding requests, it is placed as if
       // nothing were cached, and so the popular prefix spreads instead of piling on one node.
+      // Spreading repeats the prefix's prefill: a long prefix (an agent's 2k-token tool prompt)
+      // takes a busier node before it spreads, `sessionSpreadPerKTokens` requests per 1k tokens.
       let minDecoding = Number.POSITIVE_INFINITY
       for (const i of picked) minDecoding = Math.min(minDecoding, this.model(pool[i]!.node).decoding)
-      if (this.model(pool[best]!.node).decoding > minDecoding + this.opts.sessionSpread) scan(false)
+      const cachedTokens = Math.min(matched[best]! * req.blockTokens, req.promptTokens - 1)
+      const spread = Math.max(
+        this.opts.sessionSpread,
+        (this.opts.sessionSpreadPerKTokens * cachedTokens) / 1000,
+      )
+      if (this.model(pool[best]!.node).decoding > minDecoding + spread) scan(false)
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
@@ -449,8 +499,28 @@ export class PredictedTtft implements RoutingPolicy {
   estimateTtftMs(c: Candidate, req: RouteRequest): number {
     const m = this.model(c.node)
     const blocks = req.prefix.length > 0 ? m.index.match(req.prefix) : 0
+    // As `choose` prices a holder (deadline-aware admission asks about the node it chose).
+    const held = this.holderTtft(m, req, blocks)
+    if (held !== undefined) return held
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     return this.predict(m, req.promptTokens, cached, req.nowMs)
+  }
+
+  /**
+   * The prediction on a node holding `blocks` of the request's prefix with its queue's progress
+   * credited, or undefined when the match is short or still being prefilled there (an attempt
+   * without a first token shares it).
+   */
+  private holderTtft(m: NodeModel, req: RouteRequest, blocks: number): number | undefined {
+    if (this.opts.holderCreditBlocks <= 0 || blocks < this.opts.holderCreditBlocks) return undefined
+    for (const a of m.pending) {
+      const p = a.req.prefix
+      let k = 0
+      while (k < blocks && k < p.length && p[k] === req.prefix[k]) k++
+      if (k >= blocks) return undefined
+    }
+    const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
+    return this.predict(m, req.promptTokens, cached, req.nowMs, true)
   }
 
   started(a: Attempt): void {
@@ -464,7 +534,9 @@ export class PredictedTtft implements RoutingPolicy {
     this.lastChoice = undefined
     a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
     a.ownTokens = a.queuedTokens
+    if (m.queuedTokens === 0) m.queueSinceMs = a.startedAtMs
     m.queuedTokens += a.queuedTokens
+    m.pending.add(a)
     a.queueAheadTokens = m.queuedTokens
     a.decodingAtStart = m.decoding
     // With nothing owed, the node's silence starts now; one that let requests go unanswered
@@ -492,6 +564,8 @@ export class PredictedTtft implements RoutingPolicy {
     this.alive(m, nowMs)
     m.heardMs = nowMs
     this.dequeue(m, a)
+    m.pending.delete(a)
+    m.queueSinceMs = nowMs
     m.decoding++
     a.decoding = true
     m.firstChunks++
@@ -528,6 +602,7 @@ export class PredictedTtft implements RoutingPolicy {
     completionTokens?: number,
   ): void {
     const m = this.model(a.candidate.node)
+    m.pending.delete(a)
     if (outcome === 'ok') {
       this.alive(m, nowMs)
       m.heardMs = nowMs

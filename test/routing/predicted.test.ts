@@ -291,6 +291,78 @@ describe('PredictedTtft', () => {
     }
   })
 
+  test('a new session stays with a long prefix it shares on a busier node, and spreads off a short one', () => {
+    // A new session finding its prompt's prefix cached on a node decoding 4 more requests than
+    // the others: spreading recomputes the prefix (its prefill, once) to put the session's
+    // turns on a calmer node. Worth it for a 1k-token system prompt; not for a 2k-token one.
+    const placeNew = (prefixTokens: number) => {
+      const { pool, cands } = fleet(4)
+      const p = new PredictedTtft({ rng: rng(5) })
+      for (const c of cands) serve(p, pool, c, req({ nowMs: 0 }), 100)
+      const shared = 'tool prompt '.repeat(Math.ceil((prefixTokens * 4) / 12)).slice(0, prefixTokens * 4)
+      const turn = (i: number, nowMs: number) =>
+        req({
+          nowMs,
+          session: `agent-${i}`,
+          prefix: prefixOf(`${shared}the first turn of agent ${i}`),
+          promptTokens: prefixTokens + 400,
+        })
+      const first = turn(0, 1000)
+      const home = p.choose(cands, first)!
+      const others = new Set(cands.filter((c) => c !== home))
+      // Four sessions decoding on the prefix's node (sent, first chunk in, not ended).
+      for (let i = 0; i < 4; i++) {
+        const r = i === 0 ? first : { ...turn(i, 1000 + i * 10), exclude: others }
+        pool.begin(home.node, r.nowMs)
+        const a = new Attempt(home, r, r.nowMs)
+        p.started(a)
+        p.firstChunk(a, r.nowMs + 100)
+      }
+      return { home, next: p.choose(cands, turn(9, 2000)) }
+    }
+    const long = placeNew(2000)
+    expect(long.next).toBe(long.home)
+    const short = placeNew(1000)
+    expect(short.next).not.toBe(short.home)
+  })
+
+  test("a prefix's holder busy with an earlier prefill wins once that prefill is mostly done, unless it is the prefix's own", () => {
+    const setup = () => {
+      const { pool, cands } = fleet(2)
+      const p = new PredictedTtft({ rng: rng(2) })
+      // Both nodes measured at 8k tokens/s.
+      for (const c of cands) serve(p, pool, c, req({ nowMs: 0, promptTokens: 1000 }), 125)
+      return { pool, cands, p }
+    }
+    const shared = 'you are a helpful agent. '.repeat(320) // 8000 characters: 31 blocks
+    const ask = (nowMs: number, q: string) =>
+      req({ nowMs, prefix: prefixOf(`${shared}${q}`), promptTokens: 2200 })
+    {
+      // The holder answered the prefix before; since t=1000 it prefills 7000 tokens of another prompt.
+      const { pool, cands, p } = setup()
+      const first = ask(100, 'question one')
+      const home = p.choose(cands, first)!
+      serve(p, pool, home, first, 275)
+      pool.begin(home.node, 1000)
+      p.started(new Attempt(home, req({ nowMs: 1000, promptTokens: 7000 }), 1000))
+      // 700 ms in, 1400 tokens of it are left (175 ms) and the request's own 216 (27 ms): 202 ms
+      // against 275 ms for all 2200 on the idle node. Priced by its queued tokens, 902 ms.
+      expect(p.choose(cands, ask(1700, 'question two'))).toBe(home)
+      // Just after it started, the whole queue is ahead: the idle node.
+      expect(p.choose(cands, ask(1010, 'question three'))).not.toBe(home)
+    }
+    {
+      // The holder's only prefill is the prefix's first sighting, sent 700 ms ago without a first
+      // token: its blocks are not cached yet, and sending now would compute them again.
+      const { pool, cands, p } = setup()
+      const first = ask(1000, 'question one')
+      const home = p.choose(cands, first)!
+      pool.begin(home.node, 1000)
+      p.started(new Attempt(home, first, 1000))
+      expect(p.choose(cands, ask(1700, 'question two'))).not.toBe(home)
+    }
+  })
+
   test('hedges only once it knows what late means, and later than the prediction', () => {
     const { pool, cands } = fleet(2)
     const p = new PredictedTtft({ rng: rng(), hedgeMinMs: 50 })
