@@ -25,26 +25,7 @@ const MODES: Record<string, (body: ReadableStream<Uint8Array>, req: Request) => 
   /** The body returned as it is: Bun pipes socket to socket. */
   bare: (body) => body,
   /** A direct stream, one pull for the body, a reader's read per chunk (Tropa and bare-proxy relay). */
-  direct: (body) => {
-    const reader = body.getReader()
-    return new ReadableStream({
-      type: 'direct',
-      async pull(controller: Direct) {
-        try {
-          for (;;) {
-            const { done, value } = await reader.read()
-            if (done) return void controller.close()
-            const w = controller.write(value)
-            controller.flush()
-            if (w instanceof Promise) await w
-          }
-        } catch {
-          controller.close()
-        }
-      },
-      cancel: () => void reader.cancel().catch(() => {}),
-    } as unknown as UnderlyingDefaultSource<Uint8Array>)
-  },
+  direct: (body) => directWith(body, {}),
   /** direct, the request kept for the stream's life (as a cut on stall needs it: server.timeout). */
   directKeepRequest: (body, req) => {
     const s = MODES.direct!(body, req) as ReadableStream & { req?: Request }

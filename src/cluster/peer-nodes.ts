@@ -1,4 +1,10 @@
-import { ChangedNodes, interactiveReport, type NodePool, type NodeState } from '../routing/nodes.ts'
+import {
+  ChangedNodes,
+  type InteractiveReport,
+  interactiveReport,
+  type NodePool,
+  type NodeState,
+} from '../routing/nodes.ts'
 
 /** A channel every router node of the cluster publishes on and hears (Redis pub/sub: cluster/bus.ts). */
 export interface PeerChannel {
@@ -11,8 +17,7 @@ interface PeerReport {
   readonly from: string
   /** Every upstream node of this router's pool (absent ones have none): a sync, not a change. */
   readonly all?: true
-  /** Base URL, interactive requests in flight there, the latest started or ended at (ms). */
-  readonly n: readonly (readonly [string, number, number])[]
+  readonly n: readonly Readonly<InteractiveReport>[]
 }
 
 /** A node that has reported nothing for this long has its requests forgotten (it died, or its batch ended). */

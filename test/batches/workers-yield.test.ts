@@ -7,7 +7,7 @@ import OpenAI from 'openai'
 import { startChatBatch } from '../helpers/batches.ts'
 import { freePort, jsonCall, startRouterProcess } from '../helpers/process.ts'
 import { ADMIN_TOKEN } from '../helpers/start.ts'
-import { startYieldFleet, streamOnce, until, YIELD_SEQS } from '../helpers/yield-fleet.ts'
+import { startYieldFleet, streamOnce, until, YIELD_BATCHES, YIELD_SEQS } from '../helpers/yield-fleet.ts'
 
 // With server.workers, the primary runs every batch line and the workers every interactive
 // request (docs/workers.md). A batch yields to interactive traffic there as in one process: the
@@ -30,14 +30,7 @@ describe(`${WORKERS} workers: interactive requests take nodes back from the prim
       configPath,
       JSON.stringify({
         server: { data_dir: dir, admin_token: ADMIN_TOKEN, log_level: 'error', workers: WORKERS },
-        batches: {
-          tick_ms: 20,
-          workers: 1,
-          concurrency: 32,
-          quiet_ms: 300,
-          reserve_slots: 0,
-          quiet_load: 0.1,
-        },
+        batches: YIELD_BATCHES,
         models: [
           {
             id: 'test/chat',

@@ -8,7 +8,7 @@ import { clusterConfig, startNode } from '../helpers/infra.ts'
 import { freshPgDatabase } from '../helpers/pg.ts'
 import { jsonCall } from '../helpers/process.ts'
 import { ADMIN_TOKEN } from '../helpers/start.ts'
-import { startYieldFleet, streamOnce, until, YIELD_SEQS } from '../helpers/yield-fleet.ts'
+import { startYieldFleet, streamOnce, until, YIELD_BATCHES, YIELD_SEQS } from '../helpers/yield-fleet.ts'
 
 // Two router nodes share PostgreSQL and Redis; both run lines of the same batch, and each serves
 // interactive requests of its own. A request on router B pre-empts router A's lines as it would
@@ -34,15 +34,7 @@ describe('a cluster: a batch yields to every router node’s interactive request
       redisUrl: REDIS_URL,
       sim: fleet.nodes,
       extra: {
-        // One interactive stream is a load of 1/8 (two upstreams of 4 slots): over 0.1.
-        batches: {
-          tick_ms: 20,
-          workers: 1,
-          concurrency: 32,
-          quiet_ms: 300,
-          reserve_slots: 0,
-          quiet_load: 0.1,
-        },
+        batches: YIELD_BATCHES,
       },
     })
     // Routes of the upstreams' real size, with no hedging.

@@ -28,6 +28,19 @@ export async function startYieldFleet() {
   }
 }
 
+/**
+ * Batch settings of the yield tests: a quick tick, one worker thread, every slot for lines, and a
+ * quiet_load one interactive stream exceeds (1/8 of two nodes' 8 slots is over 0.1).
+ */
+export const YIELD_BATCHES = {
+  tick_ms: 20,
+  workers: 1,
+  concurrency: 32,
+  quiet_ms: 300,
+  reserve_slots: 0,
+  quiet_load: 0.1,
+}
+
 /** Polls `what` every 20 ms until it holds; throws after `tries`. */
 export async function until(what: () => boolean, tries = 500): Promise<void> {
   for (let i = 0; i < tries; i++) {
