@@ -78,8 +78,14 @@ describe(`${WORKERS} workers: interactive requests take nodes back from the prim
     expect(s.text).toContain('data: [DONE]')
     const home = fleet.nodes.findIndex((n) => n.name === s.node)
     expect(home).toBeGreaterThanOrEqual(0)
+    // Lines were cancelled upstream on the stream's node (it got a slot at once) and on the other;
+    // a node counts a cancel when it notices the closed connection, a moment later on a busy machine.
+    const cancelled = () => {
+      const after = aborted()
+      return after[home]! > before[home]! && after[1 - home]! > before[1 - home]!
+    }
+    await until(cancelled, 150).catch(() => {})
     const after = aborted()
-    // Lines were cancelled upstream on the stream's node (it got a slot at once) and on the other.
     expect(after[home]! - before[home]!).toBeGreaterThan(0)
     expect(after[1 - home]! - before[1 - home]!).toBeGreaterThan(0)
     // Once the stream is over, the load falls and the batch has both nodes again.
