@@ -12,6 +12,7 @@
  * Then backpressure: one client that never reads asks a fast upstream (64 KiB chunks, pulled on
  * demand) and after 3 s the bytes the upstream was asked for and the proxy's growth are read.
  */
+import http from 'node:http'
 import net from 'node:net'
 
 /** The controller Bun gives a direct stream's pull(). */
@@ -192,6 +193,8 @@ function staticDirect(body: ReadableStream<Uint8Array>, read: boolean): Readable
 }
 
 MODES.rawNet = MODES.bare!
+/** The upstream read with node:http's client (a keep-alive agent), relayed as rawNet is. */
+MODES.nodeHttp = MODES.bare!
 MODES.rawBun = MODES.bare!
 
 const EVENT = new TextEncoder().encode(
@@ -258,6 +261,7 @@ function proxy(mode: string, upstreamPort: string, portFile: string): void {
     idleTimeout: 0,
     async fetch(req) {
       const path = new URL(req.url).pathname
+      if (mode === 'nodeHttp') return nodeHttpRelay(Number(upstreamPort), path, await req.arrayBuffer())
       if (mode === 'rawNet' || mode === 'rawBun')
         return rawRelay(mode, Number(upstreamPort), path, await req.arrayBuffer())
       const res = await fetch(`http://127.0.0.1:${upstreamPort}${path}`, {
@@ -270,6 +274,49 @@ function proxy(mode: string, upstreamPort: string, portFile: string): void {
     },
   })
   Bun.write(portFile, String(server.port))
+}
+
+const agent = new http.Agent({ keepAlive: true, maxSockets: Number.POSITIVE_INFINITY })
+
+/** The upstream read with node:http's client, its data events written to a direct stream, paused on backpressure. */
+function nodeHttpRelay(port: number, path: string, body: ArrayBuffer): Promise<Response> {
+  return new Promise((resolve, reject) => {
+    const headers = { 'content-type': 'application/json', 'content-length': body.byteLength }
+    const out = http.request({ host: '127.0.0.1', port, path, method: 'POST', agent, headers }, (src) => {
+      const source = {
+        type: 'direct',
+        pull: (c: Direct) =>
+          new Promise<void>((done) => {
+            src.on('data', (d: Buffer) => {
+              const w = c.write(d)
+              c.flush()
+              if (w instanceof Promise) {
+                src.pause()
+                w.then(
+                  () => src.resume(),
+                  () => {},
+                )
+              }
+            })
+            const end = () => {
+              c.close()
+              done()
+            }
+            src.on('end', end)
+            src.on('error', end)
+          }),
+        cancel: () => src.destroy(),
+      }
+      resolve(
+        new Response(new ReadableStream(source as unknown as UnderlyingDefaultSource<Uint8Array>), {
+          status: src.statusCode,
+          headers: { 'content-type': 'text/event-stream' },
+        }),
+      )
+    })
+    out.on('error', reject)
+    out.end(Buffer.from(body))
+  })
 }
 
 /**

@@ -135,11 +135,11 @@ export function countTokens(text: string): number {
  * o200k's split for text of ASCII alone: the library's pattern with each Unicode property class
  * written as the ASCII characters it holds (\p{Lu} and \p{Lt} as A-Z, \p{Ll} as a-z, \p{L} as
  * A-Za-z, \p{N} as 0-9; \p{Lm}, \p{Lo} and \p{M} hold none), and no `u` flag. On ASCII it cuts
- * the same pieces (test/unit/tokens.test.ts compares them on random text). Why: in probe runs,
- * matching the Unicode-property pattern on each prompt went with JavaScriptCore's young-generation
- * collections visiting megabytes more (bench/results/2026-11-26-gc-pauses.md, where the effect
- * measured after this change is not shown either way); it also leaves most prompts, which are
- * ASCII, off the engine's Unicode path.
+ * the same pieces (test/unit/tokens.test.ts compares them on random text). Why: it keeps most
+ * prompts, which are ASCII, off the engine's Unicode path: a 20 KB ASCII prompt counts in 0.43 ms
+ * against 0.49-0.50 with the library's split. It was written for a suspected effect on
+ * JavaScriptCore's young-generation collections that three alternated runs over HTTP on a quiet
+ * machine did not show (bench/results/2026-11-26h-perf-probes.md).
  */
 const ASCII_SPLIT =
   /[^\r\nA-Za-z0-9]?[A-Z]*[a-z]+(?:'(?:[sS]|[dD]|[mM]|[tT]|[lL][lL]|[vV][eE]|[rR][eE]))?|[^\r\nA-Za-z0-9]?[A-Z]+[a-z]*(?:'(?:[sS]|[dD]|[mM]|[tT]|[lL][lL]|[vV][eE]|[rR][eE]))?|[0-9]{1,3}| ?[^\sA-Za-z0-9]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+/g
