@@ -11,6 +11,7 @@ import type { Candidate, NodePool, NodeState } from '../routing/nodes.ts'
 import type { BatchRecord, BatchStatus, Store } from '../storage/store.ts'
 import type { RequestTrace } from '../tracing/span.ts'
 import type { Tracing } from '../tracing/tracing.ts'
+import { Demand } from './demand.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 
 /** A finalization claimed longer ago than this is taken over by another node (or after a restart). */
@@ -39,9 +40,10 @@ export interface BatchSettings {
   /** A node counts as free of interactive traffic once none has been in flight there for this long. */
   readonly quietMs: number
   /**
-   * The fleet's interactive load (interactive requests in flight over its slots, see
-   * `interactiveLoad`) at or under which lines fill every node beside interactive traffic, one
-   * slot kept free for the next arrival (a valley).
+   * Interactive requests in flight over the fleet's slots (as they are now, not followed slowly
+   * as `interactiveLoad` falls) at or under which lines start on every node beside interactive
+   * traffic, `reserveSlots` (at least one) kept free for the next arrival (a valley); they keep
+   * their places while `interactiveLoad` is at most max(fillLoad, quietLoad). 0: off.
    */
   readonly fillLoad: number
   /** The load over which even a quiet node takes no line (a peak's lulls are no valley). */
@@ -156,6 +158,7 @@ export class BatchScheduler {
 
   async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer)
+    if (this.wakeTimer) clearTimeout(this.wakeTimer)
     for (const w of this.workers) {
       w.postMessage({ t: 'stop' } satisfies ToWorker)
       w.terminate()
@@ -518,7 +521,10 @@ export class BatchScheduler {
     const key = this.identity.keyById(b.keyId)
     if (key?.status !== 'active') return Promise.resolve({ kind: 'stop', code: 'key_not_active' })
     const now = Date.now()
+    // While interactive requests are in flight anywhere, lines start on a node spaced out (`pace`).
+    const paced = this.interactiveLoad(now) * this.countSlots() >= 0.5
     let best: Candidate | undefined
+    let nextAtMs = Number.POSITIVE_INFINITY
     for (const c of this.pool.candidates(m.model)) {
       const cap = this.batchCap(c, now)
       if (
@@ -527,12 +533,23 @@ export class BatchScheduler {
         c.node.batchInFlight >= cap
       )
         continue
+      if (paced) {
+        const at = this.pace(c.node, cap)
+        if (at > now) {
+          nextAtMs = Math.min(nextAtMs, at)
+          continue
+        }
+      }
       if (!best || c.node.batchInFlight / c.route.weight < best.node.batchInFlight / best.route.weight)
         best = c
     }
-    if (!best) return undefined
+    if (!best) {
+      if (nextAtMs < Number.POSITIVE_INFINITY) this.wakeAt(nextAtMs)
+      return undefined
+    }
     const node = best
-    this.pool.beginBatch(node.node)
+    this.pool.beginBatch(node.node, m.promptTokens, now)
+    this.lineTiming(node.node).startedAtMs = now
     // A batch's first lines may run before the tick that reads its status: the plan (and what
     // routing is told) must know of it from its first line, or a load rising before that tick
     // would leave its lines running on nodes no interactive request landed on.
@@ -541,6 +558,51 @@ export class BatchScheduler {
       this.plan(now)
     }
     return this.fund(w, m, key, b.orgId, node, now)
+  }
+
+  /** Per node: when its last line started, and how long its lines took (a moving average). */
+  private readonly timing = new Map<NodeState, { startedAtMs: number; lineMs: number | undefined }>()
+
+  private lineTiming(node: NodeState): { startedAtMs: number; lineMs: number | undefined } {
+    let t = this.timing.get(node)
+    if (!t) {
+      t = { startedAtMs: Number.NEGATIVE_INFINITY, lineMs: undefined }
+      this.timing.set(node, t)
+    }
+    return t
+  }
+
+  /**
+   * When the node may start its next line beside interactive traffic: its lines spaced by half
+   * of what keeping `cap` of them running needs (a line's time over `cap`), so they start about
+   * one at a time. Started together, their prefills fill the engine's iterations back to back,
+   * and an interactive request arriving then waits behind all of them (in bench/batch-yield.ts's
+   * valleys, TTFT p99 86 -> 508 ms with filling unpaced). The same spacing follows an interactive
+   * request's start there, so that a line's prefill does not join its first iteration. Before a
+   * line has finished on the node, no spacing.
+   */
+  private pace(node: NodeState, cap: number): number {
+    const t = this.lineTiming(node)
+    if (t.lineMs === undefined) return Number.NEGATIVE_INFINITY
+    return Math.max(t.startedAtMs, node.lastInteractiveStartMs) + t.lineMs / Math.max(1, cap) / 2
+  }
+
+  private wakeTimer: ReturnType<typeof setTimeout> | undefined
+  private wakeAtMs = Number.POSITIVE_INFINITY
+
+  /** Admits waiting lines again at `atMs` (a paced node's next start). */
+  private wakeAt(atMs: number): void {
+    if (this.wakeTimer && this.wakeAtMs <= atMs) return
+    if (this.wakeTimer) clearTimeout(this.wakeTimer)
+    this.wakeAtMs = atMs
+    this.wakeTimer = setTimeout(
+      () => {
+        this.wakeTimer = undefined
+        this.wakeAtMs = Number.POSITIVE_INFINITY
+        this.drainQueue()
+      },
+      Math.max(1, atMs - Date.now()),
+    )
   }
 
   /**
@@ -552,7 +614,7 @@ export class BatchScheduler {
    * lines beside its interactive requests, keeping one slot free for the next (pre-emption frees
    * more when more come). Otherwise lines keep `busyShare` of a node serving interactive traffic.
    */
-  private batchCap(c: Candidate, nowMs: number): number {
+  private batchCap(c: Candidate, nowMs: number, keeping = false): number {
     const slots = c.route.maxConcurrency
     const share = Math.max(
       1,
@@ -567,9 +629,19 @@ export class BatchScheduler {
       // request ended; the nodes kept for interactive traffic take no line while it holds.
       if (c.node.batchHeld && c.node.interactiveEverywhere === 0) return share
     } else if (c.node.quiet(nowMs, this.settings.quietMs) && load <= this.settings.quietLoad) return share
+    // Filling starts at or under fillLoad; lines running keep their places up to quietLoad, so a
+    // valley's load wandering over fillLoad for a moment does not pre-empt every line.
     const fill = this.settings.fillLoad
-    if (fill > 0 && load <= fill)
-      return Math.max(0, Math.min(share, slots - c.node.interactiveEverywhere - 1))
+    const demand = fill > 0 ? (this.demand.load(nowMs, this.countSlots()) ?? 1) : 1
+    const keep = Math.max(fill, this.settings.quietLoad)
+    if (
+      fill > 0 &&
+      (keeping ? load <= keep || demand <= keep : this.inFlightLoad() <= fill || demand <= fill / 2)
+    )
+      return Math.max(
+        0,
+        Math.min(share, slots - c.node.interactiveEverywhere - Math.max(1, this.settings.reserveSlots)),
+      )
     return Math.min(Math.floor(slots * this.settings.busyShare), slots - c.node.interactiveEverywhere)
   }
 
@@ -589,12 +661,28 @@ export class BatchScheduler {
     const slots = this.countSlots()
     let inFlight = 0
     for (const n of this.pool.nodes.values()) inFlight += n.interactiveEverywhere
+    this.demand.observe(nowMs, inFlight)
     const now = inFlight / slots
     // Read again within the same millisecond, a rise shows at once (a fall waits for time to pass).
     const dt = Math.max(0, nowMs - this.loadAtMs)
     this.loadAtMs = nowMs
     this.load = now >= this.load ? now : now + (this.load - now) * Math.exp(-dt / LOAD_FALL_MS)
     return this.load
+  }
+
+  private readonly demand = new Demand()
+
+  /** The fleet's interactive demand (`Demand`), NaN until known: for /metrics. */
+  interactiveDemand(nowMs: number): number {
+    this.interactiveLoad(nowMs)
+    return this.demand.load(nowMs, this.countSlots()) ?? Number.NaN
+  }
+
+  /** Interactive requests in flight over the fleet's slots now (not followed slowly as it falls). */
+  private inFlightLoad(): number {
+    let inFlight = 0
+    for (const n of this.pool.nodes.values()) inFlight += n.interactiveEverywhere
+    return inFlight / this.countSlots()
   }
 
   private countSlots(): number {
@@ -711,7 +799,7 @@ export class BatchScheduler {
       for (const [reqId, a] of admitted)
         if (a.candidate.node === node && !a.preempted) lines.push({ w, reqId, a })
     if (lines.length === 0) return
-    let over = node.batchInFlight - this.batchCap(lines[0]!.a.candidate, Date.now())
+    let over = node.batchInFlight - this.batchCap(lines[0]!.a.candidate, Date.now(), true)
     lines.sort((x, y) => y.a.startedAtMs - x.a.startedAtMs)
     for (const l of lines) {
       if (over-- <= 0) break
@@ -786,6 +874,11 @@ export class BatchScheduler {
     lines!.delete(m.reqId)
     if (!a.preempted) this.pool.endBatch(a.candidate.node, m.nodeOk)
     queueMicrotask(() => this.drainQueue())
+    if (m.usage && !a.preempted) {
+      const t = this.lineTiming(a.candidate.node)
+      const ms = Date.now() - a.startedAtMs
+      t.lineMs = t.lineMs === undefined ? ms : t.lineMs + (ms - t.lineMs) * 0.2
+    }
     if (!m.usage) {
       this.meter.release(a.reservation)
       // Not billed: pre-empted (it runs again, in a trace of its own) or failed (maybe retried).

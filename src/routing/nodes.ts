@@ -13,6 +13,8 @@ export class NodeState {
    * node with none in flight and none for a moment (batches/scheduler.ts).
    */
   lastInteractiveAtMs = 0
+  /** When an interactive request last started here: a batch line starts a moment after it, not with it (batches/scheduler.ts `pace`). */
+  lastInteractiveStartMs = Number.NEGATIVE_INFINITY
   /**
    * Given whole to a running batch by the scheduler's packing plan (batches/scheduler.ts `plan`):
    * interactive requests go here only when the nodes kept for them would be much slower
@@ -25,6 +27,12 @@ export class NodeState {
    * engine iteration under way, which says nothing of the node's speed (routing/predicted.ts).
    */
   batchPreemptedAtMs = Number.NEGATIVE_INFINITY
+  /**
+   * The batch lines started here lately (at most the last BATCH_STARTS), with their prompt
+   * tokens: routing counts what their prefill has left as work queued ahead of a new request
+   * (routing/predicted.ts `predict`), so a request goes to a node whose line is not prefilling.
+   */
+  batchStarts: { atMs: number; tokens: number }[] = []
   consecutiveFailures = 0
   /** The node answered its last request; until then (and after a failure) it is probed first. */
   answering = false
@@ -84,6 +92,9 @@ export class NodeState {
     this.answering = false
   }
 }
+
+/** Batch line starts a node remembers for routing (`NodeState.batchStarts`). */
+const BATCH_STARTS = 4
 
 /** After an ejection, a node's in-flight cap ramps from 1 to this over RAMP_MS. */
 const RAMP_MS = 10_000
@@ -173,6 +184,7 @@ export class NodePool {
     node.inFlight++
     node.requests++
     node.lastInteractiveAtMs = nowMs
+    node.lastInteractiveStartMs = nowMs
     if (node.batchInFlight > 0) this.onInteractive?.(node)
     this.onInteractiveChange?.(nowMs, node)
   }
@@ -186,15 +198,20 @@ export class NodePool {
   mirrorInteractive(node: NodeState, delta: number, atMs: number, nowMs = Date.now()): void {
     node.remoteInteractive += delta
     node.lastInteractiveAtMs = Math.max(node.lastInteractiveAtMs, atMs)
+    if (delta > 0) node.lastInteractiveStartMs = Math.max(node.lastInteractiveStartMs, atMs)
     if (delta > 0 && node.batchInFlight > 0) this.onInteractive?.(node)
     this.onInteractiveChange?.(nowMs, node)
   }
 
   /** A batch line starts on the node (counted apart, so batches can yield to interactive traffic). */
-  beginBatch(node: NodeState): void {
+  beginBatch(node: NodeState, promptTokens = 0, nowMs = Date.now()): void {
     node.inFlight++
     node.batchInFlight++
     node.requests++
+    if (promptTokens > 0) {
+      node.batchStarts.push({ atMs: nowMs, tokens: promptTokens })
+      if (node.batchStarts.length > BATCH_STARTS) node.batchStarts.shift()
+    }
     this.onBatchState?.()
   }
 
@@ -210,6 +227,8 @@ export class NodePool {
     node.batchInFlight--
     node.inFlight--
     node.batchPreemptedAtMs = nowMs
+    // The newest line goes first, and its prefill with it.
+    node.batchStarts.pop()
     this.onBatchState?.()
   }
 

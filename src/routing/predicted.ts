@@ -323,6 +323,7 @@ export class PredictedTtft implements RoutingPolicy {
             m.queuedTokens - (Math.max(0, nowMs - m.queueSinceMs - m.rttMs / 2) * m.rate(nowMs)) / 1000,
           )
         : m.queuedTokens
+    const lines = m.node.batchStarts.length > 0 ? this.batchPrefillLeft(m, nowMs) : 0
     let slotWaitMs = 0
     if (
       this.metricsOn &&
@@ -340,7 +341,7 @@ export class PredictedTtft implements RoutingPolicy {
     }
     const uncached = Math.max(1, n - m.hitRatio * cached)
     const rate = m.rate(nowMs)
-    const queueMs = (queued * 1000) / rate
+    const queueMs = ((queued + lines) * 1000) / rate
     let t =
       m.rttMs + slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs)
     // Silent for longer than the head of its queue could take (3x an average queued request's
@@ -353,6 +354,18 @@ export class PredictedTtft implements RoutingPolicy {
       if (silentMs > graceMs) t += 8 * silentMs
     }
     return t
+  }
+
+  /**
+   * Prompt tokens of the batch lines started on the node that its engine has likely not
+   * prefilled yet, at the node's rate from when each reached it: a request sent now waits for them.
+   */
+  private batchPrefillLeft(m: NodeModel, nowMs: number): number {
+    const rate = m.rate(nowMs)
+    let freeAtMs = Number.NEGATIVE_INFINITY
+    for (const s of m.node.batchStarts)
+      freeAtMs = Math.max(s.atMs + m.rttMs / 2, freeAtMs) + (s.tokens * 1000) / rate
+    return Math.max(0, ((freeAtMs - nowMs) * rate) / 1000)
   }
 
   /** How long a node with requests outstanding may be silent before it is taken for stalled, ms. */

@@ -22,9 +22,10 @@ export interface BatchView {
   /**
    * Nodes with lines, held by the plan, pre-empted lately or (while `report`) serving interactive
    * requests: base URL, lines, held, pre-empted at, the workers' interactive requests there in
-   * all, the latest of them started or ended at.
+   * all, the latest of them started or ended at, and the lines started lately (`batchStarts`)
+   * flattened: start, prompt tokens, start, prompt tokens, ...
    */
-  readonly nodes: readonly (readonly [string, number, boolean, number, number, number])[]
+  readonly nodes: readonly (readonly [string, number, boolean, number, number, number, readonly number[]])[]
 }
 
 /** A worker's interactive requests on a node: base URL, in flight, the latest started or ended at (ms). */
@@ -65,7 +66,7 @@ export class PrimaryNodes {
   }
 
   private current(): BatchView {
-    const nodes: [string, number, boolean, number, number, number][] = []
+    const nodes: [string, number, boolean, number, number, number, number[]][] = []
     let lines = 0
     for (const n of this.pool.nodes.values()) lines += n.batchInFlight
     const report = this.wanting() || lines > 0
@@ -80,6 +81,7 @@ export class PrimaryNodes {
           n.batchPreemptedAtMs,
           report ? n.remoteInteractive : 0,
           report ? n.lastInteractiveAtMs : 0,
+          n.batchStarts.flatMap((x) => [x.atMs, x.tokens]),
         ])
     }
     return { quietMs: this.pool.batchQuietMs ?? null, report, nodes }
@@ -148,19 +150,24 @@ export class WorkerNodes {
     this.pool.batchQuietMs = view.quietMs ?? undefined
     const byUrl = new Map(view.nodes.map((x) => [x[0], x] as const))
     for (const n of this.pool.nodes.values()) {
-      const [, lines, held, preemptedAtMs, all, lastAtMs] = byUrl.get(n.baseUrl) ?? [
+      const [, lines, held, preemptedAtMs, all, lastAtMs, starts] = byUrl.get(n.baseUrl) ?? [
         '',
         0,
         false,
         Number.NEGATIVE_INFINITY,
         0,
         0,
+        [],
       ]
       // Lines count in inFlight as in one process, so interactiveInFlight stays this worker's own.
       n.inFlight += lines - n.batchInFlight
       n.batchInFlight = lines
       n.batchHeld = held
       n.batchPreemptedAtMs = preemptedAtMs ?? Number.NEGATIVE_INFINITY
+      // What routing counts of the lines' prefill (routing/predicted.ts); a view from before it had none.
+      n.batchStarts = []
+      for (let i = 0; i + 1 < (starts?.length ?? 0); i += 2)
+        n.batchStarts.push({ atMs: starts![i]!, tokens: starts![i + 1]! })
       // The other workers' requests there (the totals lag this worker's last report by a turn).
       n.remoteInteractive = view.report ? Math.max(0, all - (this.reported.get(n.baseUrl) ?? 0)) : 0
       if (view.report && lastAtMs > n.lastInteractiveAtMs) n.lastInteractiveAtMs = lastAtMs

@@ -24,9 +24,14 @@ test("each worker's routing sees the other workers' interactive requests per nod
       for (const v of toWorkers.splice(0)) for (const s of sides) s.apply(v)
     }
   }
-  // A batch wants nodes; one of its lines runs on n0.
-  primary.pool.beginBatch(primary.cands[0]!.node)
+  // A batch wants nodes; one of its lines (of 900 prompt tokens) runs on n0.
+  primary.pool.beginBatch(primary.cands[0]!.node, 900, 5000)
   await deliver()
+  // Every worker's routing counts the line's prefill on n0 (routing/predicted.ts), as the primary's does.
+  for (const w of workers) {
+    expect(w.cands[0]!.node.batchStarts).toEqual([{ atMs: 5000, tokens: 900 }])
+    expect(w.cands[1]!.node.batchStarts).toEqual([])
+  }
   // Worker 0 serves two requests on n1, worker 1 one on n0.
   const [w0, w1] = workers
   w0!.pool.begin(w0!.cands[1]!.node)

@@ -24,9 +24,14 @@ const node = (i: number, extra: Partial<SimNodeOptions> = {}): SimNodeOptions =>
 })
 const PRICE = { prompt: '0.000001', completion: '0.000002' }
 
-function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false, batches: object = {}) {
+function start(
+  extraNodes: Partial<SimNodeOptions> = {},
+  priorityRoutes = false,
+  batches: object = {},
+  slots = SEQS,
+) {
   return startTropa({
-    nodes: [node(1, extraNodes), node(2, extraNodes)],
+    nodes: [node(1, { maxSeqs: slots, ...extraNodes }), node(2, { maxSeqs: slots, ...extraNodes })],
     models: (nodes) => [
       {
         id: 'test/chat',
@@ -36,7 +41,7 @@ function start(extraNodes: Partial<SimNodeOptions> = {}, priorityRoutes = false,
           name: n.name,
           base_url: n.url,
           upstream_model: 'm',
-          max_concurrency: SEQS,
+          max_concurrency: slots,
           hedge: false,
           ...(priorityRoutes && { priority_scheduling: true }),
         })),
@@ -381,6 +386,52 @@ describe('a batch that cannot have a node costs interactive routing nothing', ()
     // ties to stay free for a batch that could not run there: every request went to the node
     // decoding the stream.
     expect(served.filter((n) => n !== busy).length).toBeGreaterThanOrEqual(2)
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+  }, 60_000)
+})
+
+describe('batches.fill_load: in a valley lines fill every node beside interactive traffic, started one at a time', () => {
+  const SLOTS = 8
+  let t: Tropa
+  beforeAll(async () => {
+    t = await start({}, false, { fill_load: 0.1, reserve_slots: 1 }, SLOTS)
+  })
+  afterAll(() => t.stop())
+
+  test('beside a stream, a node keeps one slot free and runs lines in the rest; once a line has finished there, the next start one at a time', async () => {
+    // One stream (a load of 1/16) on a node; lines of 40 tokens take about 0.85 s.
+    const long = longStream(t, 200)
+    await until(() => running(t.nodes) === 1)
+    const streamNode = t.nodes.find((n) => n.stats().running === 1)!
+    const base = streamNode.stats().requests
+    // Starts on the stream's node, sampled every 5 ms for 3 s.
+    const starts: number[] = []
+    let seen = base
+    const t0 = performance.now()
+    const sampler = setInterval(() => {
+      const n = streamNode.stats().requests
+      for (; seen < n; seen++) starts.push(performance.now() - t0)
+    }, 5)
+    const client = t.client()
+    const batch = await startBatch(client, 300)
+    // The stream's node: the stream, one slot free, the lines in the other six.
+    await until(() => streamNode.stats().running === SLOTS - 1)
+    await Bun.sleep(300)
+    expect(streamNode.stats().running).toBe(SLOTS - 1)
+    await Bun.sleep(2700 - (performance.now() - t0))
+    clearInterval(sampler)
+    // The first six started together (no line had finished there: nothing to space them by);
+    // after they ended, their followers started spaced by half a line's time over six
+    // (~70 ms). Unspaced, they started as the first ones ended, together again.
+    const firstEnd = starts[0]! + 700
+    const later = starts.filter((x) => x > firstEnd)
+    expect(later.length).toBeGreaterThanOrEqual(4)
+    let crowded = 0
+    for (const x of later) crowded = Math.max(crowded, later.filter((y) => y >= x && y < x + 30).length)
+    expect(crowded).toBeLessThanOrEqual(2)
+    const { text } = await long
+    expect(text).toContain('data: [DONE]')
     await client.batches.cancel(batch.id)
     await finished(client, batch.id)
   }, 60_000)

@@ -200,6 +200,31 @@ describe('PredictedTtft', () => {
     expect(next).not.toBe(home)
   })
 
+  test("a batch line's prompt counts as work queued on its node until the node has likely prefilled it", () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng() })
+    const [a, b] = cands as [Candidate, Candidate]
+    // Both nodes prefill 10k tokens/s.
+    serve(p, pool, a, req({ nowMs: 0, promptTokens: 2000 }), 200)
+    serve(p, pool, b, req({ nowMs: 0, promptTokens: 2000 }), 200)
+    const ttft = (c: Candidate, nowMs: number) => p.predict(p.model(c.node), 1000, 0, nowMs)
+    const even = ttft(b, 1000)
+    expect(ttft(a, 1000)).toBeCloseTo(even, 0)
+    // Two lines of 2,000 prompt tokens start on a: 400 ms of prefill ahead of a request sent now.
+    pool.beginBatch(a.node, 2000, 1000)
+    pool.beginBatch(a.node, 2000, 1000)
+    expect(ttft(a, 1000) - even).toBeGreaterThan(380)
+    expect(ttft(a, 1000) - even).toBeLessThan(420)
+    expect(p.choose(cands, req({ nowMs: 1000, promptTokens: 1000 }))).toBe(b)
+    // Half done after 200 ms; done after 400 (the lines decode on: no queue left).
+    expect(ttft(a, 1200) - ttft(b, 1200)).toBeCloseTo(200, -1)
+    expect(ttft(a, 1400)).toBeCloseTo(ttft(b, 1400), 0)
+    // A pre-empted line (the newest first) takes its prefill with it.
+    pool.beginBatch(a.node, 2000, 2000)
+    pool.preemptBatch(a.node, 2000)
+    expect(ttft(a, 2000)).toBeCloseTo(ttft(b, 2000), 0)
+  })
+
   test('learns prefill rates from first tokens: the fast node gets the traffic', () => {
     const { pool, cands } = fleet(2, 1000)
     const p = new PredictedTtft({ rng: rng() })

@@ -1,0 +1,48 @@
+/** Arrivals are counted over this window: a change of the arrival rate shows within it. */
+const WINDOW_MS = 500
+/** Time in flight per request is averaged over about this long. */
+const LONG_MS = 10_000
+/** Fewer arrivals than this (decayed) over the long window: the time in flight is not known yet. */
+const MIN_ARRIVALS = 20
+
+/**
+ * The fleet's interactive demand: the requests that arrived over the last WINDOW_MS times their
+ * mean time in flight (Little's law over about LONG_MS), as a share of the fleet's slots. It is the
+ * load the arrivals settle at, and it shows a change within WINDOW_MS, where the requests in flight
+ * take their own time to drain: after a peak, about as long as a request takes.
+ */
+export class Demand {
+  private readonly arrivals: number[] = []
+  private inFlight = 0
+  private atMs = 0
+  /** In flight x time, decayed over LONG_MS. */
+  private area = 0
+  /** Arrivals, decayed the same way. */
+  private count = 0
+
+  /** Interactive requests in flight now: a rise since the last observation counts as arrivals. */
+  observe(nowMs: number, inFlight: number): void {
+    const dt = Math.max(0, nowMs - this.atMs)
+    if (dt > 0) {
+      const decay = Math.exp(-dt / LONG_MS)
+      this.area = this.area * decay + this.inFlight * dt
+      this.count *= decay
+      this.atMs = nowMs
+    }
+    const rise = inFlight - this.inFlight
+    this.inFlight = inFlight
+    if (rise <= 0) return
+    this.count += rise
+    for (let i = 0; i < rise && this.arrivals.length < 100_000; i++) this.arrivals.push(nowMs)
+  }
+
+  /** The demand over `slots`; undefined until the mean time in flight is known. */
+  load(nowMs: number, slots: number): number | undefined {
+    let drop = 0
+    while (drop < this.arrivals.length && this.arrivals[drop]! <= nowMs - WINDOW_MS) drop++
+    if (drop > 0) this.arrivals.splice(0, drop)
+    if (this.count < MIN_ARRIVALS) return undefined
+    const meanMs = this.area / this.count
+    return (((this.arrivals.length * 1000) / WINDOW_MS) * meanMs) / 1000 / slots
+  }
+}

@@ -1,0 +1,37 @@
+import { expect, test } from 'bun:test'
+import { Demand } from '../../src/batches/demand.ts'
+
+/** Requests arriving every `gapMs` from `fromMs` to `toMs`, each in flight `holdMs`: the in-flight count at every start and end, in order. */
+function traffic(fromMs: number, toMs: number, gapMs: number, holdMs: number) {
+  const events: { atMs: number; d: number }[] = []
+  for (let t = fromMs; t < toMs; t += gapMs) events.push({ atMs: t, d: 1 }, { atMs: t + holdMs, d: -1 })
+  return events.sort((a, b) => a.atMs - b.atMs || a.d - b.d)
+}
+
+test('the demand is what the arrivals settle at, and it falls with the arrivals, before the requests in flight drain', () => {
+  const demand = new Demand()
+  // 40 requests a second, each in flight for 1 s: 40 in flight over 100 slots, for 10 s; then 4 a second.
+  const events = [...traffic(0, 10_000, 25, 1000), ...traffic(10_000, 20_000, 250, 1000)].sort(
+    (a, b) => a.atMs - b.atMs || a.d - b.d,
+  )
+  let inFlight = 0
+  let i = 0
+  const runUntil = (ms: number) => {
+    for (; i < events.length && events[i]!.atMs <= ms; i++) {
+      inFlight += events[i]!.d
+      demand.observe(events[i]!.atMs, inFlight)
+    }
+  }
+  // Not known before 20 arrivals.
+  runUntil(400)
+  expect(demand.load(400, 100)).toBeUndefined()
+  runUntil(9_000)
+  expect(demand.load(9_000, 100)!).toBeCloseTo(0.4, 1)
+  // 600 ms into the lull: about 16 of the peak's requests still in flight (a load of 0.16 and
+  // more), the arrivals' demand already near 0.04.
+  runUntil(10_600)
+  expect(inFlight).toBeGreaterThan(15)
+  expect(demand.load(10_600, 100)!).toBeLessThan(0.08)
+  runUntil(19_000)
+  expect(demand.load(19_000, 100)!).toBeCloseTo(0.04, 1)
+})
