@@ -4,6 +4,11 @@ const WINDOW_MS = 500
 const LONG_MS = 10_000
 /** Fewer arrivals than this (decayed) over the long window: the time in flight is not known yet. */
 const MIN_ARRIVALS = 20
+/**
+ * Nor before this long since the first observation: requests first seen all at once (a worker's
+ * first report to a restarted primary) have no time in flight behind them yet.
+ */
+const MIN_OBSERVED_MS = 2_000
 
 /**
  * The fleet's interactive demand: the requests that arrived over the last WINDOW_MS times their
@@ -15,6 +20,8 @@ export class Demand {
   private readonly arrivals: number[] = []
   private inFlight = 0
   private atMs = 0
+  /** When the first observation came (undefined: none yet). */
+  private sinceMs: number | undefined
   /** In flight x time, decayed over LONG_MS. */
   private area = 0
   /** Arrivals, decayed the same way. */
@@ -22,6 +29,10 @@ export class Demand {
 
   /** Interactive requests in flight now: a rise since the last observation counts as arrivals. */
   observe(nowMs: number, inFlight: number): void {
+    if (this.sinceMs === undefined) {
+      this.sinceMs = nowMs
+      this.atMs = nowMs
+    }
     const dt = Math.max(0, nowMs - this.atMs)
     if (dt > 0) {
       const decay = Math.exp(-dt / LONG_MS)
@@ -33,15 +44,22 @@ export class Demand {
     this.inFlight = inFlight
     if (rise <= 0) return
     this.count += rise
+    this.expire(nowMs)
     for (let i = 0; i < rise && this.arrivals.length < 100_000; i++) this.arrivals.push(nowMs)
+  }
+
+  /** Drops the arrivals older than the window. */
+  private expire(nowMs: number): void {
+    let drop = 0
+    while (drop < this.arrivals.length && this.arrivals[drop]! <= nowMs - WINDOW_MS) drop++
+    if (drop > 0) this.arrivals.splice(0, drop)
   }
 
   /** The demand over `slots`; undefined until the mean time in flight is known. */
   load(nowMs: number, slots: number): number | undefined {
-    let drop = 0
-    while (drop < this.arrivals.length && this.arrivals[drop]! <= nowMs - WINDOW_MS) drop++
-    if (drop > 0) this.arrivals.splice(0, drop)
-    if (this.count < MIN_ARRIVALS) return undefined
+    this.expire(nowMs)
+    if (this.count < MIN_ARRIVALS || this.sinceMs === undefined || nowMs - this.sinceMs < MIN_OBSERVED_MS)
+      return undefined
     const meanMs = this.area / this.count
     return (((this.arrivals.length * 1000) / WINDOW_MS) * meanMs) / 1000 / slots
   }

@@ -561,7 +561,7 @@ export class BatchScheduler {
   }
 
   /** Per node: when its last line started, and how long its lines took (a moving average). */
-  private readonly timing = new Map<NodeState, { startedAtMs: number; lineMs: number | undefined }>()
+  private readonly timing = new WeakMap<NodeState, { startedAtMs: number; lineMs: number | undefined }>()
 
   private lineTiming(node: NodeState): { startedAtMs: number; lineMs: number | undefined } {
     let t = this.timing.get(node)
@@ -826,6 +826,13 @@ export class BatchScheduler {
       reservation = await this.meter.reserve(key, this.identity.org(orgId), m.worstNano)
     } catch (err) {
       this.pool.endBatch(best.node, true)
+      // Not sent: routing must not wait for its prefill.
+      const starts = best.node.batchStarts
+      for (let i = starts.length - 1; i >= 0; i--)
+        if (starts[i]!.atMs === now && starts[i]!.tokens === m.promptTokens) {
+          starts.splice(i, 1)
+          break
+        }
       if (err instanceof SharedStateUnavailable) return { kind: 'wait', ms: 500 }
       // Out of money mid-batch: the batch fails, keeping what finished.
       this.failBatchSoon(m.batchId, 'insufficient_quota', 'the money ran out')

@@ -22,9 +22,11 @@ test('the demand is what the arrivals settle at, and it falls with the arrivals,
       demand.observe(events[i]!.atMs, inFlight)
     }
   }
-  // Not known before 20 arrivals.
+  // Not known before 20 arrivals and 2 s.
   runUntil(400)
   expect(demand.load(400, 100)).toBeUndefined()
+  runUntil(1_500)
+  expect(demand.load(1_500, 100)).toBeUndefined()
   runUntil(9_000)
   expect(demand.load(9_000, 100)!).toBeCloseTo(0.4, 1)
   // 600 ms into the lull: about 16 of the peak's requests still in flight (a load of 0.16 and
@@ -34,4 +36,30 @@ test('the demand is what the arrivals settle at, and it falls with the arrivals,
   expect(demand.load(10_600, 100)!).toBeLessThan(0.08)
   runUntil(19_000)
   expect(demand.load(19_000, 100)!).toBeCloseTo(0.04, 1)
+})
+
+test('requests first seen all at once (a first report) have no time in flight: the demand waits to know it', () => {
+  const demand = new Demand()
+  demand.observe(1_000, 0)
+  // 50 requests in flight appear in one report.
+  demand.observe(1_001, 50)
+  expect(demand.load(1_030, 100)).toBeUndefined()
+  // Then 50 a second, each in flight for 1 s: 50 in flight.
+  for (let t = 1_020; t <= 4_000; t += 20) {
+    demand.observe(t, 51)
+    demand.observe(t + 1, 50)
+  }
+  expect(demand.load(4_001, 100)!).toBeGreaterThan(0.3)
+})
+
+test('arrivals out of the window leave it as new ones come, however long nobody reads the demand', () => {
+  const demand = new Demand()
+  let inFlight = 0
+  // 120,000 arrivals over two hours, never read.
+  for (let t = 0; t < 7_200_000; t += 60) {
+    demand.observe(t, ++inFlight)
+    demand.observe(t + 30, --inFlight)
+  }
+  // About 8 in the last half second: a demand of 8 x 2 / s x 0.03 s over 1 slot.
+  expect(demand.load(7_200_000, 1)!).toBeCloseTo(0.5, 1)
 })

@@ -47,9 +47,18 @@ function start(
         })),
       },
     ],
-    // reserve_slots 0: lines fill every slot of a node (the tests below count them so).
+    // reserve_slots 0: lines fill every slot of a node (the tests below count them so); fill_load
+    // 0: the tests below are of nodes given to the batch whole (filling has its own, which sets it).
     extra: {
-      batches: { tick_ms: 20, workers: 1, concurrency: 32, quiet_ms: 300, reserve_slots: 0, ...batches },
+      batches: {
+        tick_ms: 20,
+        workers: 1,
+        concurrency: 32,
+        quiet_ms: 300,
+        reserve_slots: 0,
+        fill_load: 0,
+        ...batches,
+      },
     },
   })
 }
