@@ -170,6 +170,9 @@ async function operationsText(svc: Services, storeWide: boolean): Promise<string
         "# HELP tropa_batch_held_nodes Nodes this node's packing plan gives a running batch whole (batches.pack_share).",
         '# TYPE tropa_batch_held_nodes gauge',
         `tropa_batch_held_nodes ${svc.batches.scheduler.heldNodes()}`,
+        '# HELP tropa_batch_preempted_total Batch lines this node cancelled upstream for interactive traffic (each goes back to the queue, unbilled).',
+        '# TYPE tropa_batch_preempted_total counter',
+        `tropa_batch_preempted_total ${svc.batches.scheduler.preempted}`,
       )
     lines.push(
       '# HELP tropa_batch_lines_pending Lines of running batches not finished yet (all nodes).',
