@@ -1,5 +1,7 @@
-/** Arrivals are counted over this window: a change of the arrival rate shows within it. */
+/** Arrivals are counted over this window by default: a change of the arrival rate shows within it. */
 const WINDOW_MS = 500
+/** The longest window arrivals may be counted over (`load`'s `windowMs`); older ones are dropped. */
+const MAX_WINDOW_MS = 1_000
 /** Time in flight per request is averaged over about this long. */
 const LONG_MS = 10_000
 /** Fewer arrivals than this (decayed) over the long window: the time in flight is not known yet. */
@@ -48,19 +50,26 @@ export class Demand {
     for (let i = 0; i < rise && this.arrivals.length < 100_000; i++) this.arrivals.push(nowMs)
   }
 
-  /** Drops the arrivals older than the window. */
+  /** Drops the arrivals older than the longest window. */
   private expire(nowMs: number): void {
     let drop = 0
-    while (drop < this.arrivals.length && this.arrivals[drop]! <= nowMs - WINDOW_MS) drop++
+    while (drop < this.arrivals.length && this.arrivals[drop]! <= nowMs - MAX_WINDOW_MS) drop++
     if (drop > 0) this.arrivals.splice(0, drop)
   }
 
-  /** The demand over `slots`; undefined until the mean time in flight is known. */
-  load(nowMs: number, slots: number): number | undefined {
+  /**
+   * The demand over `slots`, from the arrivals of the last `windowMs` (at most 1 s): a short
+   * window shows a fall sooner, a longer one is steadier (a few arrivals a second, as in a
+   * valley, vary a lot over half a second). undefined until the mean time in flight is known.
+   */
+  load(nowMs: number, slots: number, windowMs = WINDOW_MS): number | undefined {
     this.expire(nowMs)
     if (this.count < MIN_ARRIVALS || this.sinceMs === undefined || nowMs - this.sinceMs < MIN_OBSERVED_MS)
       return undefined
+    const window = Math.min(windowMs, MAX_WINDOW_MS)
+    let n = 0
+    for (let i = this.arrivals.length - 1; i >= 0 && this.arrivals[i]! > nowMs - window; i--) n++
     const meanMs = this.area / this.count
-    return (((this.arrivals.length * 1000) / WINDOW_MS) * meanMs) / 1000 / slots
+    return (((n * 1000) / window) * meanMs) / 1000 / slots
   }
 }

@@ -34,8 +34,15 @@ test('the demand is what the arrivals settle at, and it falls with the arrivals,
   runUntil(10_600)
   expect(inFlight).toBeGreaterThan(15)
   expect(demand.load(10_600, 100)!).toBeLessThan(0.08)
+  // Over a whole second the peak's last arrivals still count (about 16 of them and 3 of the lull's).
+  expect(demand.load(10_600, 100, 1000)!).toBeGreaterThan(0.15)
+  runUntil(11_200)
+  expect(demand.load(11_200, 100, 1000)!).toBeLessThan(0.08)
   runUntil(19_000)
   expect(demand.load(19_000, 100)!).toBeCloseTo(0.04, 1)
+  expect(demand.load(19_000, 100, 1000)!).toBeCloseTo(0.04, 1)
+  // No window is longer than a second: older arrivals are gone.
+  expect(demand.load(19_000, 100, 5000)).toBe(demand.load(19_000, 100, 1000))
 })
 
 test('requests first seen all at once (a first report) have no time in flight: the demand waits to know it', () => {

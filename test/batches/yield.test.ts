@@ -446,6 +446,54 @@ describe('batches.fill_load: in a valley lines fill every node beside interactiv
   }, 60_000)
 })
 
+describe('the first request to reach an idle fleet full of lines', () => {
+  const SLOTS = 8
+  let t: Tropa
+  beforeAll(async () => {
+    t = await start({}, false, { fill_load: 0.1, reserve_slots: 1, quiet_ms: 1000 }, SLOTS)
+  })
+  afterAll(() => t.stop())
+  const preempted = async () =>
+    Number(/^tropa_batch_preempted_total (\S+)$/m.exec(await (await fetch(`${t.url}/metrics`)).text())![1])
+
+  test('clears its node of lines, which start there again beside it only after quiet_ms; the other node keeps its lines', async () => {
+    const client = t.client()
+    const batch = await startBatch(client, 400)
+    // Both nodes full of lines (one slot kept free), and no interactive request for over quiet_ms.
+    await until(() => running(t.nodes) === 2 * (SLOTS - 1))
+    await Bun.sleep(1200)
+    const before = await preempted()
+    const res = await t.fetch('/v1/chat/completions', {
+      method: 'POST',
+      body: JSON.stringify({
+        model: 'test/chat',
+        messages: [{ role: 'user', content: 'the first of a rise, or a lone request' }],
+        max_tokens: 150,
+        stream: true,
+      }),
+    })
+    const sent = performance.now()
+    const streamNode = t.nodes.find((n) => n.name === res.headers.get('x-tropa-node'))!
+    const other = t.nodes.find((n) => n !== streamNode)!
+    // Its node runs the request alone (before: its lines kept every slot but the free one).
+    await until(() => streamNode.stats().running === 1)
+    expect(await preempted()).toBeGreaterThanOrEqual(before + SLOTS - 1)
+    // No line starts there for quiet_ms after the request (sampled to 700 ms after it was sent)...
+    let most = 0
+    while (performance.now() - sent < 700) {
+      most = Math.max(most, streamNode.stats().running)
+      await Bun.sleep(5)
+    }
+    expect(most).toBe(1)
+    expect(other.stats().running).toBe(SLOTS - 1)
+    // ...then lines fill it again beside the request, one slot kept free.
+    await until(() => streamNode.stats().running === SLOTS - 1)
+    expect(await res.text()).toContain('data: [DONE]')
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+  }, 60_000)
+})
+
 describe('batches.pack_share: interactive traffic on as few nodes as it needs, the batch on the others whole', () => {
   let t: Tropa
   beforeAll(async () => {
