@@ -226,13 +226,14 @@ type Phase = { seconds: number; load: number; name: string }
 /** Open-loop Poisson arrivals through the phases (load as a share of saturation), seeded. */
 async function openLoop(phases: readonly Phase[], capacity: number, seed: number, first: number) {
   const r = prng(seed)
-  const samples: Promise<Sample & { phase: string }>[] = []
+  const samples: Promise<Sample & { phase: string; inPhaseMs: number }>[] = []
   let i = first
   const t0 = performance.now()
   let at = 0
   const bounds: { name: string; startMs: number; endMs: number }[] = []
   for (const p of phases) {
     const end = at + p.seconds * 1000
+    const phaseStart = at
     bounds.push({ name: p.name, startMs: t0 + at, endMs: t0 + end })
     const rate = (p.load * capacity) / 1000 // per ms
     for (;;) {
@@ -242,7 +243,8 @@ async function openLoop(phases: readonly Phase[], capacity: number, seed: number
       if (wait > 1) await Bun.sleep(wait)
       const phase = p.name
       const atMs = performance.now() - t0
-      samples.push(streamed(i++).then((s) => ({ ...s, phase, atMs })))
+      const inPhaseMs = atMs - phaseStart
+      samples.push(streamed(i++).then((s) => ({ ...s, phase, atMs, inPhaseMs })))
     }
     at = end
   }
@@ -361,12 +363,17 @@ function phaseRates(
 }
 
 /** The router's view of the fleet's interactive load, as batch admission reads it, and the nodes its plan gives the batch (/metrics). */
-async function interactiveLoad(): Promise<{ load: number; held: number }> {
+async function interactiveLoad(): Promise<{ load: number; held: number; preempted: number }> {
   const text = await (await fetch(`${router.url}/metrics`)).text()
   // With server.workers the series carry a worker label: the primary's (it runs the batch).
   const m = /^tropa_batch_interactive_load(?:\{worker="primary"\})? (\S+)$/m.exec(text)
   const h = /^tropa_batch_held_nodes(?:\{worker="primary"\})? (\S+)$/m.exec(text)
-  return { load: m ? Number(m[1]) : Number.NaN, held: h ? Number(h[1]) : Number.NaN }
+  const p = /^tropa_batch_preempted_total(?:\{worker="primary"\})? (\S+)$/m.exec(text)
+  return {
+    load: m ? Number(m[1]) : Number.NaN,
+    held: h ? Number(h[1]) : Number.NaN,
+    preempted: p ? Number(p[1]) : Number.NaN,
+  }
 }
 
 /** Measured runs so far (each takes prompts no other run sent). */
@@ -375,7 +382,7 @@ let runs = 0
 async function scenario(name: string, phases: Phase[], capacity: number, withBatch: boolean, rep: number) {
   let batchId: string | undefined
   const counts: { atMs: number; done: number }[] = []
-  const loads: { atMs: number; load: number; held: number }[] = []
+  const loads: { atMs: number; load: number; held: number; preempted: number }[] = []
   const loadSampling = setInterval(() => {
     void interactiveLoad().then(
       (l) => loads.push({ atMs: performance.now(), ...l }),
@@ -407,18 +414,55 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
         load.set(b.name, [...(load.get(b.name) ?? []), l.load])
         held.set(b.name, [...(held.get(b.name) ?? []), l.held])
       }
+  // Lines pre-empted in each phase (the router's counter, sampled every 250 ms).
+  const preempted = new Map<string, number>()
+  const counterAt = (t: number) => {
+    let best = loads[0]
+    for (const l of loads) if (best && Math.abs(l.atMs - t) < Math.abs(best.atMs - t)) best = l
+    return best?.preempted ?? Number.NaN
+  }
+  const preemptedPerSecond = new Map<string, number[]>()
+  for (const b of bounds) {
+    preempted.set(b.name, (preempted.get(b.name) ?? 0) + counterAt(b.endMs) - counterAt(b.startMs))
+    const xs = preemptedPerSecond.get(b.name) ?? []
+    for (let t = 0; t + 1000 <= b.endMs - b.startMs + 1; t += 1000)
+      xs[t / 1000] = (xs[t / 1000] ?? 0) + counterAt(b.startMs + t + 1000) - counterAt(b.startMs + t)
+    preemptedPerSecond.set(b.name, xs)
+  }
   let lines = new Map<string, { lines: number; seconds: number }>()
+  const perSecond = new Map<string, number[]>()
   let finished = false
   if (batchId) {
     const s = await batchState(batchId)
     finished = s.status !== 'in_progress'
     counts.push({ atMs: performance.now(), done: s.done })
     lines = phaseRates(counts, bounds)
+    // Each second of each phase: lines done in it (the ramp into a valley, second by second).
+    for (const b of bounds)
+      for (let t = 0; t + 1000 <= b.endMs - b.startMs + 1; t += 1000) {
+        const one = phaseRates(
+          counts,
+          [{ name: b.name, startMs: b.startMs, endMs: b.startMs + t + 1000 }],
+          () => t,
+        ).get(b.name)!
+        const xs = perSecond.get(b.name) ?? []
+        xs[t / 1000] = (xs[t / 1000] ?? 0) + one.lines
+        perSecond.set(b.name, xs)
+      }
     for (const [k, v] of phaseRates(counts, bounds, (b) => (b.endMs - b.startMs) / 2))
       lines.set(`${k} (second half)`, v)
     await stopBatch(batchId)
   } else await quiet()
-  return { samples, lines, load, held, batchFinishedEarly: finished }
+  return {
+    samples,
+    lines,
+    perSecond,
+    preempted,
+    preemptedPerSecond,
+    load,
+    held,
+    batchFinishedEarly: finished,
+  }
 }
 
 const log = (...a: unknown[]) => console.log(...a)
@@ -494,10 +538,14 @@ try {
   for (const s of scenarios) {
     if (ONLY && !ONLY.some((o) => s.name.includes(o))) continue
     const pooled = {
-      without: [] as (Sample & { phase: string })[],
-      with: [] as (Sample & { phase: string })[],
+      without: [] as (Sample & { phase: string; inPhaseMs: number })[],
+      with: [] as (Sample & { phase: string; inPhaseMs: number })[],
     }
     const lines = new Map<string, { lines: number; seconds: number }>()
+    const perSecond = new Map<string, number[]>()
+    let withRuns = 0
+    const preemptedBy = new Map<string, number>()
+    const preemptedSeconds = new Map<string, number[]>()
     const loadWithout = new Map<string, number[]>()
     const heldWith = new Map<string, number[]>()
     const pairs: {
@@ -516,6 +564,10 @@ try {
         const run = await scenario(s.name, s.phases, capacity, withBatch, rep)
         pooled[withBatch ? 'with' : 'without'].push(...run.samples)
         pair[withBatch ? 'with' : 'without'] = figures(run.samples)
+        const f = pair[withBatch ? 'with' : 'without']!
+        log(
+          `${s.name}, pair ${rep + 1}, ${withBatch ? 'with' : 'without'}: TTFT p50 ${f.ttftP50.toFixed(0)}, p99 ${f.ttftP99.toFixed(0)}, inter-token p99 ${f.itlP99.toFixed(0)} ms, refused ${f.refused}`,
+        )
         // The run past its first 2 s: what the batch's start (a fleet full of lines) leaves out.
         pair[withBatch ? 'withLate' : 'withoutLate'] = figures(
           run.samples.filter((x) => (x.atMs ?? 0) >= 2000),
@@ -526,6 +578,22 @@ try {
         }
         for (const [ph, xs] of run.held) heldWith.set(ph, [...(heldWith.get(ph) ?? []), ...xs])
         early ||= run.batchFinishedEarly
+        withRuns++
+        for (const [ph, n] of run.preempted) preemptedBy.set(ph, (preemptedBy.get(ph) ?? 0) + n)
+        for (const [ph, xs] of run.preemptedPerSecond) {
+          const cur = preemptedSeconds.get(ph) ?? []
+          xs.forEach((x, i) => {
+            cur[i] = (cur[i] ?? 0) + x
+          })
+          preemptedSeconds.set(ph, cur)
+        }
+        for (const [ph, xs] of run.perSecond) {
+          const cur = perSecond.get(ph) ?? []
+          xs.forEach((x, i) => {
+            cur[i] = (cur[i] ?? 0) + x
+          })
+          perSecond.set(ph, cur)
+        }
         for (const [phase, done] of run.lines) {
           const cur = lines.get(phase) ?? { lines: 0, seconds: 0 }
           cur.lines += done.lines
@@ -567,6 +635,34 @@ try {
       early,
     }
     results.push(result)
+    if (preemptedBy.size > 0)
+      log(
+        `${s.name}: lines pre-empted per run, by phase:`,
+        [...preemptedBy].map(([k, n]) => `${k} ${(n / withRuns).toFixed(1)}`).join(', '),
+      )
+    // Each phase's first half second: where a change of load meets what the batch left running.
+    for (const ph of new Set(s.phases.map((p) => p.name))) {
+      const onset = (xs: typeof pooled.with) =>
+        xs.filter((x) => x.phase === ph && x.inPhaseMs < 500 && x.ttftMs !== undefined).map((x) => x.ttftMs!)
+      const a = onset(pooled.without)
+      const b = onset(pooled.with)
+      log(
+        `${s.name}, ${ph}, requests sent in its first 0.5 s: TTFT p50, p90, max without -> with (ms):`,
+        `${pct(a, 0.5).toFixed(0)}, ${pct(a, 0.9).toFixed(0)}, ${Math.max(...a).toFixed(0)} -> ${pct(b, 0.5).toFixed(0)}, ${pct(b, 0.9).toFixed(0)}, ${Math.max(...b).toFixed(0)} (${a.length} / ${b.length})`,
+      )
+    }
+    for (const [ph, xs] of preemptedSeconds)
+      log(
+        `${s.name}, ${ph}: lines pre-empted in each second, per run:`,
+        xs.map((x) => (x / withRuns).toFixed(1)).join(' '),
+      )
+    for (const [ph, xs] of perSecond) {
+      const times = withRuns * s.phases.filter((p) => p.name === ph).length
+      log(
+        `${s.name}, ${ph}: lines done in each second / idle rate:`,
+        xs.map((x) => (x / times / idleRate).toFixed(2)).join(' '),
+      )
+    }
     log(
       s.name,
       JSON.stringify({
