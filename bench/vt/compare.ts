@@ -18,6 +18,8 @@ interface Served {
   ttftMs: number
   cached: number
   off: boolean
+  /** The node its first attempt went to. */
+  node: string
 }
 
 /** Runs one variant over the cell, recording each request's first attempt, TTFT and cached tokens. */
@@ -46,6 +48,7 @@ function run(v: Variant, t: Task, durationMs: number): Map<string, Served> {
         ttftMs: Number.NaN,
         cached: 0,
         off: h.size > 0 && !h.has(a.candidate.node.name),
+        node: a.candidate.node.name,
       })
     h.add(a.candidate.node.name)
     started(a)
@@ -128,6 +131,21 @@ if (import.meta.main) {
     console.log(
       `| ${cat} | ${c.n} | ${(c.mine / c.n).toFixed(0)} | ${(c.theirs / c.n).toFixed(0)} | ${((c.mine - c.theirs) / 1000).toFixed(1)} |`,
     )
+  // The slowest first tokens of each (a cell's p99 is the second or third of a few hundred).
+  for (const [name, served, other] of [
+    [values.policy!, mine, theirs],
+    [values.peer!, theirs, mine],
+  ] as const) {
+    const worst = [...served]
+      .filter(([, a]) => a.startMs >= durationMs * 0.1 && !Number.isNaN(a.ttftMs))
+      .sort((x, y) => y[1].ttftMs - x[1].ttftMs)
+      .slice(0, 3)
+      .map(([k, a]) => {
+        const b = other.get(k)
+        return `${a.ttftMs.toFixed(0)} ms on ${a.node} (${label(a)}; the other: ${b ? `${b.ttftMs.toFixed(0)} ms on ${b.node}` : '-'})`
+      })
+    console.log(`${name}, slowest: ${worst.join(', ')}`)
+  }
   console.log(
     `| all | ${n} | ${(sumMine / Math.max(1, n)).toFixed(1)} | ${(sumTheirs / Math.max(1, n)).toFixed(1)} | ${((sumMine - sumTheirs) / 1000).toFixed(1)} |`,
   )
