@@ -77,33 +77,30 @@ async function until(what: () => boolean | Promise<boolean>, tries = 500) {
 }
 
 /** A streamed chat completion read to its end: status, text, and the node that served it. */
-async function interactive(t: Tropa, i: number) {
-  const res = await t.fetch('/v1/chat/completions', {
+/** One streamed chat completion sent: its response, the body unread. */
+const sendStream = (t: Tropa, content: string, maxTokens: number) =>
+  t.fetch('/v1/chat/completions', {
     method: 'POST',
     body: JSON.stringify({
       model: 'test/chat',
-      messages: [{ role: 'user', content: `interactive ${i}` }],
-      max_tokens: 4,
+      messages: [{ role: 'user', content }],
+      max_tokens: maxTokens,
       stream: true,
     }),
   })
+
+async function interactive(t: Tropa, i: number) {
+  const res = await sendStream(t, `interactive ${i}`, 4)
   const text = await res.text()
   return { status: res.status, done: text.includes('data: [DONE]'), node: res.headers.get('x-tropa-node') }
 }
 
 /** A streamed interactive request of `maxTokens` tokens: the node it ran on and its whole text. */
 const longStream = (t: Tropa, maxTokens: number) =>
-  t
-    .fetch('/v1/chat/completions', {
-      method: 'POST',
-      body: JSON.stringify({
-        model: 'test/chat',
-        messages: [{ role: 'user', content: 'a long answer' }],
-        max_tokens: maxTokens,
-        stream: true,
-      }),
-    })
-    .then(async (res) => ({ node: res.headers.get('x-tropa-node'), text: await res.text() }))
+  sendStream(t, 'a long answer', maxTokens).then(async (res) => ({
+    node: res.headers.get('x-tropa-node'),
+    text: await res.text(),
+  }))
 
 async function finished(client: OpenAI, id: string) {
   let b = await client.batches.retrieve(id)
@@ -288,15 +285,7 @@ describe('batches.quiet_load: a busy fleet has no quiet node', () => {
     const abortedBefore = t.nodes.map((x) => x.stats().aborted)
     const streamsBefore = t.nodes.map((x) => x.stats().streams)
     // One stream is a load of 1/8, over 0.1: no node can be the batch's while it runs.
-    const res = await t.fetch('/v1/chat/completions', {
-      method: 'POST',
-      body: JSON.stringify({
-        model: 'test/chat',
-        messages: [{ role: 'user', content: 'rising load' }],
-        max_tokens: 100,
-        stream: true,
-      }),
-    })
+    const res = await sendStream(t, 'rising load', 100)
     const text = await res.text()
     expect(text).toContain('data: [DONE]')
     const home = t.nodes.findIndex((x, i) => x.stats().streams > streamsBefore[i]!)
@@ -329,15 +318,7 @@ describe('a batch that cannot have a node costs interactive routing nothing', ()
   const longPrompt = (i: number) =>
     `${i} ${Array.from({ length: 2000 }, (_, k) => words[(k * 7 + i) % words.length]).join(' ')}`
   const ask = async (i: number, content = longPrompt(i)) => {
-    const res = await t.fetch('/v1/chat/completions', {
-      method: 'POST',
-      body: JSON.stringify({
-        model: 'test/chat',
-        messages: [{ role: 'user', content }],
-        max_tokens: 2,
-        stream: true,
-      }),
-    })
+    const res = await sendStream(t, content, 2)
     expect(res.status).toBe(200)
     await res.text()
     return res.headers.get('x-tropa-node')
@@ -463,15 +444,7 @@ describe('the first request to reach an idle fleet full of lines', () => {
     await until(() => running(t.nodes) === 2 * (SLOTS - 1))
     await Bun.sleep(1200)
     const before = await preempted()
-    const res = await t.fetch('/v1/chat/completions', {
-      method: 'POST',
-      body: JSON.stringify({
-        model: 'test/chat',
-        messages: [{ role: 'user', content: 'the first of a rise, or a lone request' }],
-        max_tokens: 150,
-        stream: true,
-      }),
-    })
+    const res = await sendStream(t, 'the first of a rise, or a lone request', 150)
     const sent = performance.now()
     const streamNode = t.nodes.find((n) => n.name === res.headers.get('x-tropa-node'))!
     const other = t.nodes.find((n) => n !== streamNode)!
