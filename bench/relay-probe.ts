@@ -279,6 +279,16 @@ function proxy(mode: string, upstreamPort: string, portFile: string): void {
 const agent = new http.Agent({ keepAlive: true, maxSockets: Number.POSITIVE_INFINITY })
 
 /** The upstream read with node:http's client, its data events written to a direct stream, paused on backpressure. */
+/** Writes a chunk to the client's direct stream; while the client is full, the source is paused. */
+function writeOrPause(c: Direct, chunk: Uint8Array, pause: () => void, resume: () => void): void {
+  const w = c.write(chunk)
+  c.flush()
+  if (w instanceof Promise) {
+    pause()
+    w.then(resume, () => {})
+  }
+}
+
 function nodeHttpRelay(port: number, path: string, body: ArrayBuffer): Promise<Response> {
   return new Promise((resolve, reject) => {
     const headers = { 'content-type': 'application/json', 'content-length': body.byteLength }
@@ -287,17 +297,14 @@ function nodeHttpRelay(port: number, path: string, body: ArrayBuffer): Promise<R
         type: 'direct',
         pull: (c: Direct) =>
           new Promise<void>((done) => {
-            src.on('data', (d: Buffer) => {
-              const w = c.write(d)
-              c.flush()
-              if (w instanceof Promise) {
-                src.pause()
-                w.then(
-                  () => src.resume(),
-                  () => {},
-                )
-              }
-            })
+            src.on('data', (d: Buffer) =>
+              writeOrPause(
+                c,
+                d,
+                () => src.pause(),
+                () => src.resume(),
+              ),
+            )
             const end = () => {
               c.close()
               done()
@@ -338,12 +345,7 @@ function rawRelay(mode: string, port: number, path: string, body: ArrayBuffer): 
       b = b.subarray(at + 4)
       if (b.length === 0) return
     }
-    const w = controller?.write(b)
-    controller?.flush()
-    if (w instanceof Promise) {
-      pause()
-      w.then(resume, () => {})
-    }
+    if (controller) writeOrPause(controller, b, pause, resume)
   }
   if (mode === 'rawNet') {
     const sock = net.connect(port, '127.0.0.1')
