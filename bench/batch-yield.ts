@@ -338,6 +338,39 @@ async function quiet() {
   }
 }
 
+/** The sample taken nearest to `t`. */
+function nearest<T extends { atMs: number }>(xs: readonly T[], t: number): T | undefined {
+  let best = xs[0]
+  for (const x of xs) if (best && Math.abs(x.atMs - t) < Math.abs(best.atMs - t)) best = x
+  return best
+}
+
+/** A sampled counter's increase in each whole second of each phase, summed by phase name. */
+function perSecond(
+  value: (t: number) => number,
+  bounds: { name: string; startMs: number; endMs: number }[],
+): Map<string, number[]> {
+  const out = new Map<string, number[]>()
+  for (const b of bounds) {
+    const xs = out.get(b.name) ?? []
+    for (let t = 0; t + 1000 <= b.endMs - b.startMs + 1; t += 1000)
+      xs[t / 1000] = (xs[t / 1000] ?? 0) + value(b.startMs + t + 1000) - value(b.startMs + t)
+    out.set(b.name, xs)
+  }
+  return out
+}
+
+/** Adds each phase's per-second figures into `into`. */
+function addSeconds(into: Map<string, number[]>, from: Map<string, number[]>): void {
+  for (const [ph, xs] of from) {
+    const cur = into.get(ph) ?? []
+    xs.forEach((x, i) => {
+      cur[i] = (cur[i] ?? 0) + x
+    })
+    into.set(ph, cur)
+  }
+}
+
 /** Lines done per second while each phase ran, from samples of the batch's count. */
 function phaseRates(
   counts: { atMs: number; done: number }[],
@@ -345,11 +378,7 @@ function phaseRates(
   /** Past each phase's start, where its rate is read from: its first second (the switch-over) by default. */
   skip: (b: { startMs: number; endMs: number }) => number = () => 1000,
 ) {
-  const at = (t: number) => {
-    let best = counts[0]!
-    for (const c of counts) if (Math.abs(c.atMs - t) < Math.abs(best.atMs - t)) best = c
-    return best.done
-  }
+  const at = (t: number) => nearest(counts, t)?.done ?? 0
   const byName = new Map<string, { lines: number; seconds: number }>()
   for (const b of bounds) {
     const cur = byName.get(b.name) ?? { lines: 0, seconds: 0 }
@@ -414,23 +443,10 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
         load.set(b.name, [...(load.get(b.name) ?? []), l.load])
         held.set(b.name, [...(held.get(b.name) ?? []), l.held])
       }
-  // Lines pre-empted in each phase (the router's counter, sampled every 250 ms).
-  const preempted = new Map<string, number>()
-  const counterAt = (t: number) => {
-    let best = loads[0]
-    for (const l of loads) if (best && Math.abs(l.atMs - t) < Math.abs(best.atMs - t)) best = l
-    return best?.preempted ?? Number.NaN
-  }
-  const preemptedPerSecond = new Map<string, number[]>()
-  for (const b of bounds) {
-    preempted.set(b.name, (preempted.get(b.name) ?? 0) + counterAt(b.endMs) - counterAt(b.startMs))
-    const xs = preemptedPerSecond.get(b.name) ?? []
-    for (let t = 0; t + 1000 <= b.endMs - b.startMs + 1; t += 1000)
-      xs[t / 1000] = (xs[t / 1000] ?? 0) + counterAt(b.startMs + t + 1000) - counterAt(b.startMs + t)
-    preemptedPerSecond.set(b.name, xs)
-  }
+  // Lines pre-empted in each second of each phase (the router's counter, sampled every 250 ms).
+  const preemptedPerSecond = perSecond((t) => nearest(loads, t)?.preempted ?? Number.NaN, bounds)
   let lines = new Map<string, { lines: number; seconds: number }>()
-  const perSecond = new Map<string, number[]>()
+  let donePerSecond = new Map<string, number[]>()
   let finished = false
   if (batchId) {
     const s = await batchState(batchId)
@@ -438,17 +454,7 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
     counts.push({ atMs: performance.now(), done: s.done })
     lines = phaseRates(counts, bounds)
     // Each second of each phase: lines done in it (the ramp into a valley, second by second).
-    for (const b of bounds)
-      for (let t = 0; t + 1000 <= b.endMs - b.startMs + 1; t += 1000) {
-        const one = phaseRates(
-          counts,
-          [{ name: b.name, startMs: b.startMs, endMs: b.startMs + t + 1000 }],
-          () => t,
-        ).get(b.name)!
-        const xs = perSecond.get(b.name) ?? []
-        xs[t / 1000] = (xs[t / 1000] ?? 0) + one.lines
-        perSecond.set(b.name, xs)
-      }
+    donePerSecond = perSecond((t) => nearest(counts, t)?.done ?? 0, bounds)
     for (const [k, v] of phaseRates(counts, bounds, (b) => (b.endMs - b.startMs) / 2))
       lines.set(`${k} (second half)`, v)
     await stopBatch(batchId)
@@ -456,8 +462,7 @@ async function scenario(name: string, phases: Phase[], capacity: number, withBat
   return {
     samples,
     lines,
-    perSecond,
-    preempted,
+    donePerSecond,
     preemptedPerSecond,
     load,
     held,
@@ -542,9 +547,8 @@ try {
       with: [] as (Sample & { phase: string; inPhaseMs: number })[],
     }
     const lines = new Map<string, { lines: number; seconds: number }>()
-    const perSecond = new Map<string, number[]>()
+    const doneSeconds = new Map<string, number[]>()
     let withRuns = 0
-    const preemptedBy = new Map<string, number>()
     const preemptedSeconds = new Map<string, number[]>()
     const loadWithout = new Map<string, number[]>()
     const heldWith = new Map<string, number[]>()
@@ -579,21 +583,8 @@ try {
         for (const [ph, xs] of run.held) heldWith.set(ph, [...(heldWith.get(ph) ?? []), ...xs])
         early ||= run.batchFinishedEarly
         withRuns++
-        for (const [ph, n] of run.preempted) preemptedBy.set(ph, (preemptedBy.get(ph) ?? 0) + n)
-        for (const [ph, xs] of run.preemptedPerSecond) {
-          const cur = preemptedSeconds.get(ph) ?? []
-          xs.forEach((x, i) => {
-            cur[i] = (cur[i] ?? 0) + x
-          })
-          preemptedSeconds.set(ph, cur)
-        }
-        for (const [ph, xs] of run.perSecond) {
-          const cur = perSecond.get(ph) ?? []
-          xs.forEach((x, i) => {
-            cur[i] = (cur[i] ?? 0) + x
-          })
-          perSecond.set(ph, cur)
-        }
+        addSeconds(preemptedSeconds, run.preemptedPerSecond)
+        addSeconds(doneSeconds, run.donePerSecond)
         for (const [phase, done] of run.lines) {
           const cur = lines.get(phase) ?? { lines: 0, seconds: 0 }
           cur.lines += done.lines
@@ -635,10 +626,12 @@ try {
       early,
     }
     results.push(result)
-    if (preemptedBy.size > 0)
+    if (preemptedSeconds.size > 0)
       log(
         `${s.name}: lines pre-empted per run, by phase:`,
-        [...preemptedBy].map(([k, n]) => `${k} ${(n / withRuns).toFixed(1)}`).join(', '),
+        [...preemptedSeconds]
+          .map(([k, xs]) => `${k} ${(xs.reduce((a, b) => a + b, 0) / withRuns).toFixed(1)}`)
+          .join(', '),
       )
     // Each phase's first half second: where a change of load meets what the batch left running.
     for (const ph of new Set(s.phases.map((p) => p.name))) {
@@ -656,7 +649,7 @@ try {
         `${s.name}, ${ph}: lines pre-empted in each second, per run:`,
         xs.map((x) => (x / withRuns).toFixed(1)).join(' '),
       )
-    for (const [ph, xs] of perSecond) {
+    for (const [ph, xs] of doneSeconds) {
       const times = withRuns * s.phases.filter((p) => p.name === ph).length
       log(
         `${s.name}, ${ph}: lines done in each second / idle rate:`,

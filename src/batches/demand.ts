@@ -69,7 +69,7 @@ export class Demand {
     const window = Math.min(windowMs, MAX_WINDOW_MS)
     let n = 0
     for (let i = this.arrivals.length - 1; i >= 0 && this.arrivals[i]! > nowMs - window; i--) n++
-    const meanMs = this.area / this.count
-    return (((n * 1000) / window) * meanMs) / 1000 / slots
+    // Arrivals a millisecond times the mean time in flight (ms): the requests they keep in flight.
+    return ((n / window) * (this.area / this.count)) / slots
   }
 }

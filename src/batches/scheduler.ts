@@ -624,6 +624,8 @@ export class BatchScheduler {
       ),
     )
     const load = this.interactiveLoad(nowMs)
+    // Rising from idle (`risingUntilMs`): a node an interactive request starts on keeps no line.
+    if (keeping && nowMs < this.risingUntilMs) return 0
     if (this.packing) {
       // The plan says which nodes are the batch's: one of them fills once its last interactive
       // request ended; the nodes kept for interactive traffic take no line while it holds.
@@ -827,10 +829,7 @@ export class BatchScheduler {
       for (const [reqId, a] of admitted)
         if (a.candidate.node === node && !a.preempted) lines.push({ w, reqId, a })
     if (lines.length === 0) return
-    const now = Date.now()
-    this.interactiveLoad(now)
-    const cap = now < this.risingUntilMs ? 0 : this.batchCap(lines[0]!.a.candidate, now, true)
-    let over = node.batchInFlight - cap
+    let over = node.batchInFlight - this.batchCap(lines[0]!.a.candidate, Date.now(), true)
     lines.sort((x, y) => y.a.startedAtMs - x.a.startedAtMs)
     for (const l of lines) {
       if (over-- <= 0) break
@@ -856,14 +855,7 @@ export class BatchScheduler {
     try {
       reservation = await this.meter.reserve(key, this.identity.org(orgId), m.worstNano)
     } catch (err) {
-      this.pool.endBatch(best.node, true)
-      // Not sent: routing must not wait for its prefill.
-      const starts = best.node.batchStarts
-      for (let i = starts.length - 1; i >= 0; i--)
-        if (starts[i]!.atMs === now && starts[i]!.tokens === m.promptTokens) {
-          starts.splice(i, 1)
-          break
-        }
+      this.pool.unsentBatch(best.node, now, m.promptTokens)
       if (err instanceof SharedStateUnavailable) return { kind: 'wait', ms: 500 }
       // Out of money mid-batch: the batch fails, keeping what finished.
       this.failBatchSoon(m.batchId, 'insufficient_quota', 'the money ran out')

@@ -222,6 +222,20 @@ export class NodePool {
     this.onBatchState?.()
   }
 
+  /**
+   * A batch line admitted to the node at `atMs` was never sent (its money could not be reserved):
+   * it ends as `endBatch` has it, and its start goes (routing must not wait for its prefill).
+   */
+  unsentBatch(node: NodeState, atMs: number, promptTokens: number): void {
+    const starts = node.batchStarts
+    for (let i = starts.length - 1; i >= 0; i--)
+      if (starts[i]!.atMs === atMs && starts[i]!.tokens === promptTokens) {
+        starts.splice(i, 1)
+        break
+      }
+    this.endBatch(node, true)
+  }
+
   /** A batch line was pre-empted on the node: it leaves with no verdict on the node. */
   preemptBatch(node: NodeState, nowMs = Date.now()): void {
     node.batchInFlight--
