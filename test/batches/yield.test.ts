@@ -427,6 +427,57 @@ describe('batches.fill_load: in a valley lines fill every node beside interactiv
   }, 60_000)
 })
 
+describe('batches.fill_load: a lull in a steady load is no valley', () => {
+  const SLOTS = 8
+  let t: Tropa
+  beforeAll(async () => {
+    t = await start({}, false, { fill_load: 0.2, reserve_slots: 1 }, SLOTS)
+  })
+  afterAll(() => t.stop())
+  const requests = () => t.nodes.reduce((s, n) => s + n.stats().requests, 0)
+
+  test('requests in flight dipping under fill_load between clusters of arrivals start no line; once the load falls to one stream, lines fill its node beside it', async () => {
+    // Every 200 ms eight short requests (about 0.1 s each): 8 of the 16 slots in flight, then
+    // none for a moment, over and over (no node goes quiet for quiet_ms, 300 ms). The requests
+    // in flight dip under fill_load (3.2 of 16) in every gap, but the second's demand is ~0.25
+    // (a valley is entered at 3/4 of fill_load, 0.15).
+    let sent = 0
+    let stop = false
+    const replies: Promise<{ status: number; done: boolean }>[] = []
+    const load = (async () => {
+      while (!stop) {
+        for (let i = 0; i < 8; i++) replies.push(interactive(t, sent++))
+        await Bun.sleep(200)
+      }
+    })()
+    await Bun.sleep(2500) // the demand is known after 2 s and 20 arrivals
+    const client = t.client()
+    const batch = await startBatch(client, 200)
+    // For 3 s no line starts: every request the nodes saw is an interactive one.
+    const until3s = performance.now() + 3000
+    let lines = 0
+    while (performance.now() < until3s) {
+      lines = Math.max(lines, requests() - sent)
+      await Bun.sleep(5)
+    }
+    stop = true
+    await load
+    // The load falls to one long stream at once (no moment without a request): a valley once the
+    // second's arrivals show it. Lines fill the stream's node beside it, one slot kept free.
+    const stream = sendStream(t, 'a long answer', 200)
+    sent++
+    const done = await Promise.all(replies)
+    expect(done.filter((r) => !(r.status === 200 && r.done))).toEqual([])
+    expect(lines).toBe(0)
+    const res = await stream
+    const streamNode = t.nodes.find((n) => n.name === res.headers.get('x-tropa-node'))!
+    await until(() => streamNode.stats().running === SLOTS - 1)
+    expect(await res.text()).toContain('data: [DONE]')
+    await client.batches.cancel(batch.id)
+    await finished(client, batch.id)
+  }, 60_000)
+})
+
 describe('the first request to reach an idle fleet full of lines', () => {
   const SLOTS = 8
   let t: Tropa
