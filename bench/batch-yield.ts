@@ -644,6 +644,24 @@ try {
         `${pct(a, 0.5).toFixed(0)}, ${pct(a, 0.9).toFixed(0)}, ${Math.max(...a).toFixed(0)} -> ${pct(b, 0.5).toFixed(0)}, ${pct(b, 0.9).toFixed(0)}, ${Math.max(...b).toFixed(0)} (${a.length} / ${b.length})`,
       )
     }
+    // What the pooled TTFT p99 is made of: the requests over the run without's p99, by phase
+    // and whether they were sent in the phase's first half second.
+    const over = pct(
+      pooled.without.filter((x) => x.ttftMs !== undefined).map((x) => x.ttftMs!),
+      0.99,
+    )
+    const tail = (xs: typeof pooled.with) => {
+      const by = new Map<string, number>()
+      for (const x of xs)
+        if (x.ttftMs !== undefined && x.ttftMs > over) {
+          const k = `${x.phase}${x.inPhaseMs < 500 ? ' (first 0.5 s)' : ''}`
+          by.set(k, (by.get(k) ?? 0) + 1)
+        }
+      return [...by].map(([k, n]) => `${k} ${n}`).join(', ') || 'none'
+    }
+    log(
+      `${s.name}: requests over the without runs' TTFT p99 (${over.toFixed(0)} ms), by phase: without ${tail(pooled.without)}; with ${tail(pooled.with)}`,
+    )
     for (const [ph, xs] of preemptedSeconds)
       log(
         `${s.name}, ${ph}: lines pre-empted in each second, per run:`,
