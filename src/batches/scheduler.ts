@@ -43,8 +43,8 @@ export interface BatchSettings {
    * Interactive requests in flight over the fleet's slots (as they are now, not followed slowly
    * as `interactiveLoad` falls) at or under which lines start on every node beside interactive
    * traffic, `reserveSlots` (at least one) kept free for the next arrival, in a valley
-   * (`inValley`); they keep their places while `interactiveLoad`, or the demand over a second,
-   * is at most max(2 x fillLoad, quietLoad). 0: off.
+   * (`inValley`); or the half-second demand at or under half of it. They keep their places while
+   * `interactiveLoad`, or the demand over a second, is at most max(2 x fillLoad, quietLoad). 0: off.
    */
   readonly fillLoad: number
   /** The load over which even a quiet node takes no line (a peak's lulls are no valley). */
@@ -645,7 +645,9 @@ export class BatchScheduler {
       const kept = load <= keep || (this.demand.load(nowMs, fleet, 1000) ?? 1) <= keep
       if (keeping) {
         fills = kept
+        // An arrival beside lines reads the valley too: it holds while lines keep their places.
         if (!kept) this.valley = false
+        else if (this.valley) this.valleyAtMs = nowMs
       } else
         fills =
           this.inValley(nowMs, fleet, kept) &&
@@ -662,19 +664,21 @@ export class BatchScheduler {
   /**
    * Whether the fleet is in a valley lines may start in (`kept`: the bound lines keep their
    * places under holds). Entered once the demand over a whole second is at most 3/4 of
-   * `fillLoad`; left when lines would be pre-empted (`kept` fails). Within a valley, a line starts
-   * while the requests in flight are at most `fillLoad` or the half-second demand at most half
-   * of it. Without the valley, those two alone read lulls of the 50% load as valleys: the
-   * requests in flight there average 0.19 of the slots and dip under 0.1 for a few hundred
-   * milliseconds, and half a second holds one or two arrivals now and then (in
-   * bench/batch-yield.ts's 50% runs, lines started and were pre-empted within a second now and
-   * then, TTFT p99 1.12-1.24x). Entered at half of `fillLoad`, a valley after a peak came late:
-   * the demand counts the peak's slower requests' time for the valley's arrivals (up to 3 s after
-   * the peak's last arrival, in a simulation of the arrivals, against 1-2 s at 3/4). Left at a
-   * demand over `fillLoad` or even twice it, it was left every few seconds: the lines slow the
-   * valley's requests, so the same arrivals read as more demand (valleys 0.53-0.80 of the idle
-   * rate). At 3/4, the 50% load's arrivals read as a valley in about one run of 20 s in four
-   * (the simulation), until its lines are pre-empted.
+   * `fillLoad`; left when lines would be pre-empted (`kept` fails, read here or by an arrival
+   * beside lines), when the fleet rises from idle, or when nothing read it for a second. Within
+   * a valley, a line starts while the requests in flight are at most `fillLoad` or the
+   * half-second demand at most half of it. Without the valley, those two alone read lulls of the
+   * 50% load as valleys: the requests in flight there average 0.19 of the slots and dip under
+   * 0.1 for a few hundred milliseconds, and half a second holds one or two arrivals now and then
+   * (in bench/batch-yield.ts's 50% runs, lines started and were pre-empted within a second now
+   * and then, TTFT p99 1.12-1.24x). Entered at half of `fillLoad`, a valley after a peak came
+   * late (valleys 0.72-0.80 of the idle rate): the demand counts the peak's slower requests' time
+   * for the valley's arrivals. Left at a demand over `fillLoad`, it was left every few seconds
+   * (valleys 0.53-0.70): the lines slow the valley's requests, so the same arrivals read as more
+   * demand. At 3/4, a 50% load's arrivals read as a valley in about one run of 20 s in four
+   * (bench/fill-entry-sim.ts), until its lines are pre-empted. Until the demand is known (20
+   * arrivals, decayed over about 10 s, and 2 s since the first), the requests in flight alone
+   * decide and no valley is entered.
    */
   private inValley(nowMs: number, fleet: number, kept: boolean): boolean {
     const fill = this.settings.fillLoad
@@ -683,9 +687,12 @@ export class BatchScheduler {
     if (nowMs - this.valleyAtMs > 1000) this.valley = false
     this.valleyAtMs = nowMs
     // Too few arrivals yet to know their time in flight (a light load, or a fresh start): the
-    // requests in flight alone decide.
-    if (demand === undefined) this.valley = this.inFlightLoad() <= fill
-    else this.valley = this.valley ? kept : demand <= 0.75 * fill
+    // requests in flight alone decide, for now; a valley is entered only on a known demand.
+    if (demand === undefined) {
+      this.valley = false
+      return this.inFlightLoad() <= fill
+    }
+    this.valley = this.valley ? kept : demand <= 0.75 * fill
     return this.valley
   }
 
@@ -710,8 +717,11 @@ export class BatchScheduler {
     if (inFlight === 0) this.fleetIdleSinceMs ??= nowMs
     else if (this.fleetIdleSinceMs !== undefined) {
       // The first request after the fleet was idle for quietMs: the start of a rise, perhaps.
-      if (nowMs - this.fleetIdleSinceMs >= this.settings.quietMs)
+      if (nowMs - this.fleetIdleSinceMs >= this.settings.quietMs) {
         this.risingUntilMs = nowMs + this.settings.quietMs
+        // Whatever the fleet was in before it went idle, a valley is entered anew.
+        this.valley = false
+      }
       this.fleetIdleSinceMs = undefined
     }
     const now = inFlight / this.countSlots()

@@ -437,17 +437,28 @@ describe('batches.fill_load: a lull in a steady load is no valley', () => {
   const requests = () => t.nodes.reduce((s, n) => s + n.stats().requests, 0)
 
   test('requests in flight dipping under fill_load between clusters of arrivals start no line; once the load falls to one stream, lines fill its node beside it', async () => {
-    // Every 200 ms eight short requests (about 0.1 s each): 8 of the 16 slots in flight, then
-    // none for a moment, over and over (no node goes quiet for quiet_ms, 300 ms). The requests
-    // in flight dip under fill_load (3.2 of 16) in every gap, but the second's demand is ~0.25
-    // (a valley is entered at 3/4 of fill_load, 0.15).
+    // Every 200 ms (on the clock, not after each cluster) six requests of 8 tokens, about 0.15 s
+    // each: 6 of the 16 slots in flight, then none for a moment, over and over (no node goes
+    // quiet for quiet_ms, 300 ms). The requests in flight dip under fill_load (3.2 of 16) in
+    // every gap, but the second's demand is about 30 x 0.15 / 16 = 0.28 (a valley is entered at
+    // 3/4 of fill_load, 0.15).
     let sent = 0
     let stop = false
     const replies: Promise<{ status: number; done: boolean }>[] = []
+    const short = (i: number) =>
+      sendStream(t, `interactive ${i}`, 8).then(async (res) => ({
+        status: res.status,
+        done: (await res.text()).includes('data: [DONE]'),
+      }))
+    // A cluster first, alone: the nodes' first requests (their code not yet warm) are slower, and
+    // clusters overlapping then would fill all 16 slots (a refusal, with or without a batch).
+    const warm = await Promise.all(Array.from({ length: 6 }, () => short(sent++)))
+    expect(warm.every((r) => r.status === 200 && r.done)).toBe(true)
     const load = (async () => {
-      while (!stop) {
-        for (let i = 0; i < 8; i++) replies.push(interactive(t, sent++))
-        await Bun.sleep(200)
+      const t0 = performance.now()
+      for (let k = 1; !stop; k++) {
+        for (let i = 0; i < 6; i++) replies.push(short(sent++))
+        await Bun.sleep(Math.max(0, t0 + k * 200 - performance.now()))
       }
     })()
     await Bun.sleep(2500) // the demand is known after 2 s and 20 arrivals
