@@ -8,8 +8,11 @@
 // about 17 arrivals a second of ~0.7 s each (12 in flight, 0.19 of the slots); a valley 3.3 a
 // second after a peak of 30 a second of ~1 s. The demand is the arrivals over a window times a
 // mean time in flight: 0.7 s at 50%, and 1.3 s after a peak (Demand's 10 s average still holds
-// the peak's slower requests). Each rule is checked every 5 ms; a run of 20 s at 50% counts a
-// false valley when the rule holds past its first 1.5 s.
+// the peak's slower requests). Each rule is checked every 5 ms and, once it holds, again 0.5 s
+// later; a run of 20 s at 50% counts as read as a valley when the rule holds between its 1.5th
+// and 19.5th second (its first and last moments have no whole window behind or ahead). Only
+// the entry is modelled: not how long a valley lasts (the scheduler keeps it until lines would
+// be pre-empted), not the start condition within it, nor the lines slowing the requests.
 import { parseArgs } from 'node:util'
 
 const { values } = parseArgs({ options: { runs: { type: 'string' } } })
@@ -91,7 +94,7 @@ function entries(seed: number, phases: Phase[], demandMeanSec: number, rule: Rul
 const pct = (xs: number[], q: number) =>
   [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * q))]!
 console.log(
-  `| rule | 50% runs of 20 s read as a valley | valleys read per run | after a peak, a valley found in (p50, p90 s) |`,
+  `| rule | 50% runs of 20 s read as a valley | readings per run | after a peak, a valley found in (p50, p90 s) |`,
 )
 console.log('|---|---|---|---|')
 for (const rule of RULES) {
