@@ -14,19 +14,12 @@
 // the entry is modelled: not how long a valley lasts (the scheduler keeps it until lines would
 // be pre-empted), not the start condition within it, nor the lines slowing the requests.
 import { parseArgs } from 'node:util'
+import { prng } from '../src/simulator/text.ts'
 
 const { values } = parseArgs({ options: { runs: { type: 'string' } } })
 const RUNS = Number(values.runs ?? 200)
 const SLOTS = 64
 const FILL = 0.1
-
-function prng(seed: number) {
-  let s = seed >>> 0
-  return () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0
-    return s / 4294967296
-  }
-}
 
 type Phase = { perSec: number; seconds: number; meanSec: number }
 type Reading = { inFlight: number; half: number; second: number }

@@ -642,7 +642,8 @@ export class BatchScheduler {
     if (fill > 0 && (keeping || nowMs >= this.risingUntilMs)) {
       const fleet = this.countSlots()
       const keep = Math.max(2 * fill, this.settings.quietLoad)
-      const kept = load <= keep || (this.demand.load(nowMs, fleet, 1000) ?? 1) <= keep
+      const second = this.demand.load(nowMs, fleet, 1000)
+      const kept = load <= keep || (second ?? 1) <= keep
       if (keeping) {
         fills = kept
         // An arrival beside lines reads the valley too: it holds while lines keep their places.
@@ -650,7 +651,7 @@ export class BatchScheduler {
         else if (this.valley) this.valleyAtMs = nowMs
       } else
         fills =
-          this.inValley(nowMs, fleet, kept) &&
+          this.inValley(nowMs, second, kept) &&
           (this.inFlightLoad() <= fill || (this.demand.load(nowMs, fleet) ?? 1) <= fill / 2)
     }
     if (fills)
@@ -662,8 +663,8 @@ export class BatchScheduler {
   }
 
   /**
-   * Whether the fleet is in a valley lines may start in (`kept`: the bound lines keep their
-   * places under holds). Entered once the demand over a whole second is at most 3/4 of
+   * Whether the fleet is in a valley lines may start in (`demand`: over the last second, undefined
+   * until known; `kept`: the bound lines keep their places under holds). Entered once the demand over a whole second is at most 3/4 of
    * `fillLoad`; left when lines would be pre-empted (`kept` fails, read here or by an arrival
    * beside lines), when the fleet rises from idle, or when nothing read it for a second. Within
    * a valley, a line starts while the requests in flight are at most `fillLoad` or the
@@ -680,9 +681,8 @@ export class BatchScheduler {
    * arrivals, decayed over about 10 s, and 2 s since the first), the requests in flight alone
    * decide and no valley is entered.
    */
-  private inValley(nowMs: number, fleet: number, kept: boolean): boolean {
+  private inValley(nowMs: number, demand: number | undefined, kept: boolean): boolean {
     const fill = this.settings.fillLoad
-    const demand = this.demand.load(nowMs, fleet, 1000)
     // A valley is one only while it is followed: read last over a second ago, it is entered anew.
     if (nowMs - this.valleyAtMs > 1000) this.valley = false
     this.valleyAtMs = nowMs

@@ -89,8 +89,8 @@ const sendStream = (t: Tropa, content: string, maxTokens: number) =>
     }),
   })
 
-async function interactive(t: Tropa, i: number) {
-  const res = await sendStream(t, `interactive ${i}`, 4)
+async function interactive(t: Tropa, i: number, maxTokens = 4) {
+  const res = await sendStream(t, `interactive ${i}`, maxTokens)
   const text = await res.text()
   return { status: res.status, done: text.includes('data: [DONE]'), node: res.headers.get('x-tropa-node') }
 }
@@ -444,12 +444,8 @@ describe('batches.fill_load: a lull in a steady load is no valley', () => {
     // 3/4 of fill_load, 0.15).
     let sent = 0
     let stop = false
-    const replies: Promise<{ status: number; done: boolean }>[] = []
-    const short = (i: number) =>
-      sendStream(t, `interactive ${i}`, 8).then(async (res) => ({
-        status: res.status,
-        done: (await res.text()).includes('data: [DONE]'),
-      }))
+    const replies: ReturnType<typeof interactive>[] = []
+    const short = (i: number) => interactive(t, i, 8)
     // A cluster first, alone: the nodes' first requests (their code not yet warm) are slower, and
     // clusters overlapping then would fill all 16 slots (a refusal, with or without a batch).
     const warm = await Promise.all(Array.from({ length: 6 }, () => short(sent++)))
