@@ -415,8 +415,16 @@ export interface Store {
     /** The line's ledger row, written in the same transaction: a kill cannot leave a finished line unbilled. */
     bill?: LedgerEntry,
   ): Promise<boolean>
-  /** Fails the unfinished lines of a batch (only the pending ones if asked) with this result. */
-  failOpenLines(batchId: string, result: (l: BatchLine) => string, onlyPending?: boolean): Promise<number>
+  /**
+   * Fails the unfinished lines of a batch (only the pending ones if asked) with this result, and
+   * counts them in the batch. A batch may have many thousands: the work is done in bounded chunks,
+   * and the caller's event loop runs between them.
+   */
+  failOpenLines(
+    batchId: string,
+    result: (l: Pick<BatchLine, 'line' | 'customId'>) => string,
+    onlyPending?: boolean,
+  ): Promise<number>
   /** Lines still pending or running. */
   openLineCount(batchId: string): Promise<number>
   /** Finished results in line order: the output (ok) or the error file (not ok). */

@@ -500,6 +500,80 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       expect((await store.listBatches('o1', undefined, 10)).map((x) => x.id)).toEqual(['batch_1'])
     })
 
+    test("failing a large batch's open lines: every one once, the running ones when asked, the event loop running between chunks", async () => {
+      await store.insertOrg(org('o1'))
+      const id = 'batch_big'
+      await store.insertBatch({
+        id,
+        orgId: 'o1',
+        keyId: 'k1',
+        endpoint: '/v1/chat/completions',
+        inputFileId: 'file-a',
+        completionWindow: '24h',
+        status: 'validating',
+        outputFileId: null,
+        errorFileId: null,
+        errors: null,
+        metadata: null,
+        total: 0,
+        completed: 0,
+        failed: 0,
+        costNano: 0n,
+        createdAt: 1,
+        expiresAt: 86_401,
+        inProgressAt: null,
+        finalizingAt: null,
+        completedAt: null,
+        failedAt: null,
+        expiredAt: null,
+        cancellingAt: null,
+        cancelledAt: null,
+      })
+      const lines = 1_500
+      await store.enqueueLines(
+        Array.from({ length: lines }, (_, i) => ({
+          batchId: id,
+          line: i + 1,
+          customId: `c${i + 1}`,
+          body: '{}',
+          attempts: 0,
+        })),
+      )
+      await store.updateBatch(id, { status: 'in_progress', total: lines }, ['validating'])
+      // Three lines run, one of them finishes; the other 1,497 wait.
+      expect((await store.leaseLines(60_000, 3)).map((l) => l.line)).toEqual([1, 2, 3])
+      expect(await store.finishLine(id, 1, true, '{"r":1}')).toBe(true)
+      // Only the pending ones (a cancel): the running lines are left to finish. Meanwhile the
+      // event loop runs (a timer set before the call fires before it resolves).
+      let resolved = false
+      let ranBefore = false
+      setImmediate(() => {
+        ranBefore = !resolved
+      })
+      const failed = await store.failOpenLines(
+        id,
+        (l) => `{"custom_id":"${l.customId}","line":${l.line}}`,
+        true,
+      )
+      resolved = true
+      expect(failed).toBe(lines - 3)
+      expect(ranBefore).toBe(true)
+      expect(await store.openLineCount(id)).toBe(2)
+      // Then the rest, the running ones included; nothing is failed twice.
+      expect(await store.failOpenLines(id, (l) => `{"custom_id":"${l.customId}","line":${l.line}}`)).toBe(2)
+      expect(await store.failOpenLines(id, () => 'never')).toBe(0)
+      expect(await store.finishLine(id, 2, true, '{"r":2}')).toBe(false)
+      const b = (await store.getBatch(id))!
+      expect([b.completed, b.failed]).toEqual([1, lines - 1])
+      const results = await store.lineResults(id, false)
+      expect(results).toHaveLength(lines - 1)
+      // In line order, each line's own result.
+      expect(results.map((r) => JSON.parse(r).line)).toEqual(
+        Array.from({ length: lines - 1 }, (_, i) => i + 2),
+      )
+      expect(results.every((r) => JSON.parse(r).custom_id === `c${JSON.parse(r).line}`)).toBe(true)
+    })
+
     test('cached tokens and TTFT round-trip, null when not reported', async () => {
       await store.insertOrg(org('o1', 1_000n))
       await store.insertKey(key('k1', 'o1'))

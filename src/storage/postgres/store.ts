@@ -129,6 +129,9 @@ function redact(url: string): string {
 
 /** Rows per INSERT statement of a ledger flush (16 parameters each; PostgreSQL allows 65,535). */
 const LEDGER_ROWS_PER_INSERT = 1000
+
+/** Open lines read a page by failOpenLines (numbers and custom ids only: a batch may hold many thousands). */
+const FAIL_PAGE = 1000
 /** The time in ms by PostgreSQL's clock (now() is the statement's start in autocommit). */
 const NOW_MS = '(extract(epoch from now()) * 1000)::bigint'
 const COST_COLUMN = LEDGER_COLUMN_NAMES.indexOf('cost_nano')
@@ -677,17 +680,32 @@ export class PostgresStore implements Store {
     })
   }
 
-  async failOpenLines(batchId: string, result: (l: BatchLine) => string, onlyPending = false) {
+  /** A page of FAIL_PAGE open lines at a time (their line numbers and custom ids, not their bodies). */
+  async failOpenLines(
+    batchId: string,
+    result: (l: Pick<BatchLine, 'line' | 'customId'>) => string,
+    onlyPending = false,
+  ) {
     const l = schema.batchLines
-    const open = await this.db
-      .select()
-      .from(l)
-      .where(
-        and(eq(l.batchId, batchId), inArray(l.status, onlyPending ? ['pending'] : ['pending', 'running'])),
-      )
     let n = 0
-    for (const line of open) if (await this.finishLine(batchId, line.line, false, result(line))) n++
-    return n
+    let after = -1
+    for (;;) {
+      const open = await this.db
+        .select({ line: l.line, customId: l.customId })
+        .from(l)
+        .where(
+          and(
+            eq(l.batchId, batchId),
+            inArray(l.status, onlyPending ? ['pending'] : ['pending', 'running']),
+            gt(l.line, after),
+          ),
+        )
+        .orderBy(asc(l.line))
+        .limit(FAIL_PAGE)
+      for (const line of open) if (await this.finishLine(batchId, line.line, false, result(line))) n++
+      if (open.length < FAIL_PAGE) return n
+      after = open[open.length - 1]!.line
+    }
   }
 
   async openLineCount(batchId: string) {
