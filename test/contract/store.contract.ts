@@ -1,5 +1,12 @@
 import { afterEach, beforeEach, describe, expect, test } from 'bun:test'
-import type { ActivityQuery, KeyRecord, LedgerEntry, Store, UsageHourSum } from '../../src/storage/store.ts'
+import type {
+  ActivityQuery,
+  BatchRecord,
+  KeyRecord,
+  LedgerEntry,
+  Store,
+  UsageHourSum,
+} from '../../src/storage/store.ts'
 
 /** The behaviour every Store implementation must have; each driver's test file runs it. */
 export function storeContract(name: string, open: () => Promise<Store>) {
@@ -15,6 +22,33 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       name: `org ${id}`,
       balanceNano,
       createdAt: 1_700_000_000,
+    })
+    /** A batch of org o1 and key k1, validating, with nothing counted yet. */
+    const batchRecord = (id: string, metadata: string | null = null): BatchRecord => ({
+      id,
+      orgId: 'o1',
+      keyId: 'k1',
+      endpoint: '/v1/chat/completions',
+      inputFileId: 'file-a',
+      completionWindow: '24h',
+      status: 'validating',
+      outputFileId: null,
+      errorFileId: null,
+      errors: null,
+      metadata,
+      total: 0,
+      completed: 0,
+      failed: 0,
+      costNano: 0n,
+      createdAt: 1,
+      expiresAt: 86_401,
+      inProgressAt: null,
+      finalizingAt: null,
+      completedAt: null,
+      failedAt: null,
+      expiredAt: null,
+      cancellingAt: null,
+      cancelledAt: null,
     })
     const key = (id: string, orgId: string, extra: Partial<KeyRecord> = {}): KeyRecord => ({
       id,
@@ -397,33 +431,7 @@ export function storeContract(name: string, open: () => Promise<Store>) {
 
     test('the batch queue: lease, retry, finish once, fail the rest, results in line order', async () => {
       await store.insertOrg(org('o1'))
-      const batch = {
-        id: 'batch_1',
-        orgId: 'o1',
-        keyId: 'k1',
-        endpoint: '/v1/chat/completions',
-        inputFileId: 'file-a',
-        completionWindow: '24h',
-        status: 'validating' as const,
-        outputFileId: null,
-        errorFileId: null,
-        errors: null,
-        metadata: '{"a":"b"}',
-        total: 0,
-        completed: 0,
-        failed: 0,
-        costNano: 0n,
-        createdAt: 1,
-        expiresAt: 86_401,
-        inProgressAt: null,
-        finalizingAt: null,
-        completedAt: null,
-        failedAt: null,
-        expiredAt: null,
-        cancellingAt: null,
-        cancelledAt: null,
-      }
-      await store.insertBatch(batch)
+      await store.insertBatch(batchRecord('batch_1', '{"a":"b"}'))
       await store.enqueueLines(
         [1, 2, 3, 4].map((line) => ({
           batchId: 'batch_1',
@@ -503,32 +511,7 @@ export function storeContract(name: string, open: () => Promise<Store>) {
     test("failing a large batch's open lines: every one once, the running ones when asked, the event loop running between chunks", async () => {
       await store.insertOrg(org('o1'))
       const id = 'batch_big'
-      await store.insertBatch({
-        id,
-        orgId: 'o1',
-        keyId: 'k1',
-        endpoint: '/v1/chat/completions',
-        inputFileId: 'file-a',
-        completionWindow: '24h',
-        status: 'validating',
-        outputFileId: null,
-        errorFileId: null,
-        errors: null,
-        metadata: null,
-        total: 0,
-        completed: 0,
-        failed: 0,
-        costNano: 0n,
-        createdAt: 1,
-        expiresAt: 86_401,
-        inProgressAt: null,
-        finalizingAt: null,
-        completedAt: null,
-        failedAt: null,
-        expiredAt: null,
-        cancellingAt: null,
-        cancelledAt: null,
-      })
+      await store.insertBatch(batchRecord(id))
       const lines = 1_500
       await store.enqueueLines(
         Array.from({ length: lines }, (_, i) => ({
