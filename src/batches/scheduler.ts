@@ -74,6 +74,14 @@ export interface BatchSettings {
   readonly finished?: (b: BatchRecord) => Promise<void>
 }
 
+/**
+ * The longest an arriving request looks back for lines just sent to its node (`preemptOn`). A
+ * decoding step is 20-100 ms on today's engines; a longer estimate is mostly long prompts'
+ * prefill (a line's time over its tokens counts its prefill too), and lines sent that long ago
+ * may be prefilling already: cancelling them would throw that work away.
+ */
+const MAX_FRESH_MS = 250
+
 /** A node's batch timing (`Scheduler.lineTiming`). */
 interface LineTiming {
   startedAtMs: number
@@ -899,7 +907,8 @@ export class BatchScheduler {
     const now = Date.now()
     let over = node.batchInFlight - this.batchCap(lines[0]!.a.candidate, now, true)
     const stepMs = arriving ? this.lineTiming(node).stepMs : undefined
-    const freshSinceMs = stepMs === undefined ? Number.POSITIVE_INFINITY : now - stepMs
+    const freshSinceMs =
+      stepMs === undefined ? Number.POSITIVE_INFINITY : now - Math.min(stepMs, MAX_FRESH_MS)
     lines.sort((x, y) => y.a.startedAtMs - x.a.startedAtMs)
     for (const l of lines) {
       if (over <= 0 && l.a.startedAtMs <= freshSinceMs) break
