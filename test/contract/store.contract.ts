@@ -8,6 +8,35 @@ import type {
   UsageHourSum,
 } from '../../src/storage/store.ts'
 
+/** A batch of org o1 and key k1, validating, with nothing counted yet; `extra` overrides. */
+export const batchRecord = (id: string, extra: Partial<BatchRecord> = {}): BatchRecord => ({
+  id,
+  orgId: 'o1',
+  keyId: 'k1',
+  endpoint: '/v1/chat/completions',
+  inputFileId: 'file-a',
+  completionWindow: '24h',
+  status: 'validating',
+  outputFileId: null,
+  errorFileId: null,
+  errors: null,
+  metadata: null,
+  total: 0,
+  completed: 0,
+  failed: 0,
+  costNano: 0n,
+  createdAt: 1,
+  expiresAt: 86_401,
+  inProgressAt: null,
+  finalizingAt: null,
+  completedAt: null,
+  failedAt: null,
+  expiredAt: null,
+  cancellingAt: null,
+  cancelledAt: null,
+  ...extra,
+})
+
 /** The behaviour every Store implementation must have; each driver's test file runs it. */
 export function storeContract(name: string, open: () => Promise<Store>) {
   describe(`Store contract: ${name}`, () => {
@@ -22,33 +51,6 @@ export function storeContract(name: string, open: () => Promise<Store>) {
       name: `org ${id}`,
       balanceNano,
       createdAt: 1_700_000_000,
-    })
-    /** A batch of org o1 and key k1, validating, with nothing counted yet. */
-    const batchRecord = (id: string, metadata: string | null = null): BatchRecord => ({
-      id,
-      orgId: 'o1',
-      keyId: 'k1',
-      endpoint: '/v1/chat/completions',
-      inputFileId: 'file-a',
-      completionWindow: '24h',
-      status: 'validating',
-      outputFileId: null,
-      errorFileId: null,
-      errors: null,
-      metadata,
-      total: 0,
-      completed: 0,
-      failed: 0,
-      costNano: 0n,
-      createdAt: 1,
-      expiresAt: 86_401,
-      inProgressAt: null,
-      finalizingAt: null,
-      completedAt: null,
-      failedAt: null,
-      expiredAt: null,
-      cancellingAt: null,
-      cancelledAt: null,
     })
     const key = (id: string, orgId: string, extra: Partial<KeyRecord> = {}): KeyRecord => ({
       id,
@@ -431,7 +433,7 @@ export function storeContract(name: string, open: () => Promise<Store>) {
 
     test('the batch queue: lease, retry, finish once, fail the rest, results in line order', async () => {
       await store.insertOrg(org('o1'))
-      await store.insertBatch(batchRecord('batch_1', '{"a":"b"}'))
+      await store.insertBatch(batchRecord('batch_1', { metadata: '{"a":"b"}' }))
       await store.enqueueLines(
         [1, 2, 3, 4].map((line) => ({
           batchId: 'batch_1',

@@ -4,7 +4,7 @@ import { join } from 'node:path'
 import { SQL } from 'bun'
 import { EMBEDDED_PG_MIGRATION_TAGS } from '../../src/storage/postgres/migrations.ts'
 import { openPostgresStore } from '../../src/storage/postgres/store.ts'
-import { storeContract } from './store.contract.ts'
+import { batchRecord, storeContract } from './store.contract.ts'
 import { seedUsage, seriesOf } from './usage-seed.ts'
 
 // Real PostgreSQL on this machine (CI starts it). Each store in this file gets a database of its
@@ -99,32 +99,17 @@ beforeAll(async () => {
 
 test('leasing with SKIP LOCKED: concurrent leases never hand out a line twice', async () => {
   await shared.insertOrg({ id: 'o', name: 'o', balanceNano: 0n, createdAt: 1 })
-  await shared.insertBatch({
-    id: 'b',
-    orgId: 'o',
-    keyId: 'k',
-    endpoint: '/v1/chat/completions',
-    inputFileId: 'f',
-    completionWindow: '24h',
-    status: 'in_progress',
-    outputFileId: null,
-    errorFileId: null,
-    errors: null,
-    metadata: null,
-    total: 300,
-    completed: 0,
-    failed: 0,
-    costNano: 0n,
-    createdAt: 1,
-    expiresAt: 2,
-    inProgressAt: 1,
-    finalizingAt: null,
-    completedAt: null,
-    failedAt: null,
-    expiredAt: null,
-    cancellingAt: null,
-    cancelledAt: null,
-  })
+  await shared.insertBatch(
+    batchRecord('b', {
+      orgId: 'o',
+      keyId: 'k',
+      inputFileId: 'f',
+      status: 'in_progress',
+      total: 300,
+      expiresAt: 2,
+      inProgressAt: 1,
+    }),
+  )
   await shared.enqueueLines(
     Array.from({ length: 300 }, (_, i) => ({
       batchId: 'b',

@@ -179,10 +179,7 @@ export class SqliteStore implements Store {
 
   private failStatements:
     | {
-        page: {
-          pending: Statement<{ line: bigint; customId: string }, [string, bigint, number]>
-          open: Statement<{ line: bigint; customId: string }, [string, bigint, number]>
-        }
+        page: Statement<{ line: bigint; customId: string }, [string, string, bigint, number]>
         fail: Statement<unknown, [string, bigint, string]>
         count: Statement<unknown, [string, number]>
       }
@@ -695,14 +692,10 @@ export class SqliteStore implements Store {
     onlyPending = false,
   ) {
     this.failStatements ??= {
-      page: {
-        pending: this.client.prepare<{ line: bigint; customId: string }, [string, bigint, number]>(
-          "SELECT line, custom_id AS customId FROM batch_lines WHERE batch_id = ?1 AND status = 'pending' AND line > ?2 ORDER BY line LIMIT ?3",
-        ),
-        open: this.client.prepare<{ line: bigint; customId: string }, [string, bigint, number]>(
-          "SELECT line, custom_id AS customId FROM batch_lines WHERE batch_id = ?1 AND status IN ('pending', 'running') AND line > ?2 ORDER BY line LIMIT ?3",
-        ),
-      },
+      // ?2: 'running' to take running lines too, else 'pending' again.
+      page: this.client.prepare<{ line: bigint; customId: string }, [string, string, bigint, number]>(
+        "SELECT line, custom_id AS customId FROM batch_lines WHERE batch_id = ?1 AND status IN ('pending', ?2) AND line > ?3 ORDER BY line LIMIT ?4",
+      ),
       fail: this.client.prepare<unknown, [string, bigint, string]>(
         "UPDATE batch_lines SET status = 'failed', result = ?3, lease_until_ms = NULL WHERE batch_id = ?1 AND line = ?2 AND status IN ('pending', 'running')",
       ),
@@ -711,7 +704,7 @@ export class SqliteStore implements Store {
       ),
     }
     const st = this.failStatements
-    const page = onlyPending ? st.page.pending : st.page.open
+    const also = onlyPending ? 'pending' : 'running'
     const failChunk = this.client.transaction((rows: { line: bigint; customId: string }[]) => {
       let failed = 0
       for (const r of rows)
@@ -722,7 +715,7 @@ export class SqliteStore implements Store {
     let n = 0
     let after = -1n
     for (;;) {
-      const rows = page.all(batchId, after, FAIL_CHUNK)
+      const rows = st.page.all(batchId, also, after, FAIL_CHUNK)
       if (rows.length === 0) break
       n += failChunk(rows)
       if (rows.length < FAIL_CHUNK) break
