@@ -247,13 +247,22 @@ async function main() {
   process.exit(0)
 }
 
-/** Collections (full ones apart) and their pauses, from JavaScriptCore's GC log (`BUN_JSC_logGC`). */
+/**
+ * Collections (full ones apart) and their pauses, from JavaScriptCore's GC log (`BUN_JSC_logGC`).
+ * A collection marked concurrently stops the loop several times, one log line each (the later
+ * ones start `M a=`), each with its own `p=`: all of them are summed. (Before 2026-11-27 only a
+ * collection's first stop was, which left out most of the long ones: about a third of the total.)
+ */
 export function gcTally(log: string): { cycles: number; full: number; pauseMs: number } {
   const t = { cycles: 0, full: 0, pauseMs: 0 }
-  for (const m of log.matchAll(/: START .* => (\w+)Collection,.* p=([\d.]+)ms/g)) {
-    t.cycles++
-    if (m[1] === 'Full') t.full++
-    t.pauseMs += Number(m[2])
+  for (const line of log.split('\n')) {
+    if (!line.startsWith('[GC<')) continue
+    const start = /: START .* => (\w+)Collection,/.exec(line)
+    if (start) {
+      t.cycles++
+      if (start[1] === 'Full') t.full++
+    } else if (!/^\[GC<[^>]*>: M a=/.test(line)) continue
+    for (const m of line.matchAll(/ p=([\d.]+)ms/g)) t.pauseMs += Number(m[1])
   }
   return t
 }

@@ -45,8 +45,9 @@ test('the profile benchmark attributes a streamed request to the lifecycle stage
   expect(Object.keys(bare.stages).filter((s) => /src\/|pipeline|auth|route/.test(s))).toEqual([])
 }, 60_000)
 
-// Lines as Bun 1.4.5's JavaScriptCore writes them with BUN_JSC_logGC=true: two young
-// collections and a full one are counted, with their pauses; the other lines are not.
+// Lines as Bun 1.4.5's JavaScriptCore writes them with BUN_JSC_logGC=true: three young
+// collections and a full one are counted, with their pauses (every stop of the one marked
+// concurrently, a line each); the other lines are not.
 test("the GC tally reads JavaScriptCore's log: collections, full ones, pauses", () => {
   const log = [
     '[GC<0x530ad19c118>: starting 0.028343ms]',
@@ -55,8 +56,13 @@ test("the GC tally reads JavaScriptCore's log: collections, full ones, pauses", 
     'GC END!',
     '[GC<0x530ad19c118>: START M 9100kb => EdenCollection, a=0kb v=0kb => 270kb, p=0.5ms (max 0.5), cycle 0.4ms END]',
     '[GC<0x530ad19c118>: START M 9300kb => FullCollection, a=0kb v=0kb => 200kb, p=2.25ms (max 2.25), cycle 2ms END]',
+    '[GC<0x340b5828118>: START M 110351kb => EdenCollection, a=0kb hf=0.000 mu=0.600 v=0kb (C:0 M:0 P1:0) o=2104 b=770 i#1:N<CsMsrShDMsm(773)SrbBcs> 1904+0 p=5.337669ms (max 20.578617)...]',
+    '[GC<0x340b5828118>: M a=289kb hf=0.008 mu=0.595 v=2355kb (C:257 M:0 P1:2097) o=1847 b=3 0+18 p=0.75ms (max 20.578617)...]',
+    '[GC<0x340b5828118>: M a=289kb hf=0.008 mu=0.595 v=3212kb (C:257 M:0 P1:2954) o=2019 b=3 i#2:N<WsOJw>Pbc 170+18 v=3273kb o=2032 b=3 i#6:P<WsOJwCsShMsm(0)DBcsSrbMsrCbDomo>Pbc => 57573kb, p=8.220815ms (max 20.578617), cycle 27.123560ms END]',
     '[GC<0x530ad19c118>: epilogue 0.036734ms]',
   ].join('\n')
-  expect(gcTally(log)).toEqual({ cycles: 3, full: 1, pauseMs: 0.637068 + 0.5 + 2.25 })
+  const t = gcTally(log)
+  expect({ cycles: t.cycles, full: t.full }).toEqual({ cycles: 4, full: 1 })
+  expect(t.pauseMs).toBeCloseTo(0.637068 + 0.5 + 2.25 + 5.337669 + 0.75 + 8.220815, 9)
   expect(gcTally('')).toEqual({ cycles: 0, full: 0, pauseMs: 0 })
 })
