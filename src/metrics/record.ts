@@ -134,6 +134,8 @@ export class RequestRecord {
   /** A stream's end, as the relay tells it (undefined until it ended). */
   streamEnded: string | undefined
   done = false
+  /** Its slot among the open records (Telemetry's SlotTable), -1 once closed. */
+  slot = -1
   /** The request asked for x-tropa-explain. */
   explain = false
   /** The parsed request body, kept only while bodies are captured for someone (access_log.capture_*). */

@@ -1,4 +1,5 @@
 import { formatRub } from '../billing/money.ts'
+import { SlotTable } from '../slot-table.ts'
 import { redactCredentials } from '../upstream/redact.ts'
 import type { AccessLog } from './access-log.ts'
 import { ENDPOINTS, endpointOf, OUTCOMES, outcomeOfStatus, outcomeOfStream, RequestRecord } from './record.ts'
@@ -23,7 +24,12 @@ export interface CaptureOptions {
  */
 export class Telemetry {
   readonly metrics: RequestMetrics
-  private readonly open = new Map<string, RequestRecord>()
+  /**
+   * The open records, and each one's slot by request id (a SlotTable and a Map to numbers: a Map
+   * of records, turned over every request, made each young collection mark dropped records again).
+   */
+  private readonly open = new SlotTable<RequestRecord>()
+  private readonly slotOf = new Map<string, number>()
   /** Records go into the metrics (metrics.requests). */
   private readonly metered: boolean
   /** Undefined unless someone's bodies are captured (then requests keep their body until they end). */
@@ -71,12 +77,14 @@ export class Telemetry {
     if (endpoint < 0) return
     const rec = new RequestRecord(this, id, endpoint, performance.now())
     rec.explain = request.headers.get(EXPLAIN_HEADER) === '1'
-    this.open.set(id, rec)
+    rec.slot = this.open.add(rec)
+    this.slotOf.set(id, rec.slot)
   }
 
   /** The request's record, for the pipeline to fill in; undefined for batch lines and others. */
   of(id: string): RequestRecord | undefined {
-    return this.open.get(id)
+    const slot = this.slotOf.get(id)
+    return slot === undefined ? undefined : this.open.get(slot)
   }
 
   /** The answer first reached the upstream: time to first token, observed at once. */
@@ -101,7 +109,7 @@ export class Telemetry {
    * `body` is the parsed request, kept only while bodies are captured for someone.
    */
   answered(id: string, answer: Promise<Response>, body?: unknown): Promise<Response> {
-    const rec = this.open.get(id)
+    const rec = this.of(id)
     if (!rec) return answer
     if (this.capture) rec.requestBody = body
     return answer.then((res) => {
@@ -127,7 +135,7 @@ export class Telemetry {
 
   /** The request ended in an error response (the error mapper). */
   failed(id: string, status: number): void {
-    const rec = this.open.get(id)
+    const rec = this.of(id)
     if (!rec) return
     rec.status = status
     rec.responded = true
@@ -138,7 +146,8 @@ export class Telemetry {
   complete(rec: RequestRecord): void {
     if (rec.done) return
     rec.done = true
-    this.open.delete(rec.id)
+    if (this.open.delete(rec.slot, rec) && this.slotOf.get(rec.id) === rec.slot) this.slotOf.delete(rec.id)
+    rec.slot = -1
     const durationMs = performance.now() - rec.startedAt
     rec.outcome =
       rec.streamEnded !== undefined ? outcomeOfStream(rec.streamEnded) : outcomeOfStatus(rec.status)

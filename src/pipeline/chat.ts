@@ -793,12 +793,12 @@ function relaySource(
   // A graceful stop's deadline ends the stream through its upstream: the loop below sees the
   // reason, bills what was sent and writes one error event.
   const end = () => reply.abort(new ServerShuttingDown())
-  deps.streams.add(end)
+  const endSlot = deps.streams.add(end)
   const finish = (outcome: string, nodeOk: boolean) => {
     if (finished) return
     finished = true
     deps.watchdog.clear(deadline)
-    deps.streams.delete(end)
+    deps.streams.delete(endSlot, end)
     const usage = relay.usage
     finishAttempt(deps, attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
     const later = reservation.done ? undefined : settle(relay.usage, outcome)
@@ -987,6 +987,7 @@ function keptAlive(
       let ended = false
       let held: unknown
       let beat: Deadline | undefined
+      let endSlot = -1
       const comment = () => {
         if (!waiting || gone) return
         if (!(held instanceof Promise)) {
@@ -999,7 +1000,7 @@ function keptAlive(
       const stopWaiting = () => {
         waiting = false
         if (beat) deps.watchdog.clear(beat)
-        deps.streams.delete(end)
+        deps.streams.delete(endSlot, end)
       }
       const fail = (e: TropaError) => {
         if (gone) return
@@ -1019,7 +1020,7 @@ function keptAlive(
         stopWaiting()
         fail(new ServerShuttingDown())
       }
-      deps.streams.add(end)
+      endSlot = deps.streams.add(end)
       comment()
       let won: Dispatched<FirstChunk>
       try {

@@ -1,18 +1,20 @@
+import { SlotTable } from '../slot-table.ts'
+
 /**
  * The streams being relayed, so that a graceful stop can end the ones still open at its deadline
  * (each with one error event, billed for what it was sent) instead of cutting their sockets.
- * Adding and removing one is a Set operation per stream.
+ * A stream's `end` takes a slot (SlotTable: no Set of per-request closures on the hot path).
  */
 export class OpenStreams {
-  private readonly ends = new Set<() => void>()
+  private readonly ends = new SlotTable<() => void>()
 
-  /** Registers a stream still open; `end` finishes it cleanly. */
-  add(end: () => void): void {
-    this.ends.add(end)
+  /** Registers a stream still open; `end` finishes it cleanly. Returns its slot, for `delete`. */
+  add(end: () => void): number {
+    return this.ends.add(end)
   }
 
-  delete(end: () => void): void {
-    this.ends.delete(end)
+  delete(slot: number, end: () => void): void {
+    this.ends.delete(slot, end)
   }
 
   get size(): number {
@@ -21,7 +23,7 @@ export class OpenStreams {
 
   /** Ends every stream still open; returns how many there were. */
   endAll(): number {
-    const ends = [...this.ends]
+    const ends = this.ends.toArray()
     this.ends.clear()
     for (const end of ends) end()
     return ends.length

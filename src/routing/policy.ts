@@ -67,6 +67,8 @@ export class Attempt {
    * the decode steps), kept from the first chunk until the end reports the cached tokens.
    */
   prefillMs: number | undefined
+  /** Its slot among its node's attempts without a first chunk (the policy's), -1 when in none. */
+  pendingSlot = -1
 
   constructor(
     readonly candidate: Candidate,

@@ -1,3 +1,4 @@
+import { SlotTable } from '../slot-table.ts'
 import type { Candidate, NodeState } from './nodes.ts'
 import {
   type Attempt,
@@ -167,8 +168,8 @@ export class NodeModel {
   queuedTokens = 0
   /** Since when the queue has been prefilling: when it last became non-empty, or its last first chunk. */
   queueSinceMs = 0
-  /** Attempts sent here without a first chunk yet. */
-  readonly pending = new Set<Attempt>()
+  /** Attempts sent here without a first chunk yet (each keeps its slot: `Attempt.pendingSlot`). */
+  readonly pending = new SlotTable<Attempt>()
   /** Requests past their first chunk and not ended (D). */
   decoding = 0
   /** Requests sent and not answered yet (non-streamed ones stay here until they end). */
@@ -526,12 +527,13 @@ export class PredictedTtft implements RoutingPolicy {
    */
   private holderTtft(m: NodeModel, req: RouteRequest, blocks: number): number | undefined {
     if (this.opts.holderCreditBlocks <= 0 || blocks < this.opts.holderCreditBlocks) return undefined
-    for (const a of m.pending) {
+    const sharing = m.pending.some((a) => {
       const p = a.req.prefix
       let k = 0
       while (k < blocks && k < p.length && p[k] === req.prefix[k]) k++
-      if (k >= blocks) return undefined
-    }
+      return k >= blocks
+    })
+    if (sharing) return undefined
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     return this.predict(m, req.promptTokens, cached, req.nowMs, true)
   }
@@ -549,7 +551,7 @@ export class PredictedTtft implements RoutingPolicy {
     a.ownTokens = a.queuedTokens
     if (m.queuedTokens === 0) m.queueSinceMs = a.startedAtMs
     m.queuedTokens += a.queuedTokens
-    m.pending.add(a)
+    a.pendingSlot = m.pending.add(a)
     a.queueAheadTokens = m.queuedTokens
     a.decodingAtStart = m.decoding
     // With nothing owed, the node's silence starts now; one that let requests go unanswered
@@ -577,7 +579,7 @@ export class PredictedTtft implements RoutingPolicy {
     this.alive(m, nowMs)
     m.heardMs = nowMs
     this.dequeue(m, a)
-    m.pending.delete(a)
+    m.pending.delete(a.pendingSlot, a)
     m.queueSinceMs = nowMs
     m.decoding++
     a.decoding = true
@@ -615,7 +617,7 @@ export class PredictedTtft implements RoutingPolicy {
     completionTokens?: number,
   ): void {
     const m = this.model(a.candidate.node)
-    m.pending.delete(a)
+    m.pending.delete(a.pendingSlot, a)
     if (outcome === 'ok') {
       this.alive(m, nowMs)
       m.heardMs = nowMs

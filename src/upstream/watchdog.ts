@@ -1,7 +1,11 @@
+import { SlotTable } from '../slot-table.ts'
+
 /** A deadline on one upstream exchange; the pipeline moves it as bytes arrive. */
 export interface Deadline {
   atMs: number
   readonly onExpire: () => void
+  /** Its slot in the watchdog (a SlotTable: no Map or Set of per-request members on the hot path). */
+  readonly slot: number
 }
 
 /**
@@ -9,14 +13,14 @@ export interface Deadline {
  * chunk per stream: moving a deadline is a field write on the hot path.
  */
 export class Watchdog {
-  private readonly live = new Set<Deadline>()
+  private readonly live = new SlotTable<Deadline>()
   private timer: ReturnType<typeof setInterval> | undefined
 
   constructor(private readonly tickMs = 100) {}
 
   watch(atMs: number, onExpire: () => void): Deadline {
-    const d = { atMs, onExpire }
-    this.live.add(d)
+    const d = { atMs, onExpire, slot: -1 }
+    d.slot = this.live.add(d)
     if (!this.timer) {
       this.timer = setInterval(() => this.sweep(), this.tickMs)
       this.timer.unref?.()
@@ -25,7 +29,7 @@ export class Watchdog {
   }
 
   clear(d: Deadline): void {
-    this.live.delete(d)
+    this.live.delete(d.slot, d)
     if (this.live.size === 0 && this.timer) {
       clearInterval(this.timer)
       this.timer = undefined
@@ -34,11 +38,13 @@ export class Watchdog {
 
   private sweep() {
     const now = Date.now()
-    for (const d of this.live) {
-      if (d.atMs <= now) {
-        this.clear(d)
-        d.onExpire()
-      }
+    const expired: Deadline[] = []
+    this.live.forEach((d) => {
+      if (d.atMs <= now) expired.push(d)
+    })
+    for (const d of expired) {
+      this.clear(d)
+      d.onExpire()
     }
   }
 
