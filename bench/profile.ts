@@ -250,18 +250,20 @@ async function main() {
 /**
  * Collections (full ones apart) and their pauses, from JavaScriptCore's GC log (`BUN_JSC_logGC`).
  * A collection marked concurrently stops the loop several times, one log line each (the later
- * ones start `M a=`), each with its own `p=`: all of them are summed. (Before 2026-11-27 only a
- * collection's first stop was, which left out most of the long ones: about a third of the total.)
+ * ones start `M a=` or `C a=`), each with its own `p=`: all of them are summed. A line cut at the
+ * window's edge before its `p=` is left out. (Before 2026-11-27 only a collection's first stop
+ * was summed, which left out most of the long ones: about a third of the total.)
  */
 export function gcTally(log: string): { cycles: number; full: number; pauseMs: number } {
   const t = { cycles: 0, full: 0, pauseMs: 0 }
   for (const line of log.split('\n')) {
-    if (!line.startsWith('[GC<')) continue
+    if (!line.startsWith('[GC<') || !line.includes(' p=')) continue
     const start = /: START .* => (\w+)Collection,/.exec(line)
     if (start) {
       t.cycles++
       if (start[1] === 'Full') t.full++
-    } else if (!/^\[GC<[^>]*>: M a=/.test(line)) continue
+      // The later stops run by the mutator (M) or the collector thread (C).
+    } else if (!/^\[GC<[^>]*>: [MC] a=/.test(line)) continue
     for (const m of line.matchAll(/ p=([\d.]+)ms/g)) t.pauseMs += Number(m[1])
   }
   return t

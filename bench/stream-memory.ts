@@ -145,6 +145,7 @@ async function main(): Promise<void> {
   const streams = Number(values.streams ?? 2000)
   const memoryOnly = values['memory-only'] === true
   const itlOnly = values['itl-only'] === true
+  if (memoryOnly && itlOnly) throw new Error('--memory-only and --itl-only exclude each other')
   const { plan: base } = plan(false, await fdLimit())
   const p = { ...base, memoryLevels: [streams] }
   const dir = mkdtempSync(join(os.tmpdir(), 'tropa-stream-memory-'))

@@ -43,6 +43,8 @@ export class Watchdog {
       if (d.atMs <= now) expired.push(d)
     })
     for (const d of expired) {
+      // An earlier callback may have cleared this one, or moved it on.
+      if (this.live.get(d.slot) !== d || d.atMs > now) continue
       this.clear(d)
       d.onExpire()
     }
