@@ -98,7 +98,7 @@ export async function createEmbeddings(
             }
           }
           const modelField = new RegExp(`"model"\\s*:\\s*${escapeRe(JSON.stringify(c.route.upstreamModel))}`)
-          return { text: text.replace(modelField, `"model":${JSON.stringify(model.id)}`), tokens }
+          return { text: text.replace(modelField, () => `"model":${JSON.stringify(model.id)}`), tokens }
         },
       },
       signal,

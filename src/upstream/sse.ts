@@ -255,9 +255,9 @@ export class ChatStreamRelay {
     const id = ID_FIELD.exec(payload)
     const model = MODEL_FIELD.exec(payload)
     if (id?.[1] === '' && EMPTY_CHOICES.test(payload) && !USAGE_FIELD.test(payload)) {
-      text = text.replace(id[0], this.idTo)
+      text = text.replace(id[0], () => this.idTo)
       const m = MODEL_FIELD.exec(text)
-      if (m?.[1] === '') text = text.replace(m[0], this.modelTo)
+      if (m?.[1] === '') text = text.replace(m[0], () => this.modelTo)
       // Azure's `"object":""` and `"created":0` there: a chunk of Tropa's stream like the others.
       return text
         .replace(EMPTY_OBJECT, '"object":"chat.completion.chunk"')
@@ -269,10 +269,23 @@ export class ChatStreamRelay {
     return undefined
   }
 
+  /**
+   * The event with the first of the upstream's id and model strings swapped for Tropa's, built
+   * from slices (a rope, flattened once when the chunk is encoded): two replace() calls copied
+   * the event twice. (Nor are `$` patterns read in the ids: config's model ids have none, but the
+   * relay does not depend on that.)
+   */
   private rewrite(text: string): string {
-    if (this.idFrom) text = text.replace(this.idFrom, this.idTo)
-    if (this.modelFrom) text = text.replace(this.modelFrom, this.modelTo)
-    return text
+    const idAt = this.idFrom ? text.indexOf(this.idFrom) : -1
+    const modelAt = this.modelFrom ? text.indexOf(this.modelFrom) : -1
+    if (idAt < 0 && modelAt < 0) return text
+    if (modelAt < 0) return text.slice(0, idAt) + this.idTo + text.slice(idAt + this.idFrom!.length)
+    if (idAt < 0) return text.slice(0, modelAt) + this.modelTo + text.slice(modelAt + this.modelFrom!.length)
+    const idEnd = idAt + this.idFrom!.length
+    const modelEnd = modelAt + this.modelFrom!.length
+    return idAt < modelAt
+      ? text.slice(0, idAt) + this.idTo + text.slice(idEnd, modelAt) + this.modelTo + text.slice(modelEnd)
+      : text.slice(0, modelAt) + this.modelTo + text.slice(modelEnd, idAt) + this.idTo + text.slice(idEnd)
   }
 }
 

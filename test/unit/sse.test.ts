@@ -122,3 +122,61 @@ test('a legacy completions stream: ids and model swapped, choices’ text kept (
   expect(chunks.at(-1).usage).toEqual({ prompt_tokens: 3, completion_tokens: 4, estimated: true })
   expect(chunks.at(-1).choices).toEqual([])
 })
+
+test("the upstream's id and model are swapped for Tropa's whichever comes first in a chunk, the first of each only, and a chunk without one keeps the other swapped", () => {
+  const relay = new ChatStreamRelay('chatcmpl-tropa', 'test/m', false, () => ({
+    prompt_tokens: 1,
+    completion_tokens: 1,
+  }))
+  const events = [
+    // learnt from the first event
+    'data: {"id":"up-1","model":"up/m","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n',
+    // model first; the id's value again inside a tool call (not the first: kept)
+    'data: {"model":"up/m","id":"up-1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"up-1","function":{"name":"f","arguments":"{}"}}]}}]}\n\n',
+    // id only, then model only
+    'data: {"id":"up-1","choices":[{"index":0,"delta":{"content":"b"}}]}\n\n',
+    'data: {"choices":[{"index":0,"delta":{"content":"c"}}],"model":"up/m"}\n\n',
+    // neither
+    'data: {"choices":[{"index":0,"delta":{"content":"d"}}]}\n\n',
+  ]
+  const out = new TextDecoder().decode(relay.push(new TextEncoder().encode(events.join(''))))
+  const sent = out
+    .split('\n\n')
+    .filter(Boolean)
+    .map((e) => JSON.parse(e.slice(6)))
+  expect(sent.map((c) => [c.id, c.model])).toEqual([
+    ['chatcmpl-tropa', 'test/m'],
+    ['chatcmpl-tropa', 'test/m'],
+    ['chatcmpl-tropa', undefined],
+    [undefined, 'test/m'],
+    [undefined, undefined],
+  ])
+  expect(sent[1].choices[0].delta.tool_calls[0].id).toBe('up-1')
+  // Nothing but the two strings changed: the key order and every other byte are the upstream's.
+  expect(out).toBe(
+    events
+      .join('')
+      .replaceAll('"id":"up-1","model":"up/m"', '"id":"chatcmpl-tropa","model":"test/m"')
+      .replace('"model":"up/m","id":"up-1"', '"model":"test/m","id":"chatcmpl-tropa"')
+      .replace('{"id":"up-1","choices"', '{"id":"chatcmpl-tropa","choices"')
+      .replace('"model":"up/m"}', '"model":"test/m"}'),
+  )
+  expect(relay.generated).toBe('af{}bcd')
+})
+
+test('ids with `$` in them are written as they are, not read as replacement patterns (config allows none; the relay does not rely on it)', () => {
+  const relay = new ChatStreamRelay('chatcmpl-$&', 'team/$1-$&-m', false, () => ({
+    prompt_tokens: 1,
+    completion_tokens: 1,
+  }))
+  const event = 'data: {"id":"up-1","model":"up/m","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+  const out = new TextDecoder().decode(relay.push(new TextEncoder().encode(event + event)))
+  const sent = out
+    .split('\n\n')
+    .filter(Boolean)
+    .map((e) => JSON.parse(e.slice(6)))
+  expect(sent.map((c) => [c.id, c.model])).toEqual([
+    ['chatcmpl-$&', 'team/$1-$&-m'],
+    ['chatcmpl-$&', 'team/$1-$&-m'],
+  ])
+})
