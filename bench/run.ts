@@ -33,7 +33,7 @@ import { runWrk, wrkPath } from './wrk.ts'
  * See BENCHMARKS.md for what each row means. `--quick` is the CI smoke (seconds, not minutes).
  */
 
-const HELP = `bun bench/run.ts [--quick] [--only direct,bare,tropa,tropa-nobill,tropa-pg,portkey] [--json <file>]
+const HELP = `bun bench/run.ts [--quick] [--only direct,bare,bare-json,tropa,tropa-nobill,tropa-pg,portkey] [--json <file>]
 
   --quick     a second or so per row (CI smoke); figures are rough
   --only      a subset of the contestants (direct is always run: it is the floor)

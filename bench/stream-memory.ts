@@ -170,7 +170,7 @@ async function main(): Promise<void> {
         log(`round ${r + 1}: ${name}`)
         const c =
           name === 'relay'
-            ? await bare(ctx, true)
+            ? await bare(ctx, 'relay')
             : await startContestant(name === 'bare' ? 'bare' : 'tropa', ctx, binary, '')
         const row: Row = {
           name,

@@ -15,12 +15,21 @@ import { ensurePortkey, portkeyCommand, portkeyConfig } from './portkey.ts'
 import { baseEnv, type Child, freePort, spawnChild, waitForFile, waitForHttp } from './proc.ts'
 
 /** The contestants, in table order. */
-export const CONTESTANTS = ['direct', 'bare', 'tropa', 'tropa-nobill', 'tropa-pg', 'portkey'] as const
+export const CONTESTANTS = [
+  'direct',
+  'bare',
+  'bare-json',
+  'tropa',
+  'tropa-nobill',
+  'tropa-pg',
+  'portkey',
+] as const
 export type ContestantName = (typeof CONTESTANTS)[number]
 
 export const LABELS: Record<ContestantName, string> = {
   direct: 'direct (simulator)',
   bare: 'bare Bun proxy',
+  'bare-json': 'bare proxy, JSON read and written again',
   tropa: 'Tropa',
   'tropa-nobill': 'Tropa, billing off',
   'tropa-pg': 'Tropa, PostgreSQL + Redis',
@@ -83,6 +92,8 @@ export async function startContestant(
       return direct(ctx)
     case 'bare':
       return bare(ctx)
+    case 'bare-json':
+      return bare(ctx, 'json')
     case 'tropa':
       return tropa(ctx, tropaBinary, false)
     case 'tropa-nobill':
@@ -105,13 +116,17 @@ function direct(ctx: RunContext): Contestant {
   }
 }
 
-/** The bare proxy; `relay`: its variant that reads the body in JavaScript (bare-proxy.ts). */
-export async function bare(ctx: RunContext, relay = false): Promise<Contestant> {
+/**
+ * The bare proxy (bare-proxy.ts); `relay`: its variant that reads the upstream's body in
+ * JavaScript; `json`: the one that parses the request and the answer and writes them again (a
+ * stream relayed as `relay` does), the floor of a router that reads what it bills.
+ */
+export async function bare(ctx: RunContext, mode: 'plain' | 'relay' | 'json' = 'plain'): Promise<Contestant> {
   const out = join(ctx.dir, `bare-${Date.now()}.port`)
   const script = join(ctx.repoRoot, 'bench', 'bare-proxy.ts')
   const child = spawnChild({
-    name: relay ? 'bare-relay' : 'bare',
-    cmd: [process.execPath, script, JSON.stringify(ctx.fleet), out, ...(relay ? ['relay'] : [])],
+    name: mode === 'plain' ? 'bare' : `bare-${mode}`,
+    cmd: [process.execPath, script, JSON.stringify(ctx.fleet), out, ...(mode === 'plain' ? [] : [mode])],
     env: baseEnv(),
     cwd: ctx.repoRoot,
     logDir: ctx.logDir,
@@ -119,7 +134,7 @@ export async function bare(ctx: RunContext, relay = false): Promise<Contestant> 
   const port = Number(await waitForFile(out, child, START_TIMEOUT_MS))
   const url = (f: FleetName) => `http://127.0.0.1:${port}/${f}/v1/chat/completions`
   return {
-    name: 'bare',
+    name: mode === 'json' ? 'bare-json' : 'bare',
     pid: child.pid,
     endpoint: (f) => ({ urls: [url(f)], headers: {} }),
     model: () => 'chat-small',

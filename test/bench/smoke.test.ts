@@ -3,24 +3,25 @@ import type { BenchReport } from '../../bench/report.ts'
 import { runBenchScript } from '../helpers/bench-script.ts'
 
 /**
- * `bun run bench --quick` against direct, the bare proxy and Tropa: the whole pipeline runs and
- * produces a complete table and JSON. No speed figure is asserted (CI machines vary).
+ * `bun run bench --quick` against direct, the bare proxy (as it is, and reading and writing the
+ * JSON) and Tropa: the whole pipeline runs and produces a complete table and JSON. No speed figure
+ * is asserted (CI machines vary).
  */
 test(
-  'quick benchmark of direct, bare, Tropa and Tropa on PostgreSQL + Redis produces a complete report',
+  'quick benchmark of direct, bare, bare-json, Tropa and Tropa on PostgreSQL + Redis produces a complete report',
   async () => {
     const env: Record<string, string> = {}
     for (const [k, v] of Object.entries(process.env))
       if (v !== undefined && !k.startsWith('TROPA_')) env[k] = v
     const { out, json: r } = await runBenchScript<BenchReport>(
-      ['bench/run.ts', '--quick', '--only', 'direct,bare,tropa,tropa-pg'],
+      ['bench/run.ts', '--quick', '--only', 'direct,bare,bare-json,tropa,tropa-pg'],
       env,
     )
 
     for (const heading of ['Non-streaming, open loop', 'Streaming:', 'Memory:', 'Startup:', 'Targets'])
       expect(out).toContain(heading)
 
-    expect(r.contestants.map((c) => c.name)).toEqual(['direct', 'bare', 'tropa', 'tropa-pg'])
+    expect(r.contestants.map((c) => c.name)).toEqual(['direct', 'bare', 'bare-json', 'tropa', 'tropa-pg'])
     for (const c of r.contestants) {
       expect(c.available).toBe(true)
       expect(c.notes.filter((n) => n.includes('failed'))).toEqual([])
