@@ -139,11 +139,7 @@ test("the upstream's id and model are swapped for Tropa's whichever comes first 
     // neither
     'data: {"choices":[{"index":0,"delta":{"content":"d"}}]}\n\n',
   ]
-  const out = new TextDecoder().decode(relay.push(new TextEncoder().encode(events.join(''))))
-  const sent = out
-    .split('\n\n')
-    .filter(Boolean)
-    .map((e) => JSON.parse(e.slice(6)))
+  const { out, sent } = relayed(relay, events.join(''))
   expect(sent.map((c) => [c.id, c.model])).toEqual([
     ['chatcmpl-tropa', 'test/m'],
     ['chatcmpl-tropa', 'test/m'],
@@ -170,13 +166,19 @@ test('ids with `$` in them are written as they are, not read as replacement patt
     completion_tokens: 1,
   }))
   const event = 'data: {"id":"up-1","model":"up/m","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
-  const out = new TextDecoder().decode(relay.push(new TextEncoder().encode(event + event)))
-  const sent = out
-    .split('\n\n')
-    .filter(Boolean)
-    .map((e) => JSON.parse(e.slice(6)))
+  const { sent } = relayed(relay, event + event)
   expect(sent.map((c) => [c.id, c.model])).toEqual([
     ['chatcmpl-$&', 'team/$1-$&-m'],
     ['chatcmpl-$&', 'team/$1-$&-m'],
   ])
 })
+
+/** What the relay sends for `text` pushed as one chunk, and its events' JSON. */
+function relayed(relay: ChatStreamRelay, text: string) {
+  const out = new TextDecoder().decode(relay.push(new TextEncoder().encode(text)))
+  const sent = out
+    .split('\n\n')
+    .filter(Boolean)
+    .map((e) => JSON.parse(e.slice(6)))
+  return { out, sent }
+}
