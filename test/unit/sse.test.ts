@@ -64,22 +64,8 @@ test("Azure's opening prompt-filter event, in either key order and with usage nu
     }))
     const chunk = (content: string) =>
       `data: {"id":"chatcmpl-up1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"finish_reason":null,"delta":{"content":"${content}"}}],"usage":null}\n\n`
-    const out = new TextDecoder().decode(
-      relay.push(new TextEncoder().encode(`data: ${opening}\n\n${chunk('Hel')}${chunk('lo')}`)),
-    )
-    const events = out
-      .split('\n\n')
-      .filter(Boolean)
-      .map(
-        (e) =>
-          JSON.parse(e.slice(6)) as {
-            id: string
-            object: string
-            created: number
-            model: string
-            choices: unknown[]
-          },
-      )
+    const events: { id: string; object: string; created: number; model: string; choices: unknown[] }[] =
+      relayed(relay, `data: ${opening}\n\n${chunk('Hel')}${chunk('lo')}`).sent
     expect(events).toHaveLength(3)
     expect(events.map((e) => e.id)).toEqual(['chatcmpl-tropa', 'chatcmpl-tropa', 'chatcmpl-tropa'])
     expect(events.map((e) => e.model)).toEqual(['azure/m', 'azure/m', 'azure/m'])
