@@ -30,9 +30,12 @@ export async function startDemoFleet(n: number): Promise<{ nodes: SimNode[]; sto
   return startSimFleet([
     ...Array.from({ length: n }, (_, i) => ({
       name: `sim-${i + 1}`,
-      // A mildly heterogeneous fleet, so routing has something to do.
+      // A mildly heterogeneous fleet, so routing has something to do. Each reports a KV cache of
+      // its own size, as different accelerators do: routing prices a node by a measured node
+      // whose cache is the same size until it has measured the node itself (docs/routing.md).
       prefillTokensPerSec: 8000 - i * 1500,
       itlMs: 15 + i * 5,
+      cacheBlocks: 4096 + i * 512,
       seed: i,
     })),
     ...PROVIDER_NODES.map((protocol, i) => ({

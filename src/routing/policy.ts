@@ -85,6 +85,8 @@ export interface NodeMetrics {
   readonly running: number
   /** KV cache use, 0..1, if reported. */
   readonly kvUsage: number | undefined
+  /** The KV cache's size in blocks (vLLM's `cache_config_info` `num_gpu_blocks`), if reported. */
+  readonly cacheBlocks?: number
 }
 
 /**

@@ -174,9 +174,13 @@ export class NodeModel {
   decoding = 0
   /** Requests sent and not answered yet (non-streamed ones stay here until they end). */
   waiting = 0
-  /** Prefill rate, tokens/s, as the samples say over time. */
+  /** Prefill rate, tokens/s, as the samples say over time (before the first: the prior, or a twin's). */
   baseRate: number
   private sampled = false
+  /** Whether a finished stream here gave an inter-token latency yet. */
+  itlSampled = false
+  /** The KV cache's size in blocks, from /metrics (vLLM's `cache_config_info`), if reported. */
+  cacheBlocks: number | undefined
   /** A dip below the base rate (a slow sample, a 429), recovering towards it with time. */
   private dipRate = Number.POSITIVE_INFINITY
   private dipAtMs = 0
@@ -240,6 +244,11 @@ export class NodeModel {
     if (this.dipRate >= this.baseRate) return this.baseRate
     const w = 1 - Math.exp(-Math.max(0, nowMs - this.dipAtMs) / this.recoveryMs)
     return this.dipRate + (this.baseRate - this.dipRate) * w
+  }
+
+  /** Whether a request's end here gave a rate sample yet. */
+  get measured(): boolean {
+    return this.sampled
   }
 
   /** A measured rate; one below the current rate dips it, from `dipAtMs` (the time it describes). */
@@ -633,6 +642,7 @@ export class PredictedTtft implements RoutingPolicy {
       ) {
         const itl = (nowMs - a.firstAtMs) / (completionTokens - 1)
         m.itlMs += (itl - m.itlMs) * 0.2
+        m.itlSampled = true
       }
     } else this.dequeue(m, a)
     if (outcome === 'cancelled' && a.firstAtMs === undefined && m.suspectAtMs === undefined) {
@@ -676,6 +686,10 @@ export class PredictedTtft implements RoutingPolicy {
   nodeMetrics(node: NodeState, metrics: NodeMetrics, nowMs: number): void {
     this.metricsOn = true
     const m = this.model(node)
+    if (metrics.cacheBlocks !== undefined) {
+      m.cacheBlocks = metrics.cacheBlocks
+      if (!m.measured) this.twinPrior(m)
+    }
     m.metricWaiting = metrics.waiting
     m.waitingPolls = metrics.waiting > 0 ? m.waitingPolls + 1 : 0
     m.metricRunning = metrics.running
@@ -703,6 +717,31 @@ export class PredictedTtft implements RoutingPolicy {
       m.suspectMetrics = key
       m.lastProgressMs = Math.min(m.lastProgressMs, m.metricSinceMs)
     }
+  }
+
+  /**
+   * A node not measured yet is priced at the mean rate (and inter-token latency) of its measured
+   * twins: the nodes whose /metrics report the same KV-cache size in blocks. vLLM sizes its cache
+   * from the memory left after loading the weights, so the same figure almost always means the
+   * same accelerator serving the same model. Without a measured twin the node keeps the prior.
+   */
+  private twinPrior(m: NodeModel): void {
+    let rate = 0
+    let n = 0
+    let itl = 0
+    let itls = 0
+    for (const o of this.models.values()) {
+      if (o === m || !o.measured || o.cacheBlocks !== m.cacheBlocks) continue
+      rate += o.baseRate
+      n++
+      if (o.itlSampled) {
+        itl += o.itlMs
+        itls++
+      }
+    }
+    if (n === 0) return
+    m.baseRate = rate / n
+    if (!m.itlSampled && itls > 0) m.itlMs = itl / itls
   }
 
   hedgeAtMs(a: Attempt): number | undefined {
@@ -765,7 +804,12 @@ export class PredictedTtft implements RoutingPolicy {
   private observeEndRate(m: NodeModel, sample: number, a: Attempt, nowMs: number): void {
     const fleet = this.fleetRatios.count >= 8 ? this.fleetRatios.quantile(0.5) : Number.POSITIVE_INFINITY
     const alone = sample / m.baseRate < this.opts.fleetSlowShare * fleet
+    const first = !m.measured
     m.observeRate(sample, nowMs, alone ? nowMs : (a.firstAtMs ?? nowMs))
+    // Its twins not measured yet take its rate now (twinPrior), not at their next /metrics.
+    if (first && m.measured && m.cacheBlocks !== undefined)
+      for (const o of this.models.values())
+        if (!o.measured && o.cacheBlocks === m.cacheBlocks) this.twinPrior(o)
   }
 
   private dequeue(m: NodeModel, a: Attempt): void {

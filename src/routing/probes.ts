@@ -162,21 +162,31 @@ export class NodeProbes {
 const WAITING = new Set(['vllm:num_requests_waiting', 'llamacpp:requests_deferred'])
 const RUNNING = new Set(['vllm:num_requests_running', 'llamacpp:requests_processing'])
 const KV = new Set(['vllm:gpu_cache_usage_perc', 'vllm:kv_cache_usage_perc', 'llamacpp:kv_cache_usage_ratio'])
+/** vLLM's cache configuration, a gauge of 1 whose labels carry the figures (`num_gpu_blocks`). */
+const CACHE_CONFIG = 'vllm:cache_config_info'
+const GPU_BLOCKS = /[{,]\s*num_gpu_blocks="(\d+)"/
 
 /**
  * The load figures of a vLLM or llama.cpp Prometheus page, summed over label sets (one node
- * may serve several models); undefined when the page has none of them.
+ * may serve several models), and vLLM's KV-cache size in blocks; undefined when the page has no
+ * load figure.
  */
 export function parseNodeMetrics(text: string): NodeMetrics | undefined {
   let waiting = 0
   let running = 0
   let kv: number | undefined
+  let cacheBlocks: number | undefined
   let found = false
   for (const line of text.split('\n')) {
     if (line === '' || line.charCodeAt(0) === 35 /* # */) continue
     const nameEnd = line.search(/[{ ]/)
     if (nameEnd <= 0) continue
     const name = line.slice(0, nameEnd)
+    if (name === CACHE_CONFIG) {
+      const blocks = Number(GPU_BLOCKS.exec(line)?.[1])
+      if (blocks > 0 && Number.isSafeInteger(blocks)) cacheBlocks = blocks
+      continue
+    }
     const isW = WAITING.has(name)
     const isR = RUNNING.has(name)
     const isK = KV.has(name)
@@ -190,5 +200,8 @@ export function parseNodeMetrics(text: string): NodeMetrics | undefined {
     else if (isR) running += value
     else kv = Math.max(kv ?? 0, value)
   }
-  return found ? { waiting, running, kvUsage: kv } : undefined
+  if (!found) return undefined
+  return cacheBlocks === undefined
+    ? { waiting, running, kvUsage: kv }
+    : { waiting, running, kvUsage: kv, cacheBlocks }
 }

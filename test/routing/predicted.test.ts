@@ -247,6 +247,52 @@ describe('PredictedTtft', () => {
     expect(onA).toBeLessThan(100)
   })
 
+  test("a node not measured yet is priced at its measured twins' rate: the same KV-cache size in /metrics", () => {
+    const { pool, cands } = fleet(4, 1000)
+    const p = new PredictedTtft({ rng: rng() })
+    const [fast, fastTwin, slow, other] = cands as [Candidate, Candidate, Candidate, Candidate]
+    const blocks = new Map([
+      [fast, 37_500],
+      [fastTwin, 37_500],
+      [slow, 1_000],
+      [other, 12_500],
+    ])
+    const poll = (nowMs: number) => {
+      for (const [c, cacheBlocks] of blocks)
+        p.nodeMetrics(c.node, { waiting: 0, running: 0, kvUsage: 0, cacheBlocks }, nowMs)
+    }
+    poll(0)
+    const prior = p.model(fastTwin.node).rate(0)
+    expect(p.model(slow.node).rate(0)).toBe(prior)
+    // `fast` is measured at 20k tokens/s, `slow` at 2k: their unmeasured twins take those rates at
+    // once (before the next poll); the node that has no twin keeps the prior.
+    serve(p, pool, fast, req({ nowMs: 100, promptTokens: 2000 }), 100)
+    expect(p.model(fast.node).measured).toBe(true)
+    expect(p.model(fastTwin.node).measured).toBe(false)
+    expect(p.model(fastTwin.node).rate(300)).toBeCloseTo(20_000, -2)
+    expect(p.model(other.node).rate(300)).toBe(prior)
+    expect(p.choose([fastTwin, other], req({ nowMs: 300, promptTokens: 3000 }))).toBe(fastTwin)
+    poll(1_000)
+    expect(p.model(fastTwin.node).rate(1_000)).toBeCloseTo(20_000, -2)
+    expect(p.model(other.node).rate(1_000)).toBe(prior)
+    // Once measured itself, a node learns from its own requests only.
+    serve(p, pool, fastTwin, req({ nowMs: 2_000, promptTokens: 2000 }), 500)
+    expect(p.model(fastTwin.node).rate(2_600)).toBeCloseTo(4_000, -2)
+    poll(3_000)
+    expect(p.model(fastTwin.node).rate(3_000)).toBeLessThan(20_000)
+  })
+
+  test('without a reported cache size, an unmeasured node keeps the prior whatever the others measure', () => {
+    const { pool, cands } = fleet(2, 1000)
+    const p = new PredictedTtft({ rng: rng() })
+    const [a, b] = cands as [Candidate, Candidate]
+    for (const c of cands) p.nodeMetrics(c.node, { waiting: 0, running: 0, kvUsage: 0 }, 0)
+    const prior = p.model(b.node).rate(0)
+    serve(p, pool, a, req({ nowMs: 100, promptTokens: 2000 }), 100)
+    expect(p.model(a.node).rate(300)).toBeCloseTo(20_000, -2)
+    expect(p.model(b.node).rate(300)).toBe(prior)
+  })
+
   test('a first token that waited mostly on decode steps teaches no prefill rate', () => {
     const { pool, cands } = fleet(2)
     const p = new PredictedTtft({ rng: rng() })

@@ -59,4 +59,36 @@ describe('node metrics', () => {
     expect(parseNodeMetrics(llama)).toEqual({ waiting: 4, running: 1, kvUsage: 0.9 })
     expect(parseNodeMetrics('# nothing here\nprocess_cpu_seconds_total 3\n')).toBeUndefined()
   })
+
+  test("reads vLLM's KV-cache size from cache_config_info's labels", () => {
+    const page = [
+      '# TYPE vllm:cache_config_info gauge',
+      'vllm:cache_config_info{block_size="16",cache_dtype="auto",gpu_memory_utilization="0.9",num_cpu_blocks="2048",num_gpu_blocks="27162",prefix_caching_hash_algo="builtin"} 1.0',
+      'vllm:num_requests_running{model_name="a"} 2',
+    ].join('\n')
+    expect(parseNodeMetrics(page)).toEqual({
+      waiting: 0,
+      running: 2,
+      kvUsage: undefined,
+      cacheBlocks: 27_162,
+    })
+    // The label first, or missing or empty: no size.
+    expect(
+      parseNodeMetrics('vllm:cache_config_info{num_gpu_blocks="512"} 1\nvllm:num_requests_waiting 1'),
+    ).toEqual({
+      waiting: 1,
+      running: 0,
+      kvUsage: undefined,
+      cacheBlocks: 512,
+    })
+    expect(
+      parseNodeMetrics('vllm:cache_config_info{num_gpu_blocks=""} 1\nvllm:num_requests_waiting 1'),
+    ).toEqual({
+      waiting: 1,
+      running: 0,
+      kvUsage: undefined,
+    })
+    // A cache size alone is no load figure.
+    expect(parseNodeMetrics('vllm:cache_config_info{num_gpu_blocks="512"} 1\n')).toBeUndefined()
+  })
 })
