@@ -181,6 +181,8 @@ export class NodeModel {
   itlSampled = false
   /** The KV cache's size in blocks, from /metrics (vLLM's `cache_config_info`), if reported. */
   cacheBlocks: number | undefined
+  /** Priced at its measured twins' rate, not the prior (`PredictedTtft.applyTwin`). */
+  twinned = false
   /** A dip below the base rate (a slow sample, a 429), recovering towards it with time. */
   private dipRate = Number.POSITIVE_INFINITY
   private dipAtMs = 0
@@ -296,6 +298,11 @@ export class PredictedTtft implements RoutingPolicy {
   private readonly opts: PredictedTtftOptions
   private readonly models = new Map<NodeState, NodeModel>()
   private readonly sessions = new Map<string, NodeState>()
+  /** Per KV-cache size: its measured nodes' mean rate and ITL, and when that was computed (`twinMean`). */
+  private readonly twinMeans = new Map<
+    number,
+    { atMs: number; mean: { rate: number; itlMs: number | undefined } | undefined }
+  >()
   private readonly ratio = new RatioQuantile()
   private metricsOn = false
   /** Recent first tokens' rate samples over their node's rate, all nodes. */
@@ -309,6 +316,8 @@ export class PredictedTtft implements RoutingPolicy {
   }
 
   forget(node: NodeState): void {
+    const blocks = this.models.get(node)?.cacheBlocks
+    if (blocks !== undefined) this.twinMeans.delete(blocks)
     this.models.delete(node)
   }
 
@@ -686,10 +695,8 @@ export class PredictedTtft implements RoutingPolicy {
   nodeMetrics(node: NodeState, metrics: NodeMetrics, nowMs: number): void {
     this.metricsOn = true
     const m = this.model(node)
-    if (metrics.cacheBlocks !== undefined) {
-      m.cacheBlocks = metrics.cacheBlocks
-      if (!m.measured) this.twinPrior(m)
-    }
+    m.cacheBlocks = metrics.cacheBlocks
+    this.applyTwin(m, nowMs)
     m.metricWaiting = metrics.waiting
     m.waitingPolls = metrics.waiting > 0 ? m.waitingPolls + 1 : 0
     m.metricRunning = metrics.running
@@ -720,18 +727,36 @@ export class PredictedTtft implements RoutingPolicy {
   }
 
   /**
-   * A node not measured yet is priced at the mean rate (and inter-token latency) of its measured
-   * twins: the nodes whose /metrics report the same KV-cache size in blocks. vLLM sizes its cache
-   * from the memory left after loading the weights, so the same figure almost always means the
-   * same accelerator serving the same model. Without a measured twin the node keeps the prior.
+   * A node not measured yet (no rate sample of its own) is priced at the mean rate, and
+   * inter-token latency, of its measured twins: the nodes whose /metrics report the same KV-cache
+   * size in blocks. vLLM sizes its cache from the memory left after loading the weights, so the
+   * same figure almost always means the same accelerator serving the same model. Without a
+   * measured twin (none yet, gone, or no size reported) the node has the priors.
    */
-  private twinPrior(m: NodeModel): void {
+  private applyTwin(m: NodeModel, nowMs: number): void {
+    if (m.measured) return
+    const twin = m.cacheBlocks === undefined ? undefined : this.twinMean(m.cacheBlocks, nowMs)
+    if (twin !== undefined) {
+      m.baseRate = twin.rate
+      if (!m.itlSampled && twin.itlMs !== undefined) m.itlMs = twin.itlMs
+      m.twinned = true
+    } else if (m.twinned) {
+      m.baseRate = this.opts.priorTokensPerSec
+      if (!m.itlSampled) m.itlMs = this.opts.priorItlMs
+      m.twinned = false
+    }
+  }
+
+  /** The measured nodes of a cache size, their mean rate and ITL; computed at most once a second. */
+  private twinMean(blocks: number, nowMs: number): { rate: number; itlMs: number | undefined } | undefined {
+    const kept = this.twinMeans.get(blocks)
+    if (kept !== undefined && nowMs >= kept.atMs && nowMs - kept.atMs < 1_000) return kept.mean
     let rate = 0
     let n = 0
     let itl = 0
     let itls = 0
     for (const o of this.models.values()) {
-      if (o === m || !o.measured || o.cacheBlocks !== m.cacheBlocks) continue
+      if (!o.measured || o.cacheBlocks !== blocks) continue
       rate += o.baseRate
       n++
       if (o.itlSampled) {
@@ -739,9 +764,10 @@ export class PredictedTtft implements RoutingPolicy {
         itls++
       }
     }
-    if (n === 0) return
-    m.baseRate = rate / n
-    if (!m.itlSampled && itls > 0) m.itlMs = itl / itls
+    const mean = n === 0 ? undefined : { rate: rate / n, itlMs: itls > 0 ? itl / itls : undefined }
+    this.twinMeans.set(blocks, { atMs: nowMs, mean })
+    if (this.twinMeans.size > 4_096) this.twinMeans.delete(this.twinMeans.keys().next().value!)
+    return mean
   }
 
   hedgeAtMs(a: Attempt): number | undefined {
@@ -806,10 +832,12 @@ export class PredictedTtft implements RoutingPolicy {
     const alone = sample / m.baseRate < this.opts.fleetSlowShare * fleet
     const first = !m.measured
     m.observeRate(sample, nowMs, alone ? nowMs : (a.firstAtMs ?? nowMs))
-    // Its twins not measured yet take its rate now (twinPrior), not at their next /metrics.
-    if (first && m.measured && m.cacheBlocks !== undefined)
+    // Its twins not measured yet take its rate now (applyTwin), not at their next /metrics.
+    if (first && m.measured && m.cacheBlocks !== undefined) {
+      this.twinMeans.delete(m.cacheBlocks)
       for (const o of this.models.values())
-        if (!o.measured && o.cacheBlocks === m.cacheBlocks) this.twinPrior(o)
+        if (!o.measured && o.cacheBlocks === m.cacheBlocks) this.applyTwin(o, nowMs)
+    }
   }
 
   private dequeue(m: NodeModel, a: Attempt): void {

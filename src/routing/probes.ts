@@ -183,8 +183,9 @@ export function parseNodeMetrics(text: string): NodeMetrics | undefined {
     if (nameEnd <= 0) continue
     const name = line.slice(0, nameEnd)
     if (name === CACHE_CONFIG) {
+      // One line per engine (data parallel): the node's cache is their sum.
       const blocks = Number(GPU_BLOCKS.exec(line)?.[1])
-      if (blocks > 0 && Number.isSafeInteger(blocks)) cacheBlocks = blocks
+      if (blocks > 0 && Number.isSafeInteger(blocks)) cacheBlocks = (cacheBlocks ?? 0) + blocks
       continue
     }
     const isW = WAITING.has(name)

@@ -250,11 +250,11 @@ describe('PredictedTtft', () => {
   test("a node not measured yet is priced at its measured twins' rate: the same KV-cache size in /metrics", () => {
     const { pool, cands } = fleet(4, 1000)
     const p = new PredictedTtft({ rng: rng() })
-    const [fast, fastTwin, slow, other] = cands as [Candidate, Candidate, Candidate, Candidate]
+    const [fast, fastTwin, lone, other] = cands as [Candidate, Candidate, Candidate, Candidate]
     const blocks = new Map([
       [fast, 37_500],
       [fastTwin, 37_500],
-      [slow, 1_000],
+      [lone, 1_000],
       [other, 12_500],
     ])
     const poll = (nowMs: number) => {
@@ -263,23 +263,79 @@ describe('PredictedTtft', () => {
     }
     poll(0)
     const prior = p.model(fastTwin.node).rate(0)
-    expect(p.model(slow.node).rate(0)).toBe(prior)
-    // `fast` is measured at 20k tokens/s, `slow` at 2k: their unmeasured twins take those rates at
-    // once (before the next poll); the node that has no twin keeps the prior.
-    serve(p, pool, fast, req({ nowMs: 100, promptTokens: 2000 }), 100)
+    const priorItl = p.model(fastTwin.node).itlMs
+    expect(p.model(lone.node).rate(0)).toBe(prior)
+    // `fast` is measured at 20k tokens/s and 40 ms a token: its unmeasured twin takes both at once
+    // (before the next poll); the nodes with no twin keep the priors.
+    serve(p, pool, fast, req({ nowMs: 100, promptTokens: 2000 }), 100, 100 + 9 * 40)
     expect(p.model(fast.node).measured).toBe(true)
     expect(p.model(fastTwin.node).measured).toBe(false)
-    expect(p.model(fastTwin.node).rate(300)).toBeCloseTo(20_000, -2)
-    expect(p.model(other.node).rate(300)).toBe(prior)
-    expect(p.choose([fastTwin, other], req({ nowMs: 300, promptTokens: 3000 }))).toBe(fastTwin)
+    expect(p.model(fastTwin.node).rate(600)).toBeCloseTo(20_000, -2)
+    expect(p.model(fastTwin.node).itlMs).toBe(p.model(fast.node).itlMs)
+    expect(p.model(fast.node).itlMs).not.toBe(priorItl)
+    for (const c of [lone, other]) {
+      expect(p.model(c.node).rate(600)).toBe(prior)
+      expect(p.model(c.node).itlMs).toBe(priorItl)
+    }
+    expect(p.choose([fastTwin, other], req({ nowMs: 600, promptTokens: 3000 }))).toBe(fastTwin)
     poll(1_000)
     expect(p.model(fastTwin.node).rate(1_000)).toBeCloseTo(20_000, -2)
     expect(p.model(other.node).rate(1_000)).toBe(prior)
-    // Once measured itself, a node learns from its own requests only.
+    // Once measured itself, a node learns from its own requests only, and lends nothing back to
+    // a measured twin.
     serve(p, pool, fastTwin, req({ nowMs: 2_000, promptTokens: 2000 }), 500)
-    expect(p.model(fastTwin.node).rate(2_600)).toBeCloseTo(4_000, -2)
     poll(3_000)
-    expect(p.model(fastTwin.node).rate(3_000)).toBeLessThan(20_000)
+    poll(4_100)
+    expect(p.model(fastTwin.node).rate(4_100)).toBeCloseTo(4_000, -2)
+    expect(p.model(fast.node).rate(4_100)).toBeCloseTo(20_000, -2)
+  })
+
+  test('a twin measured before its cache size was known lends its rate at the next poll; a twin gone or a size changed gives the prior back', () => {
+    const { pool, cands } = fleet(3, 1000)
+    const p = new PredictedTtft({ rng: rng() })
+    const [a, b, c] = cands as [Candidate, Candidate, Candidate]
+    const prior = p.model(b.node).rate(0)
+    // a is measured before any poll: no size known at its end, so nothing to lend yet.
+    serve(p, pool, a, req({ nowMs: 0, promptTokens: 2000 }), 100)
+    expect(p.model(b.node).rate(200)).toBe(prior)
+    const poll = (nowMs: number, sizes: [Candidate, number | undefined][]) => {
+      for (const [n, cacheBlocks] of sizes)
+        p.nodeMetrics(
+          n.node,
+          { waiting: 0, running: 0, kvUsage: 0, ...(cacheBlocks && { cacheBlocks }) },
+          nowMs,
+        )
+    }
+    // b and c are polled before a's size is read: no twin for them in this round.
+    poll(1_000, [
+      [b, 500],
+      [c, 500],
+      [a, 500],
+    ])
+    expect(p.model(b.node).rate(1_000)).toBe(prior)
+    expect(p.model(c.node).rate(1_000)).toBe(prior)
+    poll(2_100, [
+      [a, 500],
+      [b, 500],
+      [c, 500],
+    ])
+    expect(p.model(b.node).rate(2_100)).toBeCloseTo(20_000, -2)
+    expect(p.model(c.node).rate(2_100)).toBeCloseTo(20_000, -2)
+    // b's engine restarts with another cache size, c's page loses the figure: both are priced at
+    // the prior again, not at a twin they no longer have.
+    poll(3_200, [
+      [a, 500],
+      [b, 800],
+      [c, undefined],
+    ])
+    expect(p.model(b.node).rate(3_200)).toBe(prior)
+    expect(p.model(c.node).rate(3_200)).toBe(prior)
+    // a forgotten (removed from the config): its old twins lose its rate.
+    poll(4_300, [[c, 500]])
+    expect(p.model(c.node).rate(4_300)).toBeCloseTo(20_000, -2)
+    p.forget(a.node)
+    poll(4_400, [[c, 500]])
+    expect(p.model(c.node).rate(4_400)).toBe(prior)
   })
 
   test('without a reported cache size, an unmeasured node keeps the prior whatever the others measure', () => {

@@ -88,6 +88,17 @@ describe('node metrics', () => {
       running: 0,
       kvUsage: undefined,
     })
+    // One line per engine (data parallel): their sum. An override printed as None is no size.
+    expect(
+      parseNodeMetrics(
+        [
+          'vllm:cache_config_info{engine="0",num_gpu_blocks="1000",num_gpu_blocks_override="None"} 1.0',
+          'vllm:cache_config_info{engine="1",num_gpu_blocks="1000",num_gpu_blocks_override="None"} 1.0',
+          'vllm:cache_config_info{num_gpu_blocks="None"} 1.0',
+          'vllm:num_requests_running{engine="0"} 1',
+        ].join('\n'),
+      ),
+    ).toEqual({ waiting: 0, running: 1, kvUsage: undefined, cacheBlocks: 2_000 })
     // A cache size alone is no load figure.
     expect(parseNodeMetrics('vllm:cache_config_info{num_gpu_blocks="512"} 1\n')).toBeUndefined()
   })
