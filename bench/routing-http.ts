@@ -7,8 +7,9 @@
  * ~1.5k-token prefix + ~150-token unique suffix, 32 tokens out), at 70% of the fleet's nominal
  * capacity without cache reuse.
  *
- * Fleets (`--fleet`): `mixed` (default; 1 fast, 2 medium, 1 slow llama.cpp-like) and
- * `identical` (4 medium). `--stall`: node 0 stops answering (no tokens, no errors, frozen
+ * Fleets (`--fleet`): `mixed` (default; 1 fast, 2 medium, 1 slow llama.cpp-like),
+ * `identical` (4 medium) and `mixed-6` (2 of each kind: every node has a twin with the same
+ * KV-cache size in its /metrics). `--stall`: node 0 stops answering (no tokens, no errors, frozen
  * /metrics: the simulator's `stall` fault) from 40% of the run for `--stall-seconds` (default
  * 10), then carries on; the table counts the requests the policy sent it more than 2 s into the
  * stall (first attempts and hedges).
@@ -67,6 +68,15 @@ const FLEETS: Record<string, FleetSpec> = {
     node('slow-1', 'slow', 2_500, 40, 4, 512, 1, 1_000),
   ],
   identical: [medium(1), medium(2), medium(3), medium(4)],
+  /** Every kind twice: a node of each kind has a twin reporting the same KV-cache size. */
+  'mixed-6': [
+    node('fast-1', 'fast', 20_000, 15, 64, 8192, 1, 40_000),
+    node('fast-2', 'fast', 20_000, 15, 64, 8192, 2, 40_000),
+    medium(1),
+    medium(2),
+    node('slow-1', 'slow', 2_500, 40, 4, 512, 1, 1_000),
+    node('slow-2', 'slow', 2_500, 40, 4, 512, 2, 1_000),
+  ],
 }
 
 function node(
