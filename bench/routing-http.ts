@@ -134,7 +134,7 @@ class HttpLlmd extends LlmdEndpointPicker {
         .then((text) => {
           const m = parseNodeMetrics(text)
           if (!m || this.timer === undefined) return
-          const gpuBlocks = Number(/num_gpu_blocks="(\d+)"/.exec(text)?.[1] ?? 7_812)
+          const gpuBlocks = m.cacheBlocks ?? 7_812
           const blockTokens = Number(/block_size="(\d+)"/.exec(text)?.[1] ?? 16)
           this.nodeMetrics(node, {
             ...m,

@@ -181,7 +181,7 @@ export class NodeModel {
   itlSampled = false
   /** The KV cache's size in blocks, from /metrics (vLLM's `cache_config_info`), if reported. */
   cacheBlocks: number | undefined
-  /** Priced at its measured twins' rate, not the prior (`PredictedTtft.applyTwin`). */
+  /** Not measured, and priced at its measured twins' rate, not the prior (`PredictedTtft.applyTwin`). */
   twinned = false
   /** A dip below the base rate (a slow sample, a 429), recovering towards it with time. */
   private dipRate = Number.POSITIVE_INFINITY
@@ -258,6 +258,7 @@ export class NodeModel {
     if (!(sample > 0) || !Number.isFinite(sample)) return
     if (!this.sampled) {
       this.sampled = true
+      this.twinned = false
       this.baseRate = sample
     } else this.baseRate += (sample - this.baseRate) * 0.1
     if (sample < this.rate(nowMs)) this.dip(sample, dipAtMs)

@@ -88,6 +88,13 @@ describe('node metrics', () => {
       running: 0,
       kvUsage: undefined,
     })
+    expect(
+      parseNodeMetrics('vllm:cache_config_info{block_size="16"} 1\nvllm:num_requests_waiting 1'),
+    ).toEqual({
+      waiting: 1,
+      running: 0,
+      kvUsage: undefined,
+    })
     // One line per engine (data parallel): their sum. An override printed as None is no size.
     expect(
       parseNodeMetrics(
