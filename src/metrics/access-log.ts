@@ -64,8 +64,7 @@ export class AccessLog {
     const batch = this.lines
     this.lines = []
     this.queuedChars = 0
-    const text = `${batch.join('\n')}\n`
-    this.writing = this.write(text, batch.length)
+    this.writing = this.write(batch)
       .catch((err) => {
         this.dropped += batch.length
         this.onError(err)
@@ -76,25 +75,44 @@ export class AccessLog {
       })
   }
 
-  private async write(text: string, count: number): Promise<void> {
+  private async write(batch: readonly string[]): Promise<void> {
     if (this.opts.sink === 'stderr') {
+      const text = `${batch.join('\n')}\n`
       await new Promise<void>((resolve) => {
         if (process.stderr.write(text)) resolve()
         else process.stderr.once('drain', resolve)
       })
     } else {
-      const bytes = Buffer.from(text)
       if (this.file === undefined) await this.openFile()
-      else if (this.size > 0 && this.size + bytes.length > this.opts.maxBytes) await this.rotate()
-      // A write may take less than it was given; the rest follows, so no line is cut.
-      for (let at = 0; at < bytes.length; ) {
-        const { bytesWritten } = await this.file!.write(bytes, at, bytes.length - at)
-        if (bytesWritten <= 0) throw new Error('access log: the file took no bytes')
-        at += bytesWritten
+      // Lines go to the file until the next would take it past maxBytes; then it is rotated and
+      // the rest go to the new one (a batch gathered while the loop was busy may be bigger than a
+      // whole file). A single line longer than maxBytes gets a file of its own.
+      let from = 0
+      let bytes = 0
+      for (let i = 0; i < batch.length; i++) {
+        const n = Buffer.byteLength(batch[i]!) + 1
+        if (this.size + bytes > 0 && this.size + bytes + n > this.opts.maxBytes) {
+          if (i > from) await this.append(batch.slice(from, i))
+          await this.rotate()
+          from = i
+          bytes = 0
+        }
+        bytes += n
       }
-      this.size += bytes.length
+      await this.append(batch.slice(from))
     }
-    this.written += count
+    this.written += batch.length
+  }
+
+  /** Writes lines to the open file whole (a write may take less than it was given; the rest follows). */
+  private async append(lines: readonly string[]): Promise<void> {
+    const bytes = Buffer.from(`${lines.join('\n')}\n`)
+    for (let at = 0; at < bytes.length; ) {
+      const { bytesWritten } = await this.file!.write(bytes, at, bytes.length - at)
+      if (bytesWritten <= 0) throw new Error('access log: the file took no bytes')
+      at += bytesWritten
+    }
+    this.size += bytes.length
   }
 
   private async openFile(): Promise<void> {

@@ -532,6 +532,57 @@ describe('access log sink', () => {
     }
   })
 
+  test('lines gathered in one batch past a whole file are split over rotated files, none over max_bytes', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tropa-access-'))
+    try {
+      const path = join(dir, 'b.log')
+      const log = new AccessLog(
+        { sink: 'file', path, maxBytes: 1000, keep: 5, bufferLines: 1000, bufferBytes: 1 << 20 },
+        () => {},
+      )
+      // 30 lines of 100 bytes in one turn of the event loop (as when the loop was busy): one
+      // batch of 3,000 bytes for files of 1,000; and one line longer than a whole file.
+      for (let i = 0; i < 30; i++)
+        log.push(JSON.stringify({ i, pad: 'x'.repeat(99 - 17 - String(i).length) }))
+      await log.stop()
+      const files = [path, ...Array.from({ length: 5 }, (_, k) => `${path}.${k + 1}`)].filter((f) =>
+        existsSync(f),
+      )
+      const sizes = files.map((f) => statSync(f).size)
+      const lines = files
+        .reverse()
+        .flatMap((f) => readFileSync(f, 'utf8').trim().split('\n'))
+        .map((l) => (JSON.parse(l) as { i: number }).i)
+      expect({ written: log.written, over: sizes.filter((n) => n > 1000), lines }).toEqual({
+        written: 30,
+        over: [],
+        lines: Array.from({ length: 30 }, (_, i) => i),
+      })
+      const long = new AccessLog(
+        {
+          sink: 'file',
+          path: join(dir, 'c.log'),
+          maxBytes: 100,
+          keep: 2,
+          bufferLines: 10,
+          bufferBytes: 1 << 20,
+        },
+        () => {},
+      )
+      long.push(JSON.stringify({ a: 1 }))
+      long.push(JSON.stringify({ pad: 'y'.repeat(300) }))
+      long.push(JSON.stringify({ b: 2 }))
+      await long.stop()
+      expect(
+        [join(dir, 'c.log.2'), join(dir, 'c.log.1'), join(dir, 'c.log')].map(
+          (f) => readFileSync(f, 'utf8').length,
+        ),
+      ).toEqual([8, 311, 8])
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+
   test('a full buffer drops lines and counts them; it never waits', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tropa-access-'))
     try {
