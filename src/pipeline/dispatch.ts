@@ -15,6 +15,7 @@ import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
+import { loopStalledSince, watchLoop } from './loop-watch.ts'
 
 /** What the pipelines need to reach upstreams. */
 export interface UpstreamDeps {
@@ -94,6 +95,7 @@ export function finishAttempt(
   completionTokens?: number,
 ): void {
   const nowMs = Date.now()
+  if (loopStalledSince(a.startedAtMs, nowMs)) a.routerStalled = true
   if (outcome === 'cancelled') deps.pool.cancel(a.candidate.node)
   else deps.pool.end(a.candidate.node, outcome === 'ok', nowMs)
   deps.policy.ended(a, nowMs, outcome, cachedTokens, completionTokens)
@@ -127,6 +129,7 @@ export async function dispatch<T>(
   let lastError: Error | undefined
   deps.retries.earn()
   deps.hedges?.earn()
+  watchLoop()
 
   const run = async (
     a: Attempt,
@@ -235,7 +238,11 @@ export async function dispatch<T>(
     }
     if (settled.ok) {
       hedgeAtMs = undefined
-      if (d.stream) deps.policy.firstChunk(a, Date.now())
+      if (d.stream) {
+        const now = Date.now()
+        if (loopStalledSince(a.startedAtMs, now)) a.routerStalled = true
+        deps.policy.firstChunk(a, now)
+      }
       cancelRest()
       return {
         value: settled.value,
