@@ -15,7 +15,6 @@ import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
-import { loopStalledSince, watchLoop } from './loop-watch.ts'
 
 /** What the pipelines need to reach upstreams. */
 export interface UpstreamDeps {
@@ -95,7 +94,6 @@ export function finishAttempt(
   completionTokens?: number,
 ): void {
   const nowMs = Date.now()
-  if (loopStalledSince(a.startedAtMs, nowMs)) a.routerStalled = true
   if (outcome === 'cancelled') deps.pool.cancel(a.candidate.node)
   else deps.pool.end(a.candidate.node, outcome === 'ok', nowMs)
   deps.policy.ended(a, nowMs, outcome, cachedTokens, completionTokens)
@@ -129,7 +127,6 @@ export async function dispatch<T>(
   let lastError: Error | undefined
   deps.retries.earn()
   deps.hedges?.earn()
-  watchLoop()
 
   const run = async (
     a: Attempt,
@@ -238,11 +235,7 @@ export async function dispatch<T>(
     }
     if (settled.ok) {
       hedgeAtMs = undefined
-      if (d.stream) {
-        const now = Date.now()
-        if (loopStalledSince(a.startedAtMs, now)) a.routerStalled = true
-        deps.policy.firstChunk(a, now)
-      }
+      if (d.stream) deps.policy.firstChunk(a, Date.now())
       cancelRest()
       return {
         value: settled.value,

@@ -46,11 +46,6 @@ export type Outcome =
 export class Attempt {
   /** When the first chunk arrived (streaming), if it has. */
   firstAtMs: number | undefined
-  /**
-   * The router's own event loop stood still while this attempt waited (pipeline/loop-watch.ts):
-   * its timings are partly the router's, so the policy learns no node's speed from them.
-   */
-  routerStalled = false
   /** The policy's predicted time to first token for this attempt, ms, if it predicts. */
   predictedTtftMs: number | undefined
   /** The policy's prediction for the next best node when this one was chosen, ms, if it predicts. */

@@ -607,12 +607,9 @@ export class PredictedTtft implements RoutingPolicy {
     // waited for (the queue ahead of it, its own included) over the time they took.
     const decodeMs = this.decodeStepsMs(a.decodingAtStart, m.itlMs)
     const prefillMs = ttft - m.rttMs - decodeMs
-    // After lines were pre-empted there the node is still settling; across a stall of the
-    // router's own loop the first token was seen late. Neither times the node.
-    const unclear =
-      a.routerStalled || a.startedAtMs - a.candidate.node.batchPreemptedAtMs <= this.opts.preemptSettleMs
+    const afterLines = a.startedAtMs - a.candidate.node.batchPreemptedAtMs <= this.opts.preemptSettleMs
     if (
-      !unclear &&
+      !afterLines &&
       prefillMs > 0 &&
       a.queueAheadTokens >= this.opts.minRateSampleTokens &&
       decodeMs <= this.opts.maxDecodeShare * (ttft - m.rttMs)
@@ -626,9 +623,8 @@ export class PredictedTtft implements RoutingPolicy {
       this.fleetRatios.add(sample / m.baseRate)
     }
     // A tiny prompt on an idle node measures the network, not the prefill.
-    if (!a.routerStalled && a.queueAheadTokens <= own && own <= 64 && a.decodingAtStart === 0)
-      m.observeRtt(ttft, nowMs)
-    if (!unclear && a.predictedTtftMs !== undefined && a.predictedTtftMs > 0)
+    if (a.queueAheadTokens <= own && own <= 64 && a.decodingAtStart === 0) m.observeRtt(ttft, nowMs)
+    if (!afterLines && a.predictedTtftMs !== undefined && a.predictedTtftMs > 0)
       this.ratio.add(ttft / a.predictedTtftMs)
   }
 
@@ -650,7 +646,6 @@ export class PredictedTtft implements RoutingPolicy {
       a.decoding = false
       if (
         outcome === 'ok' &&
-        !a.routerStalled &&
         completionTokens !== undefined &&
         completionTokens > 1 &&
         a.firstAtMs !== undefined
