@@ -12,7 +12,8 @@
  * KV-cache size in its /metrics). `--stall`: node 0 stops answering (no tokens, no errors, frozen
  * /metrics: the simulator's `stall` fault) from 40% of the run for `--stall-seconds` (default
  * 10), then carries on; the table counts the requests the policy sent it more than 2 s into the
- * stall (first attempts and hedges).
+ * stall (first attempts and hedges). `--slow F` instead: node 0 runs F times slower over that
+ * window (the simulator's `slowdownFactor`: every step, prefill and decode), answering all along.
  *
  * The peers are bench/vt/policies.ts's, with bench/vt/README.md's citations for every default.
  * In the real request path they see what the router sees: Tropa's 256-character prefix blocks
@@ -165,7 +166,10 @@ const POLICIES: Record<string, (rng: () => number) => RoutingPolicy> = {
   tropa: (rng) => new PredictedTtft({ rng }),
 }
 
-/** Runs the fleet, with a control port to stall and resume a node (POST /stall/<i>?on=1|0). */
+/**
+ * Runs the fleet, with a control port to stall and resume a node (POST /stall/<i>?on=1|0), or
+ * to slow it down and back (`&factor=F`).
+ */
 async function runFleet(out: string, spec: FleetSpec) {
   const fleet = await startSimFleet(
     spec.map(
@@ -194,7 +198,9 @@ async function runFleet(out: string, spec: FleetSpec) {
       const m = /^\/stall\/(\d+)$/.exec(u.pathname)
       const n = m ? fleet.nodes[Number(m[1])] : undefined
       if (req.method !== 'POST' || !n) return new Response('no such node', { status: 404 })
-      n.setFaults({ stall: u.searchParams.get('on') === '1' })
+      const on = u.searchParams.get('on') === '1'
+      const factor = u.searchParams.get('factor')
+      n.setFaults(factor === null ? { stall: on } : { slowdownFactor: on ? Number(factor) : 1 })
       return new Response('ok')
     },
   })
@@ -255,7 +261,7 @@ interface Row {
   p99Ms: number
   goodput: number
   cachedShare: number
-  /** With --stall: requests sent to the stalled node more than 2 s into its stall (hedges too). */
+  /** With --stall or --slow: requests sent to node 0 more than 2 s into its fault (hedges too). */
   sentToStalled: number | null
 }
 
@@ -264,8 +270,8 @@ interface Scenario {
   rate: number
   seconds: number
   seed: number
-  /** Node 0 stalls from `atS` for `forS` seconds into the run. */
-  stall: { atS: number; forS: number } | undefined
+  /** Node 0 stalls (or, with `factor`, runs that many times slower) from `atS` for `forS` seconds into the run. */
+  stall: { atS: number; forS: number; factor?: number } | undefined
 }
 
 async function runPolicy(name: string, bodies: string[], sc: Scenario): Promise<Row> {
@@ -339,7 +345,9 @@ async function runPolicy(name: string, bodies: string[], sc: Scenario): Promise<
     let cached = 0
     let prompt = 0
     const setStall = (on: boolean) =>
-      fetch(`${control}/stall/0?on=${on ? 1 : 0}`, { method: 'POST' }).then((r) => r.text())
+      fetch(`${control}/stall/0?on=${on ? 1 : 0}${sc.stall?.factor ? `&factor=${sc.stall.factor}` : ''}`, {
+        method: 'POST',
+      }).then((r) => r.text())
     const timers: ReturnType<typeof setTimeout>[] = []
     if (sc.stall) {
       const { atS, forS } = sc.stall
@@ -424,6 +432,7 @@ async function main() {
       fleet: { type: 'string' },
       stall: { type: 'boolean' },
       'stall-seconds': { type: 'string' },
+      slow: { type: 'string' },
       seconds: { type: 'string' },
       load: { type: 'string' },
       policies: { type: 'string' },
@@ -444,11 +453,20 @@ async function main() {
   // Capacity as the virtual-time benchmark counts it: every prompt token uncached.
   const promptTokens = 1500 + 150 + 20
   const rate = fleetCapacity(spec, promptTokens, OUT_TOKENS) * load
-  const stall = values.stall ? { atS: seconds * 0.4, forS: Number(values['stall-seconds'] ?? 10) } : undefined
+  const factor = values.slow === undefined ? undefined : Number(values.slow)
+  if (factor !== undefined && !(factor > 1)) throw new Error('--slow takes a factor over 1')
+  const stall =
+    values.stall || factor !== undefined
+      ? {
+          atS: seconds * 0.4,
+          forS: Number(values['stall-seconds'] ?? 10),
+          ...(factor !== undefined && { factor }),
+        }
+      : undefined
   const sc: Scenario = { fleet: fleetName, rate, seconds, seed, stall }
   const bodies = requests(Math.ceil(rate * seconds) + 1, 10 + seed)
   console.log(
-    `routing over HTTP: ${fleetName} fleet of ${spec.length} simulator nodes, ${rate.toFixed(1)} req/s (${Math.round(load * 100)}% of nominal capacity) for ${seconds} s per policy, seed ${seed}${stall ? `, ${spec[0]!.name} stalled ${stall.atS}-${stall.atS + stall.forS} s` : ''}`,
+    `routing over HTTP: ${fleetName} fleet of ${spec.length} simulator nodes, ${rate.toFixed(1)} req/s (${Math.round(load * 100)}% of nominal capacity) for ${seconds} s per policy, seed ${seed}${stall ? `, ${spec[0]!.name} ${stall.factor ? `${stall.factor}x slower` : 'stalled'} ${stall.atS}-${stall.atS + stall.forS} s` : ''}`,
   )
   // The router's tokenizer loads once per process (at its first request, the loop stopped for
   // most of a second): loaded before the first policy, not in whichever policy runs first.
@@ -459,11 +477,11 @@ async function main() {
     const row = await runPolicy(name, bodies, sc)
     rows.push(row)
     console.log(
-      `  ${name}: mean ${row.meanMs.toFixed(0)} p50 ${row.p50Ms.toFixed(0)} p90 ${row.p90Ms.toFixed(0)} p99 ${row.p99Ms.toFixed(0)} ms, goodput ${row.goodput.toFixed(1)} req/s, ${row.errors} errors, cached ${(row.cachedShare * 100).toFixed(0)}%${row.sentToStalled === null ? '' : `, ${row.sentToStalled} sent to the stalled node after 2 s`}`,
+      `  ${name}: mean ${row.meanMs.toFixed(0)} p50 ${row.p50Ms.toFixed(0)} p90 ${row.p90Ms.toFixed(0)} p99 ${row.p99Ms.toFixed(0)} ms, goodput ${row.goodput.toFixed(1)} req/s, ${row.errors} errors, cached ${(row.cachedShare * 100).toFixed(0)}%${row.sentToStalled === null ? '' : `, ${row.sentToStalled} sent to node 0 after 2 s of its fault`}`,
     )
   }
   console.log(
-    '\n| policy | mean | p50 | p90 | p99 | goodput (req/s, TTFT <= 1 s) | prompt tokens cached | errors | sent to the stalled node after 2 s |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |',
+    '\n| policy | mean | p50 | p90 | p99 | goodput (req/s, TTFT <= 1 s) | prompt tokens cached | errors | sent to node 0 after 2 s of its fault |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |',
   )
   for (const r of rows)
     console.log(
