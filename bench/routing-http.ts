@@ -166,6 +166,12 @@ const POLICIES: Record<string, (rng: () => number) => RoutingPolicy> = {
   tropa: (rng) => new PredictedTtft({ rng }),
 }
 
+/** Loads this process's tokenizer tables and runs the encoder once, before anything is timed. */
+async function warmTokenizer(): Promise<void> {
+  await loadTokenizer()
+  encode(text(seeded(1), 2000))
+}
+
 /**
  * Runs the fleet, with a control port to stall and resume a node (POST /stall/<i>?on=1|0), or
  * to slow it down and back (`&factor=F`).
@@ -188,8 +194,7 @@ async function runFleet(out: string, spec: FleetSpec) {
   // A real node is warm when a router starts routing to it: the simulator's tokenizer tables
   // load on its first request (about a second with the event loop stopped), which every node
   // of this process would otherwise pay within the policy's first samples.
-  await loadTokenizer()
-  encode(text(seeded(1), 2000))
+  await warmTokenizer()
   const control = Bun.serve({
     port: 0,
     hostname: '127.0.0.1',
@@ -470,8 +475,7 @@ async function main() {
   )
   // The router's tokenizer loads once per process (at its first request, the loop stopped for
   // most of a second): loaded before the first policy, not in whichever policy runs first.
-  await loadTokenizer()
-  encode(text(seeded(1), 2000))
+  await warmTokenizer()
   const rows: Row[] = []
   for (const name of names) {
     const row = await runPolicy(name, bodies, sc)
