@@ -141,7 +141,7 @@ export function cellSetup(
     slowdowns:
       t.workload === 'W4'
         ? [[0, D * 0.25, D * 0.5, 5]]
-        : t.workload === 'slow'
+        : t.workload === 'slow' || t.workload === 'slow-zipf'
           ? [[0, D * 0.3, D * 0.7, 4]]
           : [],
     stalls: t.workload === 'stall' ? [[0, D * 0.4, D * 0.4 + 30_000]] : [],

@@ -23,7 +23,7 @@ export interface TraceRequest {
   readonly thinkMs: number
 }
 
-export const WORKLOAD_NAMES = ['W1', 'W2', 'W3', 'W4', 'zipf', 'agentic', 'burst', 'stall', 'slow'] as const
+export const WORKLOAD_NAMES = ['W1', 'W2', 'W3', 'W4', 'zipf', 'agentic', 'burst', 'stall', 'slow', 'slow-zipf'] as const
 export type WorkloadName = (typeof WORKLOAD_NAMES)[number]
 
 export const WORKLOADS: Record<WorkloadName, string> = {
@@ -37,6 +37,7 @@ export const WORKLOADS: Record<WorkloadName, string> = {
   burst: 'unique 2k prompts in on/off bursts: 10 s at 1.96x, 20 s at 0.52x the mean rate',
   stall: 'W1 prompts; node 0 stalls without errors (no tokens, frozen /metrics) for 30 s from 40% of the run',
   slow: 'W1 prompts; node 0 4x slower from 30% to 70% of the run',
+  'slow-zipf': 'zipf prompts (200 uncached tokens each); node 0 4x slower from 30% to 70% of the run',
 }
 
 const ZIPF_PROMPTS = 300
@@ -56,6 +57,7 @@ export const PROMPT_TOKENS_PER_REQUEST: Record<WorkloadName, number> = {
   burst: 2000,
   stall: 7000,
   slow: 7000,
+  'slow-zipf': 4700,
 }
 export const OUTPUT_TOKENS = 200
 
@@ -104,7 +106,7 @@ export function trace(
   }
   if (name === 'W1' || name === 'stall' || name === 'slow') poisson(sharedPrefix)
   else if (name === 'W3') poisson(() => [{ id: uniqueSeg++, tokens: 2000 }])
-  else if (name === 'zipf') {
+  else if (name === 'zipf' || name === 'slow-zipf') {
     // Prompt lengths are drawn once per system prompt (seeded apart from the arrivals).
     const lenRng = seeded(seed * 31 + 7)
     const lengths = Array.from({ length: ZIPF_PROMPTS }, () => 1000 + Math.floor(lenRng() * 7001))

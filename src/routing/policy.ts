@@ -62,6 +62,8 @@ export class Attempt {
   queueAheadTokens = 0
   /** Requests decoding on the node when it started. */
   decodingAtStart = 0
+  /** The node's slowness factor in its prediction when it started (`NodeModel.slowness`). */
+  slownessAtStart = 1
   /**
    * The time its queue ahead took to prefill, ms (the first token's wait less the network and
    * the decode steps), kept from the first chunk until the end reports the cached tokens.

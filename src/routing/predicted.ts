@@ -131,6 +131,15 @@ export interface PredictedTtftOptions {
    * dated at the first token, and has mostly recovered by the end.
    */
   readonly fleetSlowShare: number
+  /**
+   * A first token too short to teach a rate (fewer queued tokens than `minRateSampleTokens`)
+   * that came this many times later than predicted (past the round trip), and at least one
+   * inter-token time late, and this many times the fleet's median lateness, prices its node's
+   * whole prediction up by that factor, recovering as a rate's dip does: a node slowed down
+   * under short uncached suffixes (a cached system prompt, a chat turn) shows it at its next
+   * first token, not at the end of its streams. 0: off.
+   */
+  readonly slowShare: number
 }
 
 export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
@@ -158,6 +167,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   frozenTokens: 24,
   frozenMinMs: 1500,
   fleetSlowShare: 0.5,
+  slowShare: 2,
   slotWaitPolls: 2,
   holderCreditBlocks: 8,
 }
@@ -186,6 +196,9 @@ export class NodeModel {
   /** A dip below the base rate (a slow sample, a 429), recovering towards it with time. */
   private dipRate = Number.POSITIVE_INFINITY
   private dipAtMs = 0
+  /** A slowdown seen in short first tokens (`slowShare`): the factor, and since when it recovers. */
+  private slowDip = 1
+  private slowAtMs = 0
   /** Inter-token latency, ms, EWMA over finished streams. */
   itlMs: number
   /** Round-trip time floor: the smallest tiny-prompt TTFT seen, refreshed every 30 s. */
@@ -246,6 +259,22 @@ export class NodeModel {
     if (this.dipRate >= this.baseRate) return this.baseRate
     const w = 1 - Math.exp(-Math.max(0, nowMs - this.dipAtMs) / this.recoveryMs)
     return this.dipRate + (this.baseRate - this.dipRate) * w
+  }
+
+  /**
+   * What the prediction past the round trip is multiplied by: a slowdown seen in first tokens
+   * too short for a rate sample, recovering towards 1 as the rate's dips do.
+   */
+  slowness(nowMs: number): number {
+    if (this.slowDip <= 1) return 1
+    const w = 1 - Math.exp(-Math.max(0, nowMs - this.slowAtMs) / this.recoveryMs)
+    return this.slowDip + (1 - this.slowDip) * w
+  }
+
+  /** A short first token's lateness, as a slowness factor: it dips when higher, and resets when lower. */
+  observeSlowness(factor: number, nowMs: number): void {
+    this.slowDip = Math.max(1, factor)
+    this.slowAtMs = nowMs
   }
 
   /** Whether a request's end here gave a rate sample yet. */
@@ -363,7 +392,9 @@ export class PredictedTtft implements RoutingPolicy {
     const rate = m.rate(nowMs)
     const queueMs = ((queued + lines) * 1000) / rate
     let t =
-      m.rttMs + slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs)
+      m.rttMs +
+      m.slowness(nowMs) *
+        (slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs))
     // Silent for longer than the head of its queue could take (3x an average queued request's
     // prefill): stalled (hung, or a partition holding the connection). Its prediction grows by
     // 8x the silence so far, until it answers.
@@ -564,6 +595,7 @@ export class PredictedTtft implements RoutingPolicy {
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     a.predictedCachedTokens = cached
     a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs)
+    a.slownessAtStart = m.slowness(a.startedAtMs)
     if (this.lastChoice?.req === req) a.alternativeTtftMs = this.lastChoice.alternativeMs
     this.lastChoice = undefined
     a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
@@ -621,7 +653,7 @@ export class PredictedTtft implements RoutingPolicy {
       const sample = (a.queueAheadTokens * 1000) / prefillMs
       if (sample < m.rate(nowMs) * 0.5) m.dip(sample, nowMs)
       this.fleetRatios.add(sample / m.baseRate)
-    }
+    } else if (!afterLines && this.opts.slowShare > 0) this.observeShort(m, a, ttft, nowMs)
     // A tiny prompt on an idle node measures the network, not the prefill.
     if (a.queueAheadTokens <= own && own <= 64 && a.decodingAtStart === 0) m.observeRtt(ttft, nowMs)
     if (!afterLines && a.predictedTtftMs !== undefined && a.predictedTtftMs > 0)
@@ -786,6 +818,8 @@ export class PredictedTtft implements RoutingPolicy {
   snapshot(nowMs: number): {
     node: string
     tokensPerSec: number
+    /** What its prediction is multiplied by for a slowdown seen in short first tokens (1: none). */
+    slowness: number
     queuedTokens: number
     decoding: number
     itlMs: number
@@ -801,6 +835,7 @@ export class PredictedTtft implements RoutingPolicy {
     return [...this.models.values()].map((m) => ({
       node: m.node.name,
       tokensPerSec: m.rate(nowMs),
+      slowness: m.slowness(nowMs),
       queuedTokens: m.queuedTokens,
       decoding: m.decoding,
       itlMs: m.itlMs,
@@ -839,6 +874,24 @@ export class PredictedTtft implements RoutingPolicy {
       for (const o of this.models.values())
         if (!o.measured && o.cacheBlocks === m.cacheBlocks) this.applyTwin(o, nowMs)
     }
+  }
+
+  /**
+   * A first token too short for a rate sample: how much later than predicted it came, times the
+   * slowness it was predicted with, is the node's slowness now when that is at least `slowShare`
+   * and the fleet's first tokens are not as late (a burst); a node priced slow whose first
+   * tokens come sooner is priced by them. A stall's silence pricing is not in the ratio.
+   */
+  private observeShort(m: NodeModel, a: Attempt, ttftMs: number, nowMs: number): void {
+    const predicted = a.predictedTtftMs
+    if (predicted === undefined || !(predicted > m.rttMs)) return
+    const factor = (a.slownessAtStart * (ttftMs - m.rttMs)) / (predicted - m.rttMs)
+    const now = m.slowness(nowMs)
+    if (factor >= this.opts.slowShare && factor > now) {
+      const fleet = this.ratio.count >= 20 ? this.ratio.quantile(0.5) : 1
+      if (ttftMs - predicted >= m.itlMs && factor >= this.opts.slowShare * fleet)
+        m.observeSlowness(factor, nowMs)
+    } else if (now > 1 && factor < now) m.observeSlowness(factor, nowMs)
   }
 
   private dequeue(m: NodeModel, a: Attempt): void {

@@ -185,6 +185,8 @@ describe('routing over real HTTP', () => {
       await chat(t, { messages: [{ role: 'user', content: `hi ${i}` }], stream: false })
     const text = await (await fetch(`${t.url}/metrics`)).text()
     expect(text).toMatch(/tropa_node_prefill_tokens_per_second\{node="sim-1"\} \d/)
+    // No slowdown seen: the factor on the prediction is 1.
+    expect(text).toMatch(/^tropa_node_slowness\{node="sim-2"\} 1$/m)
     expect(text).toMatch(/tropa_hedges_total \d/)
     expect((t.svc.deps.policy as PredictedTtft).snapshot(Date.now()).length).toBe(2)
   })

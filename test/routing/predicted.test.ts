@@ -375,6 +375,53 @@ describe('PredictedTtft', () => {
     expect(m.rate(8000)).toBeLessThan(7_800)
   })
 
+  test('a node slowed down under short uncached prompts is priced up at its next first token, and back when it answers on time', () => {
+    // Prompts of 100 uncached tokens teach no rate (under minRateSampleTokens): the slowdown
+    // shows only as first tokens later than predicted.
+    const { pool, cands } = fleet(4)
+    const p = new PredictedTtft({ rng: rng(2) })
+    for (const c of cands) serve(p, pool, c, req({ nowMs: 0, promptTokens: 1000 }), 100) // 10k tok/s
+    let now = 1000
+    for (let i = 0; i < 24; i++, now += 50)
+      serve(p, pool, cands[i % 4]!, req({ nowMs: now, promptTokens: 100 }), 10)
+    const slow = cands[0]!
+    const m = p.model(slow.node)
+    expect(m.slowness(now)).toBe(1)
+    expect(m.rate(now)).toBeCloseTo(10_000, -2)
+    serve(p, pool, slow, req({ nowMs: now, promptTokens: 100 }), 80) // 8x its prediction
+    now += 100
+    expect(m.slowness(now)).toBeGreaterThan(6)
+    expect(m.rate(now)).toBeCloseTo(10_000, -2) // no rate was learned from it
+    for (let i = 0; i < 20; i++, now += 50) {
+      const r = req({ nowMs: now, promptTokens: 100 })
+      const c = p.choose(cands, r)!
+      expect(c).not.toBe(slow)
+      serve(p, pool, c, r, 10)
+    }
+    // Still slow: a first token as late as the raised prediction keeps the node priced up.
+    serve(p, pool, slow, req({ nowMs: now, promptTokens: 100 }), 80)
+    expect(m.slowness(now + 100)).toBeGreaterThan(6)
+    // It recovers with time, and at once when a first token comes on time.
+    expect(m.slowness(now + 30_000)).toBeLessThan(1.5)
+    now += 200
+    serve(p, pool, slow, req({ nowMs: now, promptTokens: 100 }), 10)
+    expect(m.slowness(now + 10)).toBeLessThan(1.3)
+  })
+
+  test('a short first token late by less than an inter-token time prices nothing up; nor with slowShare 0', () => {
+    const run = (slowShare: number, lateMs: number) => {
+      const { pool, cands } = fleet(2)
+      const p = new PredictedTtft({ rng: rng(2), slowShare })
+      for (const c of cands) serve(p, pool, c, req({ nowMs: 0, promptTokens: 1000 }), 100, 300) // itl ~22 ms
+      const m = p.model(cands[0]!.node)
+      serve(p, pool, cands[0]!, req({ nowMs: 1000, promptTokens: 100 }), lateMs, lateMs + 200)
+      return m.slowness(1000 + lateMs)
+    }
+    expect(run(2, 80)).toBeGreaterThan(6)
+    expect(run(2, 25)).toBe(1) // 2.5x its 10 ms, but 15 ms late: under one inter-token time
+    expect(run(0, 80)).toBe(1)
+  })
+
   test('a slow sample or a 429 prices a node down at once, and it recovers with time', () => {
     const { pool, cands } = fleet(2)
     const p = new PredictedTtft({ rng: rng(), recoveryMs: 10_000 })

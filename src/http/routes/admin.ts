@@ -42,6 +42,7 @@ function fleetView(svc: Services) {
       consecutive_failures: n.consecutiveFailures,
       ejections: n.ejections,
       prefill_tokens_per_sec: figure(f?.tokensPerSec),
+      slowness: figure(f?.slowness),
       queued_prompt_tokens: f?.queuedTokens ?? null,
       decoding: f?.decoding ?? null,
       itl_ms: figure(f?.itlMs),

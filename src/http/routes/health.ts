@@ -109,6 +109,11 @@ function metricsText(svc: Services): string {
     }
     gauge('tropa_node_prefill_tokens_per_second', 'Learned prefill rate (R) per node.', (f) => f.tokensPerSec)
     gauge(
+      'tropa_node_slowness',
+      "Factor on the node's predicted TTFT for a slowdown seen in short first tokens (1: none).",
+      (f) => f.slowness,
+    )
+    gauge(
       'tropa_node_queued_prompt_tokens',
       'Uncached prompt tokens sent and not yet answered (P).',
       (f) => f.queuedTokens,
