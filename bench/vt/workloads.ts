@@ -23,7 +23,18 @@ export interface TraceRequest {
   readonly thinkMs: number
 }
 
-export const WORKLOAD_NAMES = ['W1', 'W2', 'W3', 'W4', 'zipf', 'agentic', 'burst', 'stall', 'slow', 'slow-zipf'] as const
+export const WORKLOAD_NAMES = [
+  'W1',
+  'W2',
+  'W3',
+  'W4',
+  'zipf',
+  'agentic',
+  'burst',
+  'stall',
+  'slow',
+  'slow-zipf',
+] as const
 export type WorkloadName = (typeof WORKLOAD_NAMES)[number]
 
 export const WORKLOADS: Record<WorkloadName, string> = {
