@@ -352,7 +352,10 @@ async function runPolicy(name: string, bodies: string[], sc: Scenario): Promise<
     const setStall = (on: boolean) =>
       fetch(`${control}/stall/0?on=${on ? 1 : 0}${sc.stall?.factor ? `&factor=${sc.stall.factor}` : ''}`, {
         method: 'POST',
-      }).then((r) => r.text())
+      }).then(async (r) => {
+        // A fault that was not applied would make the run a plain one under a fault's name.
+        if (!r.ok) throw new Error(`the fleet's control refused the fault: ${r.status} ${await r.text()}`)
+      })
     const timers: ReturnType<typeof setTimeout>[] = []
     if (sc.stall) {
       const { atS, forS } = sc.stall

@@ -53,3 +53,43 @@ test(
   },
   { timeout: 60_000 },
 )
+
+/**
+ * The same with node 0 slowed down (`--slow 4`) rather than stalled: it answers all along, so
+ * every request is answered under every policy, and round-robin, which ignores speed, keeps
+ * sending it requests through the slowdown (the count of sends into the fault is taken).
+ */
+test(
+  'the HTTP routing benchmark runs with a slowed node',
+  async () => {
+    const { out, json: r } = await runBenchScript<{
+      stall: { atS: number; forS: number; factor?: number }
+      rows: { policy: string; sent: number; measured: number; errors: number; sentToStalled: number | null }[]
+    }>([
+      'bench/routing-http.ts',
+      '--seconds',
+      '8',
+      '--load',
+      '0.5',
+      '--fleet',
+      'identical',
+      '--slow',
+      '4',
+      '--stall-seconds',
+      '4',
+      '--policies',
+      'round-robin,tropa',
+    ])
+    expect(out).toContain('4x slower')
+    expect(r.stall).toEqual({ atS: 3.2, forS: 4, factor: 4 })
+    expect(r.rows.map((x) => x.policy)).toEqual(['round-robin', 'tropa'])
+    for (const row of r.rows) {
+      expect(row.errors).toBe(0)
+      expect(row.measured).toBeGreaterThan(0)
+      expect(row.sentToStalled).toBeGreaterThanOrEqual(0)
+    }
+    // 2 s of the fault past its first 2 s at about 7 requests a second, a quarter of them to node 0.
+    expect(r.rows[0]!.sentToStalled).toBeGreaterThan(0)
+  },
+  { timeout: 60_000 },
+)
