@@ -132,7 +132,8 @@ export interface PredictedTtftOptions {
    */
   readonly fleetSlowShare: number
   /**
-   * A first token too short to teach a rate (fewer queued tokens than `minRateSampleTokens`)
+   * A first token that teaches no rate (fewer queued tokens than `minRateSampleTokens`, or a wait
+   * mostly decode steps: `maxDecodeShare`)
    * that came this many times later than predicted (past the round trip), and at least one
    * inter-token time late, and this many times the fleet's median lateness, prices its node's
    * whole prediction up by that factor, recovering as a rate's dip does: a node slowed down
@@ -877,7 +878,7 @@ export class PredictedTtft implements RoutingPolicy {
   }
 
   /**
-   * A first token too short for a rate sample: how much later than predicted it came, times the
+   * A first token that teaches no rate (short, or a wait mostly decode steps): how much later than predicted it came, times the
    * slowness it was predicted with, is the node's slowness now when that is at least `slowShare`
    * and the fleet's first tokens are not as late (a burst); a node priced slow whose first
    * tokens come sooner is priced by them. A stall's silence pricing is not in the ratio.
