@@ -357,12 +357,22 @@ async function runPolicy(name: string, bodies: string[], sc: Scenario): Promise<
         if (!r.ok) throw new Error(`the fleet's control refused the fault: ${r.status} ${await r.text()}`)
       })
     const timers: ReturnType<typeof setTimeout>[] = []
+    let faultError: unknown
     if (sc.stall) {
       const { atS, forS } = sc.stall
       timers.push(
-        setTimeout(() => void setStall(true).then(() => (stalled.fromMs = performance.now())), atS * 1000),
         setTimeout(
-          () => void setStall(false).then(() => (stalled.toMs = performance.now())),
+          () =>
+            void setStall(true)
+              .then(() => (stalled.fromMs = performance.now()))
+              .catch((e: unknown) => (faultError ??= e)),
+          atS * 1000,
+        ),
+        setTimeout(
+          () =>
+            void setStall(false)
+              .then(() => (stalled.toMs = performance.now()))
+              .catch((e: unknown) => (faultError ??= e)),
           (atS + forS) * 1000,
         ),
       )
@@ -408,6 +418,7 @@ async function runPolicy(name: string, bodies: string[], sc: Scenario): Promise<
       },
     )
     for (const t of timers) clearTimeout(t)
+    if (faultError !== undefined) throw faultError
     const sorted = ttft.sort((a, b) => a - b)
     const q = (p: number) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))] ?? Number.NaN
     return {

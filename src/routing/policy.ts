@@ -64,6 +64,8 @@ export class Attempt {
   decodingAtStart = 0
   /** The node's slowness factor in its prediction when it started (`NodeModel.slowness`). */
   slownessAtStart = 1
+  /** The prediction without a stall's silence pricing, ms (what the node's speed says). */
+  predictedBaseTtftMs: number | undefined
   /**
    * The time its queue ahead took to prefill, ms (the first token's wait less the network and
    * the decode steps), kept from the first chunk until the end reports the cached tokens.

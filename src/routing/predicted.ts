@@ -141,6 +141,8 @@ export interface PredictedTtftOptions {
    * first token, not at the end of its streams. 0: off.
    */
   readonly slowShare: number
+  /** The most a slowness factor prices a node up (as a 429 prices it down, 8x). */
+  readonly maxSlowness: number
 }
 
 export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
@@ -169,6 +171,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   frozenMinMs: 1500,
   fleetSlowShare: 0.5,
   slowShare: 2,
+  maxSlowness: 8,
   slotWaitPolls: 2,
   holderCreditBlocks: 8,
 }
@@ -264,7 +267,7 @@ export class NodeModel {
 
   /**
    * What the prediction past the round trip is multiplied by: a slowdown seen in first tokens
-   * too short for a rate sample, recovering towards 1 as the rate's dips do.
+   * that teach no rate, recovering towards 1 as the rate's dips do.
    */
   slowness(nowMs: number): number {
     if (this.slowDip <= 1) return 1
@@ -272,7 +275,7 @@ export class NodeModel {
     return this.slowDip + (1 - this.slowDip) * w
   }
 
-  /** A short first token's lateness, as a slowness factor: it dips when higher, and resets when lower. */
+  /** A first token's lateness, as a slowness factor (`PredictedTtft.observeShort`): it applies from now. */
   observeSlowness(factor: number, nowMs: number): void {
     this.slowDip = Math.max(1, factor)
     this.slowAtMs = nowMs
@@ -294,10 +297,14 @@ export class NodeModel {
     if (sample < this.rate(nowMs)) this.dip(sample, dipAtMs)
   }
 
-  /** Prices the node down to `rate` now (recovering with time). */
+  /**
+   * Prices the node down to `rate` now (recovering with time). A slowness seen before is
+   * dropped: the dip is the newer measure of the same node, and both would price it twice.
+   */
   dip(rate: number, nowMs: number): void {
     this.dipRate = rate
     this.dipAtMs = nowMs
+    this.slowDip = 1
   }
 
   /** The network floor: a minimum over 30 s windows, kept from the last full window. */
@@ -338,6 +345,8 @@ export class PredictedTtft implements RoutingPolicy {
   private metricsOn = false
   /** Recent first tokens' rate samples over their node's rate, all nodes. */
   private readonly fleetRatios = new RatioQuantile(32, 1)
+  /** Recent slowness factors of first tokens that teach no rate, all nodes (`observeShort`). */
+  private readonly fleetSlowness = new RatioQuantile(32, 1)
   /** The prediction on the runner-up node of the last choice, for its attempt's hedge time. */
   private lastChoice: { req: RouteRequest; alternativeMs: number | undefined } | undefined
 
@@ -363,14 +372,24 @@ export class PredictedTtft implements RoutingPolicy {
 
   /**
    * Predicted TTFT on a node for `n` prompt tokens of which `cached` are likely cached, ms. With
-   * `credit`, the queue is taken as prefilling at the node's rate since `queueSinceMs`.
+   * `credit`, the queue is taken as prefilling at the node's rate since `queueSinceMs`. `parts`
+   * receives the prediction without a stall's silence pricing.
    */
-  predict(m: NodeModel, n: number, cached: number, nowMs: number, credit = false): number {
+  predict(
+    m: NodeModel,
+    n: number,
+    cached: number,
+    nowMs: number,
+    credit = false,
+    parts?: { baseMs: number },
+  ): number {
+    const slow = m.slowness(nowMs)
     const queued =
       credit && m.queuedTokens > 0
         ? Math.max(
             0,
-            m.queuedTokens - (Math.max(0, nowMs - m.queueSinceMs - m.rttMs / 2) * m.rate(nowMs)) / 1000,
+            m.queuedTokens -
+              (Math.max(0, nowMs - m.queueSinceMs - m.rttMs / 2) * m.rate(nowMs)) / slow / 1000,
           )
         : m.queuedTokens
     const lines = m.node.batchStarts.length > 0 ? this.batchPrefillLeft(m, nowMs) : 0
@@ -394,15 +413,15 @@ export class PredictedTtft implements RoutingPolicy {
     const queueMs = ((queued + lines) * 1000) / rate
     let t =
       m.rttMs +
-      m.slowness(nowMs) *
-        (slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs))
+      slow * (slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs))
+    if (parts) parts.baseMs = t
     // Silent for longer than the head of its queue could take (3x an average queued request's
     // prefill): stalled (hung, or a partition holding the connection). Its prediction grows by
     // 8x the silence so far, until it answers.
     if (m.waiting > 0 || this.suspect(m, nowMs)) {
       const silentMs = nowMs - m.lastProgressMs
       // A node given up on without a first token (suspect) is priced by its silence at once.
-      const graceMs = this.suspect(m, nowMs) ? 0 : this.stallAfterMs(m, queueMs)
+      const graceMs = this.suspect(m, nowMs) ? 0 : this.stallAfterMs(m, slow * queueMs)
       if (silentMs > graceMs) t += 8 * silentMs
     }
     return t
@@ -595,7 +614,9 @@ export class PredictedTtft implements RoutingPolicy {
     const blocks = req.prefix.length > 0 ? m.index.match(req.prefix) : 0
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     a.predictedCachedTokens = cached
-    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs)
+    const parts = { baseMs: 0 }
+    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs, false, parts)
+    a.predictedBaseTtftMs = parts.baseMs
     a.slownessAtStart = m.slowness(a.startedAtMs)
     if (this.lastChoice?.req === req) a.alternativeTtftMs = this.lastChoice.alternativeMs
     this.lastChoice = undefined
@@ -878,19 +899,26 @@ export class PredictedTtft implements RoutingPolicy {
   }
 
   /**
-   * A first token that teaches no rate (short, or a wait mostly decode steps): how much later than predicted it came, times the
-   * slowness it was predicted with, is the node's slowness now when that is at least `slowShare`
-   * and the fleet's first tokens are not as late (a burst); a node priced slow whose first
-   * tokens come sooner is priced by them. A stall's silence pricing is not in the ratio.
+   * A first token that teaches no rate (short, or a wait mostly decode steps): how much later it
+   * came than the node's speed alone predicted (past the round trip; the prediction without the
+   * slowness it was made with and without a stall's silence pricing), up to `maxSlowness`, is the
+   * node's slowness from now when that is at least `slowShare`, the token at least an inter-token
+   * time late, and the factor at least `slowShare` times the fleet's recent median (a burst makes
+   * every node late); a node priced slow whose first token is less late is priced by it.
    */
   private observeShort(m: NodeModel, a: Attempt, ttftMs: number, nowMs: number): void {
-    const predicted = a.predictedTtftMs
-    if (predicted === undefined || !(predicted > m.rttMs)) return
-    const factor = (a.slownessAtStart * (ttftMs - m.rttMs)) / (predicted - m.rttMs)
+    const base = a.predictedBaseTtftMs
+    if (base === undefined || !(base > m.rttMs)) return
+    const speedMs = (base - m.rttMs) / a.slownessAtStart
+    const factor = Math.min(this.opts.maxSlowness, (ttftMs - m.rttMs) / Math.max(speedMs, m.itlMs))
+    this.fleetSlowness.add(factor)
     const now = m.slowness(nowMs)
     if (factor >= this.opts.slowShare && factor > now) {
-      const fleet = this.ratio.count >= 20 ? this.ratio.quantile(0.5) : 1
-      if (ttftMs - predicted >= m.itlMs && factor >= this.opts.slowShare * fleet)
+      if (this.fleetSlowness.count < 8) return
+      if (
+        ttftMs - m.rttMs - speedMs >= m.itlMs &&
+        factor >= this.opts.slowShare * this.fleetSlowness.quantile(0.5)
+      )
         m.observeSlowness(factor, nowMs)
     } else if (now > 1 && factor < now) m.observeSlowness(factor, nowMs)
   }

@@ -398,9 +398,10 @@ describe('PredictedTtft', () => {
       expect(c).not.toBe(slow)
       serve(p, pool, c, r, 10)
     }
-    // Still slow: a first token as late as the raised prediction keeps the node priced up.
+    // Still slow: a first token as late again sets it afresh (its lateness is measured against
+    // the node's speed, not the raised prediction).
     serve(p, pool, slow, req({ nowMs: now, promptTokens: 100 }), 80)
-    expect(m.slowness(now + 100)).toBeGreaterThan(6)
+    expect(m.slowness(now + 80)).toBeGreaterThan(7.9)
     // It recovers with time, and at once when a first token comes on time.
     expect(m.slowness(now + 30_000)).toBeLessThan(1.5)
     now += 200
@@ -408,18 +409,52 @@ describe('PredictedTtft', () => {
     expect(m.slowness(now + 10)).toBeLessThan(1.3)
   })
 
-  test('a short first token late by less than an inter-token time prices nothing up; nor with slowShare 0', () => {
+  test('a short first token prices its node up by its lateness over its speed or an inter-token time, at most 8x; not when under one inter-token time late, nor with slowShare 0', () => {
     const run = (slowShare: number, lateMs: number) => {
       const { pool, cands } = fleet(2)
       const p = new PredictedTtft({ rng: rng(2), slowShare })
       for (const c of cands) serve(p, pool, c, req({ nowMs: 0, promptTokens: 1000 }), 100, 300) // itl ~22 ms
+      // The fleet's short first tokens on time (10 ms for 100 tokens at 10k tokens/s).
+      for (let i = 0; i < 10; i++)
+        serve(p, pool, cands[i % 2]!, req({ nowMs: 500 + i * 10, promptTokens: 100 }), 10, 210)
       const m = p.model(cands[0]!.node)
+      expect(m.itlMs).toBeGreaterThan(20)
       serve(p, pool, cands[0]!, req({ nowMs: 1000, promptTokens: 100 }), lateMs, lateMs + 200)
       return m.slowness(1000 + lateMs)
     }
-    expect(run(2, 80)).toBeGreaterThan(6)
-    expect(run(2, 25)).toBe(1) // 2.5x its 10 ms, but 15 ms late: under one inter-token time
+    // 80 ms against 10 predicted: the factor is over the inter-token time (22 ms), not the 10 ms.
+    expect(run(2, 80)).toBeGreaterThan(3)
+    expect(run(2, 80)).toBeLessThan(4)
+    expect(run(2, 2000)).toBeCloseTo(8, 1) // capped
+    expect(run(2, 25)).toBe(1) // 15 ms late: under one inter-token time
     expect(run(0, 80)).toBe(1)
+  })
+
+  test('first tokens late on every node at once (a burst, a fleet slower than learned) price no node up', () => {
+    const { pool, cands } = fleet(4)
+    const p = new PredictedTtft({ rng: rng(2) })
+    for (const c of cands) serve(p, pool, c, req({ nowMs: 0, promptTokens: 1000 }), 100) // 10k tok/s
+    for (let i = 0; i < 40; i++)
+      serve(p, pool, cands[i % 4]!, req({ nowMs: 1000 + i * 50, promptTokens: 100 }), 30)
+    for (const c of cands) expect(p.model(c.node).slowness(3000)).toBe(1)
+    // One node alone three times later than the rest is priced up.
+    serve(p, pool, cands[0]!, req({ nowMs: 3000, promptTokens: 100 }), 90)
+    expect(p.model(cands[0]!.node).slowness(3090)).toBeGreaterThan(7.9)
+  })
+
+  test('a rate dip drops the slowness, so a slowed node is not priced twice', () => {
+    const { pool, cands } = fleet(2)
+    const p = new PredictedTtft({ rng: rng(2) })
+    for (const c of cands) serve(p, pool, c, req({ nowMs: 0, promptTokens: 1000 }), 100)
+    for (let i = 0; i < 10; i++)
+      serve(p, pool, cands[i % 2]!, req({ nowMs: 500 + i * 10, promptTokens: 100 }), 10, 210)
+    const m = p.model(cands[0]!.node)
+    serve(p, pool, cands[0]!, req({ nowMs: 1000, promptTokens: 100 }), 100)
+    expect(m.slowness(1100)).toBeGreaterThan(3)
+    // A long prompt's first token at a quarter of the rate: the rate dips, the slowness goes.
+    serve(p, pool, cands[0]!, req({ nowMs: 1200, promptTokens: 1000 }), 400)
+    expect(m.rate(1600)).toBeLessThan(3_000)
+    expect(m.slowness(1600)).toBe(1)
   })
 
   test('a slow sample or a 429 prices a node down at once, and it recovers with time', () => {
