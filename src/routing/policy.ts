@@ -62,10 +62,11 @@ export class Attempt {
   queueAheadTokens = 0
   /** Requests decoding on the node when it started. */
   decodingAtStart = 0
-  /** The node's slowness factor in its prediction when it started (`NodeModel.slowness`). */
-  slownessAtStart = 1
-  /** The prediction without a stall's silence pricing, ms (what the node's speed says). */
-  predictedBaseTtftMs: number | undefined
+  /**
+   * What the node's speed alone predicted past the round trip, ms: the prediction without its
+   * slowness factor and a stall's silence pricing (`PredictedTtft.observeShort` compares with it).
+   */
+  predictedSpeedMs: number | undefined
   /**
    * The time its queue ahead took to prefill, ms (the first token's wait less the network and
    * the decode steps), kept from the first chunk until the end reports the cached tokens.

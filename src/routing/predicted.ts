@@ -133,9 +133,9 @@ export interface PredictedTtftOptions {
   readonly fleetSlowShare: number
   /**
    * A first token that teaches no rate (fewer queued tokens than `minRateSampleTokens`, or a wait
-   * mostly decode steps: `maxDecodeShare`)
-   * that came this many times later than predicted (past the round trip), and at least one
-   * inter-token time late, and this many times the fleet's median lateness, prices its node's
+   * mostly decode steps: `maxDecodeShare`) that came this many times later than the node's speed
+   * predicted (past the round trip), at least one inter-token time late, and this many times the
+   * fleet's recent median such factor, prices its node's
    * whole prediction up by that factor, recovering as a rate's dip does: a node slowed down
    * under short uncached suffixes (a cached system prompt, a chat turn) shows it at its next
    * first token, not at the end of its streams. 0: off.
@@ -261,8 +261,13 @@ export class NodeModel {
    */
   rate(nowMs: number): number {
     if (this.dipRate >= this.baseRate) return this.baseRate
-    const w = 1 - Math.exp(-Math.max(0, nowMs - this.dipAtMs) / this.recoveryMs)
-    return this.dipRate + (this.baseRate - this.dipRate) * w
+    return this.recovered(this.dipRate, this.baseRate, this.dipAtMs, nowMs)
+  }
+
+  /** A value moved from `to` to `from` at `atMs`, on its way back: about `recoveryMs` to return. */
+  private recovered(from: number, to: number, atMs: number, nowMs: number): number {
+    const w = 1 - Math.exp(-Math.max(0, nowMs - atMs) / this.recoveryMs)
+    return from + (to - from) * w
   }
 
   /**
@@ -271,8 +276,7 @@ export class NodeModel {
    */
   slowness(nowMs: number): number {
     if (this.slowDip <= 1) return 1
-    const w = 1 - Math.exp(-Math.max(0, nowMs - this.slowAtMs) / this.recoveryMs)
-    return this.slowDip + (1 - this.slowDip) * w
+    return this.recovered(this.slowDip, 1, this.slowAtMs, nowMs)
   }
 
   /** A first token's lateness, as a slowness factor (`PredictedTtft.observeShort`): it applies from now. */
@@ -372,8 +376,8 @@ export class PredictedTtft implements RoutingPolicy {
 
   /**
    * Predicted TTFT on a node for `n` prompt tokens of which `cached` are likely cached, ms. With
-   * `credit`, the queue is taken as prefilling at the node's rate since `queueSinceMs`. `parts`
-   * receives the prediction without a stall's silence pricing.
+   * `credit`, the queue is taken as prefilling at the node's rate since `queueSinceMs`. `speed`
+   * receives what the node's speed alone predicts past the round trip (no slowness, no silence).
    */
   predict(
     m: NodeModel,
@@ -381,7 +385,7 @@ export class PredictedTtft implements RoutingPolicy {
     cached: number,
     nowMs: number,
     credit = false,
-    parts?: { baseMs: number },
+    speed?: { ms: number },
   ): number {
     const slow = m.slowness(nowMs)
     const queued =
@@ -411,10 +415,9 @@ export class PredictedTtft implements RoutingPolicy {
     const uncached = Math.max(1, n - m.hitRatio * cached)
     const rate = m.rate(nowMs)
     const queueMs = ((queued + lines) * 1000) / rate
-    let t =
-      m.rttMs +
-      slow * (slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs))
-    if (parts) parts.baseMs = t
+    const speedMs = slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs)
+    if (speed) speed.ms = speedMs
+    let t = m.rttMs + slow * speedMs
     // Silent for longer than the head of its queue could take (3x an average queued request's
     // prefill): stalled (hung, or a partition holding the connection). Its prediction grows by
     // 8x the silence so far, until it answers.
@@ -614,10 +617,9 @@ export class PredictedTtft implements RoutingPolicy {
     const blocks = req.prefix.length > 0 ? m.index.match(req.prefix) : 0
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     a.predictedCachedTokens = cached
-    const parts = { baseMs: 0 }
-    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs, false, parts)
-    a.predictedBaseTtftMs = parts.baseMs
-    a.slownessAtStart = m.slowness(a.startedAtMs)
+    const speed = { ms: 0 }
+    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs, false, speed)
+    a.predictedSpeedMs = speed.ms
     if (this.lastChoice?.req === req) a.alternativeTtftMs = this.lastChoice.alternativeMs
     this.lastChoice = undefined
     a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
@@ -907,9 +909,8 @@ export class PredictedTtft implements RoutingPolicy {
    * every node late); a node priced slow whose first token is less late is priced by it.
    */
   private observeShort(m: NodeModel, a: Attempt, ttftMs: number, nowMs: number): void {
-    const base = a.predictedBaseTtftMs
-    if (base === undefined || !(base > m.rttMs)) return
-    const speedMs = (base - m.rttMs) / a.slownessAtStart
+    const speedMs = a.predictedSpeedMs
+    if (speedMs === undefined || !(speedMs > 0)) return
     const factor = Math.min(this.opts.maxSlowness, (ttftMs - m.rttMs) / Math.max(speedMs, m.itlMs))
     this.fleetSlowness.add(factor)
     const now = m.slowness(nowMs)

@@ -110,7 +110,7 @@ function metricsText(svc: Services): string {
     gauge('tropa_node_prefill_tokens_per_second', 'Learned prefill rate (R) per node.', (f) => f.tokensPerSec)
     gauge(
       'tropa_node_slowness',
-      "Factor on the node's predicted TTFT for a slowdown seen in short first tokens (1: none).",
+      "Factor on the node's predicted TTFT for a slowdown seen in first tokens that teach no rate (1: none).",
       (f) => f.slowness,
     )
     gauge(
