@@ -351,6 +351,8 @@ export class PredictedTtft implements RoutingPolicy {
   private readonly fleetRatios = new RatioQuantile(32, 1)
   /** Recent slowness factors of first tokens that teach no rate, all nodes (`observeShort`). */
   private readonly fleetSlowness = new RatioQuantile(32, 1)
+  /** The last `predict`'s speed term, ms (see there). */
+  private lastSpeedMs = 0
   /** The prediction on the runner-up node of the last choice, for its attempt's hedge time. */
   private lastChoice: { req: RouteRequest; alternativeMs: number | undefined } | undefined
 
@@ -376,17 +378,11 @@ export class PredictedTtft implements RoutingPolicy {
 
   /**
    * Predicted TTFT on a node for `n` prompt tokens of which `cached` are likely cached, ms. With
-   * `credit`, the queue is taken as prefilling at the node's rate since `queueSinceMs`. `speed`
-   * receives what the node's speed alone predicts past the round trip (no slowness, no silence).
+   * `credit`, the queue is taken as prefilling at the node's rate since `queueSinceMs`. What the
+   * node's speed alone predicts past the round trip (no slowness, no silence) is left in
+   * `lastSpeedMs` (read by `started`; a field, not an object per dispatch).
    */
-  predict(
-    m: NodeModel,
-    n: number,
-    cached: number,
-    nowMs: number,
-    credit = false,
-    speed?: { ms: number },
-  ): number {
+  predict(m: NodeModel, n: number, cached: number, nowMs: number, credit = false): number {
     const slow = m.slowness(nowMs)
     const queued =
       credit && m.queuedTokens > 0
@@ -416,7 +412,7 @@ export class PredictedTtft implements RoutingPolicy {
     const rate = m.rate(nowMs)
     const queueMs = ((queued + lines) * 1000) / rate
     const speedMs = slotWaitMs + queueMs + (uncached * 1000) / rate + this.decodeStepsMs(m.decoding, m.itlMs)
-    if (speed) speed.ms = speedMs
+    this.lastSpeedMs = speedMs
     let t = m.rttMs + slow * speedMs
     // Silent for longer than the head of its queue could take (3x an average queued request's
     // prefill): stalled (hung, or a partition holding the connection). Its prediction grows by
@@ -459,6 +455,10 @@ export class PredictedTtft implements RoutingPolicy {
   }
 
   choose(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
+    if (this.modelCandidates.get(req.modelId) !== candidates) {
+      if (this.modelCandidates.size >= 4_096) this.modelCandidates.clear()
+      this.modelCandidates.set(req.modelId, candidates)
+    }
     const pool: Candidate[] = []
     const matched: number[] = []
     let bestMatch = 0
@@ -617,9 +617,8 @@ export class PredictedTtft implements RoutingPolicy {
     const blocks = req.prefix.length > 0 ? m.index.match(req.prefix) : 0
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     a.predictedCachedTokens = cached
-    const speed = { ms: 0 }
-    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs, false, speed)
-    a.predictedSpeedMs = speed.ms
+    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs, false)
+    a.predictedSpeedMs = this.lastSpeedMs
     if (this.lastChoice?.req === req) a.alternativeTtftMs = this.lastChoice.alternativeMs
     this.lastChoice = undefined
     a.queuedTokens = Math.max(1, req.promptTokens - m.hitRatio * cached)
@@ -911,17 +910,44 @@ export class PredictedTtft implements RoutingPolicy {
   private observeShort(m: NodeModel, a: Attempt, ttftMs: number, nowMs: number): void {
     const speedMs = a.predictedSpeedMs
     if (speedMs === undefined || !(speedMs > 0)) return
-    const factor = Math.min(this.opts.maxSlowness, (ttftMs - m.rttMs) / Math.max(speedMs, m.itlMs))
+    // A first token comes no sooner than one engine step: the node's own, but no longer than the
+    // step its model's nodes take (their lower median), since a slowed node's steps are slow too:
+    // learnt from its first streams, its own would hide the slowdown it shows.
+    const stepMs = Math.min(m.itlMs, this.modelItlMs(a.req.modelId, nowMs) ?? m.itlMs)
+    const factor = Math.min(this.opts.maxSlowness, (ttftMs - m.rttMs) / Math.max(speedMs, stepMs))
     this.fleetSlowness.add(factor)
     const now = m.slowness(nowMs)
     if (factor >= this.opts.slowShare && factor > now) {
       if (this.fleetSlowness.count < 8) return
       if (
-        ttftMs - m.rttMs - speedMs >= m.itlMs &&
+        ttftMs - m.rttMs - speedMs >= stepMs &&
         factor >= this.opts.slowShare * this.fleetSlowness.quantile(0.5)
       )
         m.observeSlowness(factor, nowMs)
     } else if (now > 1 && factor < now) m.observeSlowness(factor, nowMs)
+  }
+
+  /** Each model's nodes as last routed to (`choose`), for `modelItlMs`. */
+  private readonly modelCandidates = new Map<string, readonly Candidate[]>()
+  private readonly modelItls = new Map<string, { atMs: number; ms: number | undefined }>()
+
+  /**
+   * The lower median of the learnt inter-token times of a model's nodes (two at least, learnt
+   * from their streams), computed at most once a second.
+   */
+  private modelItlMs(modelId: string, nowMs: number): number | undefined {
+    const kept = this.modelItls.get(modelId)
+    if (kept !== undefined && nowMs >= kept.atMs && nowMs - kept.atMs < 1_000) return kept.ms
+    const itls: number[] = []
+    for (const c of this.modelCandidates.get(modelId) ?? []) {
+      const o = this.models.get(c.node)
+      if (o?.itlSampled) itls.push(o.itlMs)
+    }
+    itls.sort((x, y) => x - y)
+    const ms = itls.length >= 2 ? itls[(itls.length - 1) >> 1] : undefined
+    this.modelItls.set(modelId, { atMs: nowMs, ms })
+    if (this.modelItls.size > 4_096) this.modelItls.delete(this.modelItls.keys().next().value!)
+    return ms
   }
 
   private dequeue(m: NodeModel, a: Attempt): void {

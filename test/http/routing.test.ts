@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, test } from 'bun:test'
 import type { PredictedTtft } from '../../src/routing/predicted.ts'
 import type { SimNode } from '../../src/simulator/index.ts'
-import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
+import { ADMIN_TOKEN, CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
 
 let t: Tropa | undefined
 afterEach(async () => {
@@ -189,5 +189,64 @@ describe('routing over real HTTP', () => {
     expect(text).toMatch(/^tropa_node_slowness\{node="sim-2"\} 1$/m)
     expect(text).toMatch(/tropa_hedges_total \d/)
     expect((t.svc.deps.policy as PredictedTtft).snapshot(Date.now()).length).toBe(2)
+  })
+
+  test('a node slowed down is found from short first tokens and priced up; /metrics and /v1/admin/fleet show its factor', async () => {
+    // Short prompts (about 200 tokens: under the 512 a prefill rate is learnt from, over the 64
+    // whose first token measures the round trip): only the first tokens' lateness shows the
+    // slowdown (routing/predicted.ts `observeShort`).
+    t = await startTropa({
+      nodes: [1, 2, 3, 4].map((i) => ({
+        name: `sim-${i}`,
+        seed: i,
+        itlMs: 20,
+        iterationOverheadMs: 1,
+        ...(i === 2 && { faults: { slowdownFactor: 4 } }),
+      })),
+      // No hedges: each request's first token is its node's own.
+      models: (nodes) =>
+        modelsWith([1, 1, 1, 1])(nodes).map((m) => ({
+          ...m,
+          routes: m.routes.map((r) => ({ ...r, hedge: false })),
+        })),
+    })
+    const send = async (i: number) => {
+      const res = await t!.fetch('/v1/chat/completions', {
+        method: 'POST',
+        body: JSON.stringify({
+          model: 'test/chat',
+          max_tokens: 4,
+          stream: true,
+          messages: [
+            { role: 'user', content: `question ${i} of a slowed fleet: ${'many words '.repeat(90)}` },
+          ],
+        }),
+      })
+      expect(res.status).toBe(200)
+      expect(await res.text()).toContain('data: [DONE]')
+      return { node: nodeOf(res) }
+    }
+    const round = async (from: number, n: number, together: number) => {
+      const nodes: (string | null)[] = []
+      for (let i = from; i < from + n; i += together)
+        nodes.push(
+          ...(await Promise.all(Array.from({ length: together }, (_, k) => send(i + k)))).map((r) => r.node),
+        )
+      return nodes
+    }
+    const first = await round(0, 32, 4)
+    expect(first.filter((n) => n === 'sim-2').length).toBeGreaterThan(0)
+    const text = await (await fetch(`${t.url}/metrics`)).text()
+    const factor = Number(/^tropa_node_slowness\{node="sim-2"\} (\S+)$/m.exec(text)?.[1])
+    expect(factor).toBeGreaterThanOrEqual(2)
+    for (const other of ['sim-1', 'sim-3', 'sim-4'])
+      expect(text).toMatch(new RegExp(`^tropa_node_slowness\\{node="${other}"\\} 1$`, 'm'))
+    const fleet = (await (
+      await fetch(`${t.url}/v1/admin/fleet`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
+    ).json()) as { data: { node: string; slowness: number | null }[] }
+    expect(fleet.data.find((n) => n.node === 'sim-2')?.slowness).toBeGreaterThanOrEqual(2)
+    // Priced up: two at a time, the next requests go to the other three nodes.
+    const next = await round(100, 24, 2)
+    expect(next.filter((n) => n === 'sim-2').length).toBeLessThanOrEqual(1)
   })
 })
