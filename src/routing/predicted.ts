@@ -143,6 +143,13 @@ export interface PredictedTtftOptions {
   readonly slowShare: number
   /** The most a slowness factor prices a node up (as a 429 prices it down, 8x). */
   readonly maxSlowness: number
+  /**
+   * A slow rate sample whose first token came longer ago than this (a long answer's end) dips
+   * its node from that first token, recovering since, even when the node was slow alone: a
+   * burst's slot-bound first token reported at the end of its answer seconds later priced its
+   * node out at the start of the next burst.
+   */
+  readonly staleSampleMs: number
 }
 
 export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
@@ -172,6 +179,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   fleetSlowShare: 0.5,
   slowShare: 2,
   maxSlowness: 8,
+  staleSampleMs: 2_000,
   slotWaitPolls: 2,
   holderCreditBlocks: 8,
 }
@@ -890,7 +898,8 @@ export class PredictedTtft implements RoutingPolicy {
     const fleet = this.fleetRatios.count >= 8 ? this.fleetRatios.quantile(0.5) : Number.POSITIVE_INFINITY
     const alone = sample / m.baseRate < this.opts.fleetSlowShare * fleet
     const first = !m.measured
-    m.observeRate(sample, nowMs, alone ? nowMs : (a.firstAtMs ?? nowMs))
+    const firstMs = a.firstAtMs ?? nowMs
+    m.observeRate(sample, nowMs, alone && nowMs - firstMs <= this.opts.staleSampleMs ? nowMs : firstMs)
     // Its twins not measured yet take its rate now (applyTwin), not at their next /metrics.
     if (first && m.measured && m.cacheBlocks !== undefined) {
       this.twinMeans.delete(m.cacheBlocks)

@@ -109,10 +109,10 @@ describe('PredictedTtft', () => {
     expect(p.choose(cands, req({ nowMs: 41_000, prefix, promptTokens: 1500 }))).toBe(home)
   })
 
-  test('a low rate at a request end dips the node from then only when it is slow next to the fleet', () => {
-    // Four nodes measured at 8k tokens/s; then a burst: every node's first tokens come at a
-    // quarter of that (slots full), and the requests end 10 s later.
-    const run = (slowAlone: boolean) => {
+  test('a low rate at a request end dips the node from then only when it is slow next to the fleet and its first token recent', () => {
+    // Four nodes measured at 8k tokens/s; then first tokens at a quarter of that (slots full),
+    // on every node (a burst) or on one alone, the requests ending at `endMs`.
+    const run = (slowAlone: boolean, endMs: number) => {
       const { pool, cands } = fleet(4)
       const p = new PredictedTtft({ rng: rng(), recoveryMs: 10_000 })
       for (const c of cands) serve(p, pool, c, req({ nowMs: 0, promptTokens: 2000 }), 250)
@@ -129,16 +129,19 @@ describe('PredictedTtft', () => {
           open.push(a)
         }
       for (const a of open) {
-        pool.end(a.candidate.node, true, 12_000)
-        p.ended(a, 12_000, 'ok', 0, 200)
+        pool.end(a.candidate.node, true, endMs)
+        p.ended(a, endMs, 'ok', 0, 200)
       }
-      return p.model(cands[0]!.node).rate(12_000)
+      return p.model(cands[0]!.node).rate(endMs)
     }
     // The whole fleet was slow (load, now gone): the dip dates from the first tokens, 10 s
     // back, and has mostly recovered.
-    expect(run(false)).toBeGreaterThan(4_000)
-    // Only this node was slow: it is priced down from the end.
-    expect(run(true)).toBeLessThan(2_500)
+    expect(run(false, 12_000)).toBeGreaterThan(4_000)
+    // Only this node was slow, a second ago: it is priced down from the end.
+    expect(run(true, 3_000)).toBeLessThan(2_500)
+    // Only this node was slow, but 10 s ago (a long answer's end reports a first token that
+    // waited for a slot in a burst): dated from that first token too, not priced out anew.
+    expect(run(true, 12_000)).toBeGreaterThan(4_000)
   })
 
   test('a hung node with only streams decoding there (its /metrics frozen) is priced out, and back when they move', () => {
