@@ -14,6 +14,7 @@
  * 10), then carries on; the table counts the requests the policy sent it more than 2 s into the
  * stall (first attempts and hedges). `--slow F` instead: node 0 runs F times slower over that
  * window (the simulator's `slowdownFactor`: every step, prefill and decode), answering all along.
+ * `--fault-at S`: the fault starts S seconds into the run instead (0: before its first request).
  *
  * The peers are bench/vt/policies.ts's, with bench/vt/README.md's citations for every default.
  * In the real request path they see what the router sees: Tropa's 256-character prefix blocks
@@ -358,16 +359,24 @@ async function runPolicy(name: string, bodies: string[], sc: Scenario): Promise<
       })
     const timers: ReturnType<typeof setTimeout>[] = []
     let faultError: unknown
+    if (sc.stall?.atS === 0) {
+      // From the start: the node is slow (or stalled) before the policy's first request.
+      await setStall(true)
+      stalled.fromMs = performance.now()
+    }
     if (sc.stall) {
       const { atS, forS } = sc.stall
+      if (atS > 0)
+        timers.push(
+          setTimeout(
+            () =>
+              void setStall(true)
+                .then(() => (stalled.fromMs = performance.now()))
+                .catch((e: unknown) => (faultError ??= e)),
+            atS * 1000,
+          ),
+        )
       timers.push(
-        setTimeout(
-          () =>
-            void setStall(true)
-              .then(() => (stalled.fromMs = performance.now()))
-              .catch((e: unknown) => (faultError ??= e)),
-          atS * 1000,
-        ),
         setTimeout(
           () =>
             void setStall(false)
@@ -451,6 +460,7 @@ async function main() {
       fleet: { type: 'string' },
       stall: { type: 'boolean' },
       'stall-seconds': { type: 'string' },
+      'fault-at': { type: 'string' },
       slow: { type: 'string' },
       seconds: { type: 'string' },
       load: { type: 'string' },
@@ -477,7 +487,7 @@ async function main() {
   const stall =
     values.stall || factor !== undefined
       ? {
-          atS: seconds * 0.4,
+          atS: values['fault-at'] === undefined ? seconds * 0.4 : Number(values['fault-at']),
           forS: Number(values['stall-seconds'] ?? 10),
           ...(factor !== undefined && { factor }),
         }
