@@ -359,32 +359,20 @@ async function runPolicy(name: string, bodies: string[], sc: Scenario): Promise<
       })
     const timers: ReturnType<typeof setTimeout>[] = []
     let faultError: unknown
-    if (sc.stall?.atS === 0) {
-      // From the start: the node is slow (or stalled) before the policy's first request.
-      await setStall(true)
-      stalled.fromMs = performance.now()
-    }
+    // The fault goes on at `atS` (before the first request when 0) and off `forS` later; each
+    // switch's time is what "sent after 2 s of its fault" counts from.
+    const toggle = (on: boolean) =>
+      setStall(on).then(() => {
+        if (on) stalled.fromMs = performance.now()
+        else stalled.toMs = performance.now()
+      })
+    const at = (on: boolean, s: number) =>
+      timers.push(setTimeout(() => void toggle(on).catch((e: unknown) => (faultError ??= e)), s * 1000))
     if (sc.stall) {
       const { atS, forS } = sc.stall
-      if (atS > 0)
-        timers.push(
-          setTimeout(
-            () =>
-              void setStall(true)
-                .then(() => (stalled.fromMs = performance.now()))
-                .catch((e: unknown) => (faultError ??= e)),
-            atS * 1000,
-          ),
-        )
-      timers.push(
-        setTimeout(
-          () =>
-            void setStall(false)
-              .then(() => (stalled.toMs = performance.now()))
-              .catch((e: unknown) => (faultError ??= e)),
-          (atS + forS) * 1000,
-        ),
-      )
+      if (atS === 0) await toggle(true)
+      else at(true, atS)
+      at(false, atS + forS)
     }
     const started = performance.now()
     const sched = await openLoop(

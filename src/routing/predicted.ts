@@ -343,15 +343,33 @@ export class NodeModel {
  * onto one node. A session's previous node wins near-ties.
  */
 
+/** Values computed at most once a second per key (aggregates over the fleet), at most 4,096 keys. */
+class SecondCache<K, V> {
+  private readonly kept = new Map<K, { atMs: number; value: V }>()
+
+  get(key: K, nowMs: number, compute: () => V): V {
+    const k = this.kept.get(key)
+    if (k !== undefined && nowMs >= k.atMs && nowMs - k.atMs < 1_000) return k.value
+    const value = compute()
+    this.kept.set(key, { atMs: nowMs, value })
+    if (this.kept.size > 4_096) this.kept.delete(this.kept.keys().next().value!)
+    return value
+  }
+
+  delete(key: K): void {
+    this.kept.delete(key)
+  }
+}
+
 export class PredictedTtft implements RoutingPolicy {
   readonly name: string
   private readonly opts: PredictedTtftOptions
   private readonly models = new Map<NodeState, NodeModel>()
   private readonly sessions = new Map<string, NodeState>()
-  /** Per KV-cache size: its measured nodes' mean rate and ITL, and when that was computed (`twinMean`). */
-  private readonly twinMeans = new Map<
+  /** Per KV-cache size: its measured nodes' mean rate and ITL (`twinMean`). */
+  private readonly twinMeans = new SecondCache<
     number,
-    { atMs: number; mean: { rate: number; itlMs: number | undefined } | undefined }
+    { rate: number; itlMs: number | undefined } | undefined
   >()
   private readonly ratio = new RatioQuantile()
   private metricsOn = false
@@ -625,7 +643,7 @@ export class PredictedTtft implements RoutingPolicy {
     const blocks = req.prefix.length > 0 ? m.index.match(req.prefix) : 0
     const cached = Math.min(blocks * req.blockTokens, Math.max(0, req.promptTokens - 1))
     a.predictedCachedTokens = cached
-    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs, false)
+    a.predictedTtftMs = this.predict(m, req.promptTokens, cached, a.startedAtMs)
     a.predictedSpeedMs = this.lastSpeedMs
     if (this.lastChoice?.req === req) a.alternativeTtftMs = this.lastChoice.alternativeMs
     this.lastChoice = undefined
@@ -813,25 +831,22 @@ export class PredictedTtft implements RoutingPolicy {
 
   /** The measured nodes of a cache size, their mean rate and ITL; computed at most once a second. */
   private twinMean(blocks: number, nowMs: number): { rate: number; itlMs: number | undefined } | undefined {
-    const kept = this.twinMeans.get(blocks)
-    if (kept !== undefined && nowMs >= kept.atMs && nowMs - kept.atMs < 1_000) return kept.mean
-    let rate = 0
-    let n = 0
-    let itl = 0
-    let itls = 0
-    for (const o of this.models.values()) {
-      if (!o.measured || o.cacheBlocks !== blocks) continue
-      rate += o.baseRate
-      n++
-      if (o.itlSampled) {
-        itl += o.itlMs
-        itls++
+    return this.twinMeans.get(blocks, nowMs, () => {
+      let rate = 0
+      let n = 0
+      let itl = 0
+      let itls = 0
+      for (const o of this.models.values()) {
+        if (!o.measured || o.cacheBlocks !== blocks) continue
+        rate += o.baseRate
+        n++
+        if (o.itlSampled) {
+          itl += o.itlMs
+          itls++
+        }
       }
-    }
-    const mean = n === 0 ? undefined : { rate: rate / n, itlMs: itls > 0 ? itl / itls : undefined }
-    this.twinMeans.set(blocks, { atMs: nowMs, mean })
-    if (this.twinMeans.size > 4_096) this.twinMeans.delete(this.twinMeans.keys().next().value!)
-    return mean
+      return n === 0 ? undefined : { rate: rate / n, itlMs: itls > 0 ? itl / itls : undefined }
+    })
   }
 
   hedgeAtMs(a: Attempt): number | undefined {
@@ -938,25 +953,22 @@ export class PredictedTtft implements RoutingPolicy {
 
   /** Each model's nodes as last routed to (`choose`), for `modelItlMs`. */
   private readonly modelCandidates = new Map<string, readonly Candidate[]>()
-  private readonly modelItls = new Map<string, { atMs: number; ms: number | undefined }>()
+  private readonly modelItls = new SecondCache<string, number | undefined>()
 
   /**
    * The lower median of the learnt inter-token times of a model's nodes (two at least, learnt
    * from their streams), computed at most once a second.
    */
   private modelItlMs(modelId: string, nowMs: number): number | undefined {
-    const kept = this.modelItls.get(modelId)
-    if (kept !== undefined && nowMs >= kept.atMs && nowMs - kept.atMs < 1_000) return kept.ms
-    const itls: number[] = []
-    for (const c of this.modelCandidates.get(modelId) ?? []) {
-      const o = this.models.get(c.node)
-      if (o?.itlSampled) itls.push(o.itlMs)
-    }
-    itls.sort((x, y) => x - y)
-    const ms = itls.length >= 2 ? itls[(itls.length - 1) >> 1] : undefined
-    this.modelItls.set(modelId, { atMs: nowMs, ms })
-    if (this.modelItls.size > 4_096) this.modelItls.delete(this.modelItls.keys().next().value!)
-    return ms
+    return this.modelItls.get(modelId, nowMs, () => {
+      const itls: number[] = []
+      for (const c of this.modelCandidates.get(modelId) ?? []) {
+        const o = this.models.get(c.node)
+        if (o?.itlSampled) itls.push(o.itlMs)
+      }
+      itls.sort((x, y) => x - y)
+      return itls.length >= 2 ? itls[(itls.length - 1) >> 1] : undefined
+    })
   }
 
   private dequeue(m: NodeModel, a: Attempt): void {
