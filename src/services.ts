@@ -26,6 +26,7 @@ import type { Log } from './log.ts'
 import { AccessLog } from './metrics/access-log.ts'
 import { Telemetry } from './metrics/telemetry.ts'
 import type { ChatDeps } from './pipeline/chat.ts'
+import { WarmupCounts } from './pipeline/dispatch.ts'
 import { OpenStreams } from './pipeline/drain.ts'
 import { ShareBudget } from './routing/budget.ts'
 import { NodePool, type NodeState } from './routing/nodes.ts'
@@ -317,6 +318,7 @@ export async function buildServices(
     streams: new OpenStreams(),
     hedges: config.routing.hedgeShare > 0 ? new ShareBudget(config.routing.hedgeShare, 10) : undefined,
     retries: new ShareBudget(config.routing.retryShare, 10),
+    warmups: new WarmupCounts(),
     log,
     telemetry,
     receipts,

@@ -112,6 +112,8 @@ export interface Cell {
   sentToStalledAfter2s: number
   /** Refused by deadline-aware admission (the budget variant only). */
   refused?: number
+  /** Nodes warmed with a new session's prompt (Tropa's `takeWarmup`; absent in older files). */
+  warmups?: number
 }
 
 const quantile = (sorted: number[], q: number) =>
@@ -178,6 +180,7 @@ export function runTask(t: Task, durationMs: number, variants: readonly Variant[
       cacheHit: r.cacheHitShare,
       sentToStalledAfter2s: r.sentToStalledAfter2s,
       refused: r.refused,
+      warmups: r.warmups,
     })
   }
   return cells

@@ -126,6 +126,8 @@ export interface SimResult {
   readonly sentToStalledAfter2s: number
   /** Measured requests refused by deadline-aware admission (not in `unserved`). */
   readonly refused: number
+  /** Warm-ups the policy asked for (`takeWarmup`): a node sent a request's prompt for one token. */
+  readonly warmups: number
 }
 
 /** Prompt block hashes of a trace, computed once and shared by every policy's run. */
@@ -248,6 +250,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
       firstByteTimeoutMs: undefined,
       hedge: true,
       priorityScheduling: false,
+      warmSessions: true,
       metricsUrl: '',
     })),
   }
@@ -282,6 +285,10 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
   const idOf = new Map<Attempt, string>()
   const cachedOf = new Map<Attempt, number>()
   const waitingJobs: Job[] = []
+  /** Warm-ups the policy asked for (`takeWarmup`), by engine id. */
+  const warmOf = new Map<string, Attempt>()
+  const warmCached = new Map<string, number>()
+  let warmups = 0
   const ttft: number[] = []
   let measured = 0
   let served = 0
@@ -313,7 +320,25 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
       // The engine's own time, not now - offset: float rounding could stop short of it.
       for (const ev of n.engine.advance(engineNext)) {
         const entry = jobOf.get(ev.id)
-        if (!entry) continue
+        if (!entry) {
+          const w = warmOf.get(ev.id)
+          if (!w) continue
+          const back = ev.at + n.offset + n.spec.rttMs / 2
+          if (ev.kind === 'first_token') {
+            const cached = ev.cachedTokens
+            at(back, () => {
+              warmCached.set(ev.id, cached)
+              policy.firstChunk(w, now)
+            })
+          } else if (ev.kind === 'done')
+            at(back, () => {
+              warmOf.delete(ev.id)
+              pool.end(w.candidate.node, true, now)
+              policy.ended(w, now, 'ok', warmCached.get(ev.id), 1)
+              warmCached.delete(ev.id)
+            })
+          continue
+        }
         const back = ev.at + n.offset + n.spec.rttMs / 2
         if (ev.kind === 'first_token') at(back, () => onFirst(ev.id, ev.cachedTokens))
         else if (ev.kind === 'done') at(back, () => onDone(ev.id))
@@ -353,6 +378,25 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     pool.begin(c.node, now)
     const a = new Attempt(c, req, now)
     policy.started(a)
+    const warm = policy.takeWarmup?.()
+    if (warm) {
+      const wn = nodes.get(warm)!
+      const wreq = { ...req, session: undefined }
+      pool.begin(warm.node, now)
+      const wa = new Attempt(warm, wreq, now)
+      policy.started(wa)
+      const wid = `w${nextId++}`
+      warmOf.set(wid, wa)
+      warmups++
+      at(now + wn.spec.rttMs / 2, () =>
+        onEngine(wn, (t) =>
+          wn.engine.submit(
+            { id: wid, promptBlocks: r.engineBlocks, promptTokens: r.promptTokens, outputTokens: 1 },
+            t,
+          ),
+        ),
+      )
+    }
     const id = `a${nextId++}`
     jobOf.set(id, { job, a, node: n })
     job.attempts.add(a)
@@ -489,5 +533,6 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     cacheHitShare: promptTokens === 0 ? 0 : cachedTokens / promptTokens,
     sentToStalledAfter2s,
     refused,
+    warmups,
   }
 }

@@ -46,6 +46,8 @@ export interface RouteConfig {
   readonly hedge: boolean
   /** The node runs vLLM's priority scheduling: batch lines are sent with the lowest priority. */
   readonly priorityScheduling: boolean
+  /** A spread new session's new node may be warmed with its first prompt (`routing/predicted.ts` `takeWarmup`). */
+  readonly warmSessions: boolean
   /** The node's Prometheus metrics, if it has them. */
   readonly metricsUrl: string
   /** Extra static headers of every request. */
@@ -683,6 +685,7 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
       firstByteTimeoutMs: r.first_byte_timeout_ms,
       hedge: r.hedge ?? !(r.billed_per_request ?? false),
       priorityScheduling: r.priority_scheduling ?? false,
+      warmSessions: r.warm_sessions ?? (provider === 'openai' && !(r.billed_per_request ?? false)),
       // Hosted providers have no Prometheus endpoint of their own.
       metricsUrl: r.metrics_url ?? (url && provider === 'openai' ? `${url.origin}/metrics` : ''),
       headers: r.headers ?? {},

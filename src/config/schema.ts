@@ -35,6 +35,12 @@ export const RouteSchema = T.Object(
     hedge: T.Optional(T.Boolean()),
     /** The node runs vLLM with `--scheduling-policy priority`: batch lines go at the lowest priority. */
     priority_scheduling: T.Optional(T.Boolean()),
+    /**
+     * A new session that routing spreads away from the node holding its cached prefix is served
+     * there once, and its new node is warmed with the same prompt (one token out, answered to no
+     * one). Default: an OpenAI-compatible route not billed per request.
+     */
+    warm_sessions: T.Optional(T.Boolean()),
     /** The node's Prometheus metrics (vLLM, llama.cpp); default: <origin of base_url>/metrics. */
     metrics_url: T.Optional(T.String()),
     /** azure: the `api-version` query parameter. */

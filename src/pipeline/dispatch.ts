@@ -14,6 +14,7 @@ import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '..
 import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
+import { readCapped } from '../upstream/providers/http.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
 
 /** What the pipelines need to reach upstreams. */
@@ -27,6 +28,8 @@ export interface UpstreamDeps {
   readonly hedges: ShareBudget | undefined
   /** Failover attempts allowed after the first (a share of requests). */
   readonly retries: ShareBudget
+  /** Counts session warm-ups (`warmUp`) for /metrics; undefined: not counted. */
+  readonly warmups?: WarmupCounts | undefined
   readonly log: (
     level: 'debug' | 'info' | 'warn' | 'error',
     msg: string,
@@ -178,6 +181,8 @@ export async function dispatch<T>(
     deps.pool.begin(c.node, nowMs)
     const a = new Attempt(c, req, nowMs)
     deps.policy.started(a)
+    const warm = deps.policy.takeWarmup?.()
+    if (warm !== undefined && tried === 1) warmUp(deps, d, warm, req)
     const controller = new AbortController()
     const onAbort = () => controller.abort(signal.reason)
     signal.addEventListener('abort', onAbort, { once: true })
@@ -290,6 +295,81 @@ export async function dispatch<T>(
     // A failure ends hedging: the failover below is the second copy.
     hedgeAtMs = undefined
   }
+}
+
+/** Session warm-ups sent and failed (`tropa_session_warmups_total`). */
+export class WarmupCounts {
+  sentCount = 0
+  failedCount = 0
+  sent(): void {
+    this.sentCount++
+  }
+  ended(ok: boolean): void {
+    if (!ok) this.failedCount++
+  }
+}
+
+/** Warm-ups in flight, all models: past this many, a new one is not sent. */
+const MAX_WARMING = 32
+let warming = 0
+
+/**
+ * Warms `c` with the request's prompt: the same body, one token out, not streamed, its answer
+ * read and dropped (answered to no one, billed to no one: the node's own compute, as a hedge's
+ * lost copy is). The policy asked for it (`takeWarmup`): a new session served where its prefix is
+ * cached, its later turns sent to `c`. Counted on the node as any attempt, so that routing and
+ * admission see its load. Only OpenAI-compatible chat and completions routes that allow it
+ * (`warm_sessions`); at most MAX_WARMING at once; never waits for, nor fails, the request.
+ */
+function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, req: RouteRequest): void {
+  const { route } = c
+  if (!route.warmSessions || route.provider !== 'openai' || d.path === '/embeddings') return
+  if (warming >= MAX_WARMING) return
+  let body: string
+  try {
+    const json = JSON.parse(d.body(route)) as Record<string, unknown>
+    json.stream = false
+    delete json.stream_options
+    json.n = 1
+    if ('best_of' in json) json.best_of = 1
+    // One token out, whichever bound the body carries (both, when it carries both).
+    if ('max_completion_tokens' in json) json.max_completion_tokens = 1
+    if ('max_tokens' in json || !('max_completion_tokens' in json)) json.max_tokens = 1
+    body = JSON.stringify(json)
+  } catch {
+    return
+  }
+  warming++
+  const nowMs = Date.now()
+  deps.pool.begin(c.node, nowMs)
+  const a = new Attempt(c, { ...req, session: undefined, stream: false, exclude: new Set() }, nowMs)
+  deps.policy.started(a)
+  deps.warmups?.sent()
+  const controller = new AbortController()
+  void (async () => {
+    let outcome: Outcome = 'cancelled'
+    let cached: number | undefined
+    try {
+      const reply = await deps.adapter.send(
+        { route, path: d.path, body, stream: false, traceparent: undefined },
+        controller,
+        nowMs + (route.firstByteTimeoutMs ?? deps.timeouts.firstByteTimeoutMs),
+      )
+      const answer = JSON.parse(await readCapped(reply.response, 1024 * 1024)) as {
+        usage?: { prompt_tokens_details?: { cached_tokens?: number } | null }
+      }
+      const n = answer.usage?.prompt_tokens_details?.cached_tokens
+      if (typeof n === 'number' && Number.isFinite(n) && n >= 0) cached = n
+      outcome = 'ok'
+    } catch (err) {
+      // A warm-up that fails tells nothing of the request; the node's own requests judge it.
+      deps.log('debug', 'a session warm-up failed', { node: c.node.name, error: (err as Error).message })
+    } finally {
+      warming--
+      deps.warmups?.ended(outcome === 'ok')
+      finishAttempt(deps, a, outcome, cached, outcome === 'ok' ? 1 : undefined)
+    }
+  })()
 }
 
 /**

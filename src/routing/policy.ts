@@ -127,6 +127,8 @@ export interface RoutingPolicy {
    * node (hedging), as an absolute time in ms; undefined: do not hedge this attempt.
    */
   hedgeAtMs?(a: Attempt): number | undefined
+  /** After `started`: a node to warm with the request's prompt (one token out, not answered to anyone). */
+  takeWarmup?(): Candidate | undefined
   /** The node left the config (a reload) and has nothing in flight: drop what was learned of it. */
   forget?(node: NodeState): void
 }

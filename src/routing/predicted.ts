@@ -56,6 +56,13 @@ export interface PredictedTtftOptions {
   readonly sessionSpread: number
   readonly sessionSpreadPerKTokens: number
   /**
+   * A new session spread away from the node holding its cached prefix (above) has this request
+   * served on that node when it is predicted sooner there, and its new node warmed with the same
+   * prompt (`takeWarmup`; routes with `warm_sessions`): the session's later turns find their
+   * prefix cached at its new node, and its first turn does not wait for the prefix's prefill.
+   */
+  readonly warmSessions: boolean
+  /**
    * First tokens that waited on fewer uncached tokens than this do not teach the prefill rate:
    * the fixed cost of a step outweighs the prefill in them.
    */
@@ -166,6 +173,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sessionSlack: 1.15,
   sessionSpread: 2,
   sessionSpreadPerKTokens: 3,
+  warmSessions: true,
   minRateSampleTokens: 512,
   maxDecodeShare: 0.5,
   batchNodeFactor: 1.1,
@@ -481,6 +489,8 @@ export class PredictedTtft implements RoutingPolicy {
   }
 
   choose(candidates: readonly Candidate[], req: RouteRequest): Candidate | undefined {
+    // A warm-up is asked for by the choice just made, or by none.
+    this.warm = undefined
     if (this.modelCandidates.get(req.modelId) !== candidates) {
       if (this.modelCandidates.size >= 4_096) this.modelCandidates.clear()
       this.modelCandidates.set(req.modelId, candidates)
@@ -599,7 +609,24 @@ export class PredictedTtft implements RoutingPolicy {
         this.opts.sessionSpread,
         (this.opts.sessionSpreadPerKTokens * cachedTokens) / 1000,
       )
-      if (this.model(pool[best]!.node).decoding > minDecoding + spread) scan(false)
+      if (this.model(pool[best]!.node).decoding > minDecoding + spread) {
+        const holder = best
+        const holderTtft = bestTtft
+        scan(false)
+        const home = pool[best]!
+        if (
+          this.opts.warmSessions &&
+          home.route.warmSessions &&
+          best !== holder &&
+          holderTtft < bestTtft &&
+          req.session !== undefined
+        ) {
+          // This turn where its prefix is cached; the session's new home, warmed with its prompt.
+          this.warm = { candidate: home, session: req.session }
+          best = holder
+          bestTtft = holderTtft
+        }
+      }
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
@@ -607,6 +634,15 @@ export class PredictedTtft implements RoutingPolicy {
     for (const i of picked) if (i !== best && ts[i]! < alternative) alternative = ts[i]!
     this.lastChoice = { req, alternativeMs: Number.isFinite(alternative) ? alternative : undefined }
     return pool[best]
+  }
+
+  /** A warm-up asked for by the last `choose` (a new session's new home, to warm with its first prompt). */
+  private warm: { candidate: Candidate; session: string } | undefined
+
+  takeWarmup(): Candidate | undefined {
+    const w = this.warm
+    this.warm = undefined
+    return w?.candidate
   }
 
   estimateTtftMs(c: Candidate, req: RouteRequest): number {
@@ -664,7 +700,8 @@ export class PredictedTtft implements RoutingPolicy {
     if (req.prefix.length > 0) m.index.insert(req.prefix)
     if (req.session !== undefined) {
       this.sessions.delete(req.session)
-      this.sessions.set(req.session, a.candidate.node)
+      const home = this.warm?.session === req.session ? this.warm.candidate.node : a.candidate.node
+      this.sessions.set(req.session, home)
       if (this.sessions.size > 100_000) this.sessions.delete(this.sessions.keys().next().value!)
     }
   }

@@ -23,6 +23,7 @@ export function routeFleet(n: number, maxConcurrency = 64): { pool: NodePool; ca
       firstByteTimeoutMs: undefined,
       hedge: true,
       priorityScheduling: false,
+      warmSessions: true,
       metricsUrl: '',
     })),
   }

@@ -249,4 +249,87 @@ describe('routing over real HTTP', () => {
     const next = await round(100, 24, 2)
     expect(next.filter((n) => n === 'sim-2').length).toBeLessThanOrEqual(1)
   })
+
+  test("a new session spread off its prefix's busy node is served there, and its new node is warmed with its prompt", async () => {
+    t = await startTropa({
+      nodes: [1, 2, 3].map((i) => ({
+        name: `sim-${i}`,
+        seed: i,
+        itlMs: 20,
+        iterationOverheadMs: 1,
+        ignoreEos: true,
+      })),
+      models: modelsWith([1, 1, 1]),
+    })
+    const system = 'You are the support agent of a large router. Answer briefly. '.repeat(70) // ~1,000 tokens
+    const ask = (
+      content: string,
+      extra: Record<string, unknown> = {},
+      headers: Record<string, string> = {},
+    ) =>
+      t!.fetch('/v1/chat/completions', {
+        method: 'POST',
+        headers,
+        body: JSON.stringify({
+          model: 'test/chat',
+          messages: [
+            { role: 'system', content: system },
+            { role: 'user', content },
+          ],
+          ...extra,
+        }),
+      })
+    // The system prompt's first request makes its node the holder.
+    const first = await ask('hello', { max_tokens: 2 })
+    expect(first.status).toBe(200)
+    await first.arrayBuffer()
+    const holder = nodeOf(first)!
+    // Long answers decoding on the holder (its cached prefix draws them there).
+    const busy: Response[] = []
+    for (let i = 0; i < 8; i++) {
+      const r = await ask(`long answer ${i}`, { max_tokens: 400, stream: true })
+      expect(r.status).toBe(200)
+      busy.push(r)
+      const reader = r.body!.getReader()
+      await reader.read() // its first token: decoding now
+      reader.releaseLock()
+    }
+    const onHolder = busy.filter((r) => nodeOf(r) === holder).length
+    expect(onHolder).toBeGreaterThanOrEqual(4)
+    const stats = () => Object.fromEntries(t!.nodes.map((n) => [n.name, n.stats()]))
+    const before = stats()
+    const warmups = t.svc.deps.warmups!.sentCount
+    // A new session with the same system prompt: its first turn is served where the prompt is
+    // cached, and one other node gets the same prompt for one token, to hold the session.
+    const turn1 = await ask('a new conversation starts', { max_tokens: 2 }, { 'x-session-id': 'conv-1' })
+    expect(turn1.status).toBe(200)
+    const answer1 = (await turn1.json()) as { usage: { prompt_tokens_details?: { cached_tokens?: number } } }
+    expect(nodeOf(turn1)).toBe(holder)
+    expect(answer1.usage.prompt_tokens_details?.cached_tokens ?? 0).toBeGreaterThan(500)
+    expect(t.svc.deps.warmups!.sentCount).toBe(warmups + 1)
+    let warmed: string | undefined
+    for (let i = 0; i < 100 && warmed === undefined; i++) {
+      const now = stats()
+      warmed = t.nodes
+        .map((n) => n.name)
+        .find((n) => n !== holder && now[n]!.chatRequests > before[n]!.chatRequests && now[n]!.running === 0)
+      if (warmed === undefined) await Bun.sleep(20)
+    }
+    expect(warmed).toBeDefined()
+    const after = stats()[warmed!]!
+    // One request, one token out, not streamed.
+    expect(after.chatRequests - before[warmed!]!.chatRequests).toBe(1)
+    expect(after.completionTokens - before[warmed!]!.completionTokens).toBe(1)
+    expect(after.streams).toBe(before[warmed!]!.streams)
+    // The session's next turn goes to the warmed node and finds its prompt there.
+    const turn2 = await ask('a new conversation starts', { max_tokens: 2 }, { 'x-session-id': 'conv-1' })
+    expect(turn2.status).toBe(200)
+    const answer2 = (await turn2.json()) as { usage: { prompt_tokens_details?: { cached_tokens?: number } } }
+    expect(nodeOf(turn2)).toBe(warmed!)
+    expect(answer2.usage.prompt_tokens_details?.cached_tokens ?? 0).toBeGreaterThan(500)
+    const text = await (await fetch(`${t.url}/metrics`)).text()
+    expect(text).toMatch(/^tropa_session_warmups_total 1$/m)
+    expect(text).toMatch(/^tropa_session_warmups_failed_total 0$/m)
+    for (const r of busy) await r.body?.cancel()
+  }, 30_000)
 })

@@ -507,17 +507,20 @@ describe('PredictedTtft', () => {
     // A new session finding its prompt's prefix cached on a node decoding 4 more requests than
     // the others: spreading recomputes the prefix (its prefill, once) to put the session's
     // turns on a calmer node. Worth it for a 1k-token system prompt; not for a 2k-token one.
-    const placeNew = (prefixTokens: number) => {
+    // Without warm-ups the first turn itself goes to the calmer node and pays that prefill; with
+    // them (the default) it is served where the prefix is cached, the calmer node is warmed with
+    // its prompt, and the session's next turn goes there.
+    const placeNew = (prefixTokens: number, warmSessions: boolean) => {
       const { pool, cands } = fleet(4)
-      const p = new PredictedTtft({ rng: rng(5) })
+      const p = new PredictedTtft({ rng: rng(5), warmSessions })
       for (const c of cands) serve(p, pool, c, req({ nowMs: 0 }), 100)
       const shared = 'tool prompt '.repeat(Math.ceil((prefixTokens * 4) / 12)).slice(0, prefixTokens * 4)
-      const turn = (i: number, nowMs: number) =>
+      const turn = (i: number, nowMs: number, more = '') =>
         req({
           nowMs,
           session: `agent-${i}`,
-          prefix: prefixOf(`${shared}the first turn of agent ${i}`),
-          promptTokens: prefixTokens + 400,
+          prefix: prefixOf(`${shared}the first turn of agent ${i}${more}`),
+          promptTokens: prefixTokens + 400 + more.length / 4,
         })
       const first = turn(0, 1000)
       const home = p.choose(cands, first)!
@@ -530,12 +533,63 @@ describe('PredictedTtft', () => {
         p.started(a)
         p.firstChunk(a, r.nowMs + 100)
       }
-      return { home, next: p.choose(cands, turn(9, 2000)) }
+      // The new session's first turn, served (and its warm-up, if one is asked for).
+      const r9 = turn(9, 2000)
+      const next = p.choose(cands, r9)!
+      pool.begin(next.node, r9.nowMs)
+      const a9 = new Attempt(next, r9, r9.nowMs)
+      p.started(a9)
+      const warm = p.takeWarmup()
+      if (warm) serve(p, pool, warm, { ...r9, session: undefined, stream: false }, 200)
+      p.firstChunk(a9, 2100)
+      pool.end(next.node, true, 2400)
+      p.ended(a9, 2400, 'ok', undefined, 10)
+      const second = p.choose(cands, turn(9, 4000, ', answered, and the second turn'.repeat(8)))
+      return { home, next, warm, second }
     }
-    const long = placeNew(2000)
-    expect(long.next).toBe(long.home)
-    const short = placeNew(1000)
-    expect(short.next).not.toBe(short.home)
+    for (const warm of [false, true]) {
+      const long = placeNew(2000, warm)
+      expect(long.next).toBe(long.home)
+      expect(long.warm).toBeUndefined()
+    }
+    const spread = placeNew(1000, false)
+    expect(spread.next).not.toBe(spread.home)
+    expect(spread.warm).toBeUndefined()
+    expect(spread.second).toBe(spread.next)
+    const warmed = placeNew(1000, true)
+    expect(warmed.next).toBe(warmed.home)
+    expect(warmed.warm).toBeDefined()
+    expect(warmed.warm).not.toBe(warmed.home)
+    // The session lives at the warmed node: its next turn goes there, not to the prefix's holder.
+    expect(warmed.second).toBe(warmed.warm)
+  })
+
+  test('a warm-up is asked for only by the choice just made, and not on routes without warm_sessions', () => {
+    const { pool, cands } = fleet(4)
+    const p = new PredictedTtft({ rng: rng(5) })
+    for (const c of cands) serve(p, pool, c, req({ nowMs: 0 }), 100)
+    const shared = 'tool prompt '.repeat(334).slice(0, 4000)
+    const turn = (i: number, nowMs: number) =>
+      req({ nowMs, session: `s-${i}`, prefix: prefixOf(`${shared} turn of ${i}`), promptTokens: 1400 })
+    const first = turn(0, 1000)
+    const home = p.choose(cands, first)!
+    for (let i = 0; i < 4; i++) {
+      const r =
+        i === 0 ? first : { ...turn(i, 1000 + i * 10), exclude: new Set(cands.filter((c) => c !== home)) }
+      pool.begin(home.node, r.nowMs)
+      const a = new Attempt(home, r, r.nowMs)
+      p.started(a)
+      p.firstChunk(a, r.nowMs + 100)
+    }
+    expect(p.choose(cands, turn(8, 2000))).toBe(home)
+    // Not taken: the next choice (a request refused before it started, say) clears it.
+    p.choose(cands, req({ nowMs: 2001 }))
+    expect(p.takeWarmup()).toBeUndefined()
+    // The calmer nodes' routes do not allow warm-ups: the session spreads as without them.
+    const noWarm = cands.map((c) => (c === home ? c : { ...c, route: { ...c.route, warmSessions: false } }))
+    const placed = p.choose(noWarm, turn(9, 2002))!
+    expect(placed.node).not.toBe(home.node)
+    expect(p.takeWarmup()).toBeUndefined()
   })
 
   test("a prefix's holder busy with an earlier prefill wins once that prefill is mostly done, unless it is the prefix's own", () => {

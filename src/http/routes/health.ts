@@ -89,7 +89,7 @@ function metricsText(svc: Services): string {
     '# TYPE tropa_upstream_ejections_total counter',
   )
   for (const n of nodes) lines.push(`tropa_upstream_ejections_total{node="${n.name}"} ${n.ejections}`)
-  const { hedges, retries, policy } = svc.deps
+  const { hedges, retries, policy, warmups } = svc.deps
   lines.push(
     '# HELP tropa_hedges_total Requests copied to a second node because their first token was late.',
     '# TYPE tropa_hedges_total counter',
@@ -97,6 +97,12 @@ function metricsText(svc: Services): string {
     '# HELP tropa_retries_total Attempts after the first (failover and hedges).',
     '# TYPE tropa_retries_total counter',
     `tropa_retries_total ${retries.used}`,
+    "# HELP tropa_session_warmups_total New sessions' new nodes warmed with their first prompt (routes with warm_sessions), and of those the failed.",
+    '# TYPE tropa_session_warmups_total counter',
+    `tropa_session_warmups_total ${warmups?.sentCount ?? 0}`,
+    '# HELP tropa_session_warmups_failed_total Session warm-ups that failed (no answer, an error).',
+    '# TYPE tropa_session_warmups_failed_total counter',
+    `tropa_session_warmups_failed_total ${warmups?.failedCount ?? 0}`,
     '# HELP tropa_disk_full Whether a write found the disk full and none has succeeded since (/ready is 503).',
     '# TYPE tropa_disk_full gauge',
     `tropa_disk_full ${diskFull(svc) ? 1 : 0}`,
