@@ -250,7 +250,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
       firstByteTimeoutMs: undefined,
       hedge: true,
       priorityScheduling: false,
-      warmSessions: true,
+      warmSessions: undefined,
       metricsUrl: '',
     })),
   }
@@ -324,6 +324,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
           const w = warmOf.get(ev.id)
           if (!w) continue
           const back = ev.at + n.offset + n.spec.rttMs / 2
+          // Streamed, as the router sends it: its first token teaches the node's prefill rate.
           if (ev.kind === 'first_token') {
             const cached = ev.cachedTokens
             at(back, () => {
@@ -379,11 +380,14 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     const a = new Attempt(c, req, now)
     policy.started(a)
     const warm = policy.takeWarmup?.()
-    if (warm) {
+    // As the router does (pipeline/dispatch.ts warmUp): at most 32 at once, else declined.
+    if (warm && warmOf.size >= 32) policy.declineWarmup?.(a)
+    else if (warm) {
       const wn = nodes.get(warm)!
       const wreq = { ...req, session: undefined }
       pool.begin(warm.node, now)
       const wa = new Attempt(warm, wreq, now)
+      wa.warmup = true
       policy.started(wa)
       const wid = `w${nextId++}`
       warmOf.set(wid, wa)

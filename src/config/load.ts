@@ -46,8 +46,11 @@ export interface RouteConfig {
   readonly hedge: boolean
   /** The node runs vLLM's priority scheduling: batch lines are sent with the lowest priority. */
   readonly priorityScheduling: boolean
-  /** A spread new session's new node may be warmed with its first prompt (`routing/predicted.ts` `takeWarmup`). */
-  readonly warmSessions: boolean
+  /**
+   * A spread new session's new node may be warmed with its first prompt (`routing/predicted.ts`
+   * `takeWarmup`): true, false, or undefined for "when the node reports Prometheus metrics".
+   */
+  readonly warmSessions: boolean | undefined
   /** The node's Prometheus metrics, if it has them. */
   readonly metricsUrl: string
   /** Extra static headers of every request. */
@@ -685,7 +688,12 @@ export function checkModel(m: ModelFile, where: string, env: Env, problems: stri
       firstByteTimeoutMs: r.first_byte_timeout_ms,
       hedge: r.hedge ?? !(r.billed_per_request ?? false),
       priorityScheduling: r.priority_scheduling ?? false,
-      warmSessions: r.warm_sessions ?? (provider === 'openai' && !(r.billed_per_request ?? false)),
+      // Only OpenAI-compatible routes carry the warm-up's body as it is; a hosted API would bill it.
+      // (undefined: on when the node reports Prometheus metrics, a self-hosted engine).
+      warmSessions:
+        provider !== 'openai'
+          ? false
+          : (r.warm_sessions ?? (r.billed_per_request === true ? false : undefined)),
       // Hosted providers have no Prometheus endpoint of their own.
       metricsUrl: r.metrics_url ?? (url && provider === 'openai' ? `${url.origin}/metrics` : ''),
       headers: r.headers ?? {},

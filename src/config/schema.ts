@@ -38,7 +38,8 @@ export const RouteSchema = T.Object(
     /**
      * A new session that routing spreads away from the node holding its cached prefix is served
      * there once, and its new node is warmed with the same prompt (one token out, answered to no
-     * one). Default: an OpenAI-compatible route not billed per request.
+     * one). Default: on for a node that reports Prometheus metrics (a self-hosted engine) on an
+     * OpenAI-compatible route not billed per request. Only OpenAI-compatible routes.
      */
     warm_sessions: T.Optional(T.Boolean()),
     /** The node's Prometheus metrics (vLLM, llama.cpp); default: <origin of base_url>/metrics. */

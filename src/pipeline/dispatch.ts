@@ -6,6 +6,7 @@ import {
   RateLimited,
   UpstreamFailed,
   UpstreamRejected,
+  UpstreamTimeout,
   UpstreamUnreachable,
 } from '../errors.ts'
 import type { ShareBudget } from '../routing/budget.ts'
@@ -14,7 +15,6 @@ import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '..
 import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
-import { readCapped } from '../upstream/providers/http.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
 
 /** What the pipelines need to reach upstreams. */
@@ -182,7 +182,6 @@ export async function dispatch<T>(
     const a = new Attempt(c, req, nowMs)
     deps.policy.started(a)
     const warm = deps.policy.takeWarmup?.()
-    if (warm !== undefined && tried === 1) warmUp(deps, d, warm, req)
     const controller = new AbortController()
     const onAbort = () => controller.abort(signal.reason)
     signal.addEventListener('abort', onAbort, { once: true })
@@ -199,6 +198,8 @@ export async function dispatch<T>(
       signal.removeEventListener('abort', onAbort),
     )
     running.set(a, { controller, done, span: traced?.span })
+    // After the request itself is on its way: the warm-up's body is built from it.
+    if (warm !== undefined) warmUp(deps, d, warm, a)
     return true
   }
 
@@ -309,65 +310,118 @@ export class WarmupCounts {
   }
 }
 
-/** Warm-ups in flight, all models: past this many, a new one is not sent. */
+/** Warm-ups in flight in this process, all models: past this many, a new one is not sent. */
 const MAX_WARMING = 32
 let warming = 0
 
+/** Request fields that would make a one-token warm-up produce more, or be refused. */
+const NOT_IN_WARMUPS = [
+  'min_tokens',
+  'echo',
+  'logprobs',
+  'top_logprobs',
+  'prompt_logprobs',
+  'use_beam_search',
+] as const
+
 /**
- * Warms `c` with the request's prompt: the same body, one token out, not streamed, its answer
- * read and dropped (answered to no one, billed to no one: the node's own compute, as a hedge's
- * lost copy is). The policy asked for it (`takeWarmup`): a new session served where its prefix is
- * cached, its later turns sent to `c`. Counted on the node as any attempt, so that routing and
- * admission see its load. Only OpenAI-compatible chat and completions routes that allow it
- * (`warm_sessions`); at most MAX_WARMING at once; never waits for, nor fails, the request.
+ * The body of a warm-up: the request's own, for one token out, streamed with its usage (its first
+ * chunk times the node's prefill of the prompt; undefined: not warmable, as a legacy completion of
+ * several prompts).
  */
-function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, req: RouteRequest): void {
-  const { route } = c
-  if (!route.warmSessions || route.provider !== 'openai' || d.path === '/embeddings') return
-  if (warming >= MAX_WARMING) return
-  let body: string
+export function warmupBody(body: string): string | undefined {
+  let json: Record<string, unknown>
   try {
-    const json = JSON.parse(d.body(route)) as Record<string, unknown>
-    json.stream = false
-    delete json.stream_options
-    json.n = 1
-    if ('best_of' in json) json.best_of = 1
-    // One token out, whichever bound the body carries (both, when it carries both).
-    if ('max_completion_tokens' in json) json.max_completion_tokens = 1
-    if ('max_tokens' in json || !('max_completion_tokens' in json)) json.max_tokens = 1
-    body = JSON.stringify(json)
+    json = JSON.parse(body) as Record<string, unknown>
   } catch {
+    return undefined
+  }
+  if (Array.isArray(json.prompt) && json.prompt.length !== 1) return undefined
+  json.stream = true
+  json.stream_options = { include_usage: true }
+  for (const k of NOT_IN_WARMUPS) delete json[k]
+  json.n = 1
+  if ('best_of' in json) json.best_of = 1
+  // One token out, whichever bound the body carries (both, when it carries both).
+  if ('max_completion_tokens' in json) json.max_completion_tokens = 1
+  if ('max_tokens' in json || !('max_completion_tokens' in json)) json.max_tokens = 1
+  return JSON.stringify(json)
+}
+
+/**
+ * Warms `c` with the request's prompt: the same body, one token out, streamed, its answer read
+ * and dropped (answered to no one, billed to no one: the node's own compute, as a hedge's
+ * lost copy is). The policy asked for it (`takeWarmup`): a new session served where its prefix is
+ * cached (`a`), its later turns sent to `c`. Counted on the node as any attempt, so that routing
+ * and admission see its load, and its first chunk teaches the policy the node's prefill rate as a
+ * request's does (a node never measured is measured by it, before the session's turns go there). Only OpenAI-compatible chat and completions routes (the config
+ * keeps `warm_sessions` off elsewhere); at most MAX_WARMING at once; never waits for, nor fails,
+ * the request. Declined (the session stays where `a` is served) when it cannot be sent.
+ */
+function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt): void {
+  const { route } = c
+  const body =
+    route.provider === 'openai' && d.path !== '/embeddings' && warming < MAX_WARMING
+      ? warmupBody(d.body(route))
+      : undefined
+  if (body === undefined) {
+    deps.policy.declineWarmup?.(a)
     return
   }
   warming++
   const nowMs = Date.now()
   deps.pool.begin(c.node, nowMs)
-  const a = new Attempt(c, { ...req, session: undefined, stream: false, exclude: new Set() }, nowMs)
-  deps.policy.started(a)
+  const w = new Attempt(c, { ...a.req, session: undefined, stream: true, exclude: new Set() }, nowMs)
+  w.warmup = true
+  deps.policy.started(w)
   deps.warmups?.sent()
   const controller = new AbortController()
+  // One token: the whole answer is due by the first-byte deadline.
+  const timeoutMs = route.firstByteTimeoutMs ?? deps.timeouts.firstByteTimeoutMs
+  const timer = setTimeout(
+    () => controller.abort(new UpstreamTimeout('the session warm-up timed out')),
+    timeoutMs,
+  )
   void (async () => {
-    let outcome: Outcome = 'cancelled'
+    let outcome: Outcome = 'failed'
     let cached: number | undefined
     try {
       const reply = await deps.adapter.send(
-        { route, path: d.path, body, stream: false, traceparent: undefined },
+        { route, path: d.path, body, stream: true, traceparent: undefined },
         controller,
-        nowMs + (route.firstByteTimeoutMs ?? deps.timeouts.firstByteTimeoutMs),
+        nowMs + timeoutMs,
       )
-      const answer = JSON.parse(await readCapped(reply.response, 1024 * 1024)) as {
-        usage?: { prompt_tokens_details?: { cached_tokens?: number } | null }
+      const reader = reply.response.body?.getReader()
+      const decoder = new TextDecoder()
+      let text = ''
+      for (let first = true; reader !== undefined; first = false) {
+        const { done, value } = await reader.read()
+        if (done) break
+        if (first) deps.policy.firstChunk(w, Date.now())
+        // The usage comes last; a bounded tail of the stream keeps it.
+        text = (text + decoder.decode(value, { stream: true })).slice(-16_384)
       }
-      const n = answer.usage?.prompt_tokens_details?.cached_tokens
-      if (typeof n === 'number' && Number.isFinite(n) && n >= 0) cached = n
+      // Answered: the node did its work, whatever the body says.
       outcome = 'ok'
+      const n = Number(/"cached_tokens"\s*:\s*(\d+)/.exec(text)?.[1])
+      if (Number.isFinite(n)) cached = n
     } catch (err) {
-      // A warm-up that fails tells nothing of the request; the node's own requests judge it.
+      // As a request's attempt is judged (dispatch): a refusal is an answer; an overload, a
+      // failure and a hang are the node's.
+      outcome =
+        err instanceof UpstreamRejected
+          ? 'ok'
+          : err instanceof UpstreamTimeout
+            ? 'cancelled'
+            : err instanceof UpstreamFailed && (err.upstreamStatus === 429 || err.upstreamStatus === 503)
+              ? 'overloaded'
+              : 'failed'
       deps.log('debug', 'a session warm-up failed', { node: c.node.name, error: (err as Error).message })
     } finally {
+      clearTimeout(timer)
       warming--
       deps.warmups?.ended(outcome === 'ok')
-      finishAttempt(deps, a, outcome, cached, outcome === 'ok' ? 1 : undefined)
+      finishAttempt(deps, w, outcome, cached)
     }
   })()
 }

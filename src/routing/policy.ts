@@ -44,6 +44,8 @@ export type Outcome =
  * (say, the uncached tokens it added to a node's queue) and take exactly that back.
  */
 export class Attempt {
+  /** A session warm-up (`RoutingPolicy.takeWarmup`): one token out, answered to no one. */
+  warmup = false
   /** When the first chunk arrived (streaming), if it has. */
   firstAtMs: number | undefined
   /** The policy's predicted time to first token for this attempt, ms, if it predicts. */
@@ -127,8 +129,13 @@ export interface RoutingPolicy {
    * node (hedging), as an absolute time in ms; undefined: do not hedge this attempt.
    */
   hedgeAtMs?(a: Attempt): number | undefined
-  /** After `started`: a node to warm with the request's prompt (one token out, not answered to anyone). */
+  /**
+   * After `started`: a node to warm with the request's prompt (one token out, answered to no one),
+   * where the request's session will live. The caller sends it as an Attempt with `warmup` set,
+   * or calls `declineWarmup` with the request's attempt (the session then stays where it is served).
+   */
   takeWarmup?(): Candidate | undefined
+  declineWarmup?(a: Attempt): void
   /** The node left the config (a reload) and has nothing in flight: drop what was learned of it. */
   forget?(node: NodeState): void
 }

@@ -614,10 +614,12 @@ export class PredictedTtft implements RoutingPolicy {
         const holderTtft = bestTtft
         scan(false)
         const home = pool[best]!
+        const hm = this.model(home.node)
         if (
           this.opts.warmSessions &&
-          home.route.warmSessions &&
-          best !== holder &&
+          // On by default where the node reports Prometheus metrics: a self-hosted engine.
+          (home.route.warmSessions ?? hm.metricAtMs > Number.NEGATIVE_INFINITY) &&
+          home.node !== pool[holder]!.node &&
           holderTtft < bestTtft &&
           req.session !== undefined
         ) {
@@ -643,6 +645,12 @@ export class PredictedTtft implements RoutingPolicy {
     const w = this.warm
     this.warm = undefined
     return w?.candidate
+  }
+
+  declineWarmup(a: Attempt): void {
+    // Not warmed: the session lives where its first turn is served.
+    const s = a.req.session
+    if (s !== undefined && this.sessions.has(s)) this.sessions.set(s, a.candidate.node)
   }
 
   estimateTtftMs(c: Candidate, req: RouteRequest): number {
@@ -801,7 +809,8 @@ export class PredictedTtft implements RoutingPolicy {
         this.observeEndRate(m, ((a.queueAheadTokens - a.ownTokens + own) * 1000) / a.prefillMs, a, nowMs)
       a.prefillMs = undefined
     }
-    if (outcome === 'ok') {
+    if (outcome === 'ok' && !a.warmup) {
+      // (A warm-up's one token is no request's service time: slot waits would be priced low.)
       const took = nowMs - a.startedAtMs
       m.serviceMs = m.serviceMs === 0 ? took : m.serviceMs + (took - m.serviceMs) * 0.1
     }

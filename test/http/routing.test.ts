@@ -259,7 +259,13 @@ describe('routing over real HTTP', () => {
         iterationOverheadMs: 1,
         ignoreEos: true,
       })),
-      models: modelsWith([1, 1, 1]),
+      // On by default where a node's /metrics were read (self-hosted engines): on here from the
+      // start, before the first poll.
+      models: (nodes) =>
+        modelsWith([1, 1, 1])(nodes).map((m) => ({
+          ...m,
+          routes: m.routes.map((r) => ({ ...r, warm_sessions: true })),
+        })),
     })
     const system = 'You are the support agent of a large router. Answer briefly. '.repeat(70) // ~1,000 tokens
     const ask = (
@@ -299,13 +305,23 @@ describe('routing over real HTTP', () => {
     const stats = () => Object.fromEntries(t!.nodes.map((n) => [n.name, n.stats()]))
     const before = stats()
     const warmups = t.svc.deps.warmups!.sentCount
-    // A new session with the same system prompt: its first turn is served where the prompt is
-    // cached, and one other node gets the same prompt for one token, to hold the session.
-    const turn1 = await ask('a new conversation starts', { max_tokens: 2 }, { 'x-session-id': 'conv-1' })
+    // A new session with the same system prompt, streamed: its first turn is served where the
+    // prompt is cached, and one other node gets the same prompt for one token, to hold the session.
+    const turn1 = await ask(
+      'a new conversation starts',
+      { max_completion_tokens: 3, stream: true, stream_options: { include_usage: true } },
+      { 'x-session-id': 'conv-1' },
+    )
     expect(turn1.status).toBe(200)
-    const answer1 = (await turn1.json()) as { usage: { prompt_tokens_details?: { cached_tokens?: number } } }
+    const events = (await turn1.text()).split('\n\n').filter((e) => e.startsWith('data: {'))
+    const usage1 = (
+      JSON.parse(events.at(-1)!.slice(6)) as {
+        usage: { completion_tokens: number; prompt_tokens_details?: { cached_tokens?: number } }
+      }
+    ).usage
     expect(nodeOf(turn1)).toBe(holder)
-    expect(answer1.usage.prompt_tokens_details?.cached_tokens ?? 0).toBeGreaterThan(500)
+    expect(usage1.completion_tokens).toBe(3)
+    expect(usage1.prompt_tokens_details?.cached_tokens ?? 0).toBeGreaterThan(500)
     expect(t.svc.deps.warmups!.sentCount).toBe(warmups + 1)
     let warmed: string | undefined
     for (let i = 0; i < 100 && warmed === undefined; i++) {
@@ -317,10 +333,10 @@ describe('routing over real HTTP', () => {
     }
     expect(warmed).toBeDefined()
     const after = stats()[warmed!]!
-    // One request, one token out, not streamed.
+    // One request, one token out (streamed: its first chunk times the node's prefill).
     expect(after.chatRequests - before[warmed!]!.chatRequests).toBe(1)
     expect(after.completionTokens - before[warmed!]!.completionTokens).toBe(1)
-    expect(after.streams).toBe(before[warmed!]!.streams)
+    expect(after.streams - before[warmed!]!.streams).toBe(1)
     // The session's next turn goes to the warmed node and finds its prompt there.
     const turn2 = await ask('a new conversation starts', { max_tokens: 2 }, { 'x-session-id': 'conv-1' })
     expect(turn2.status).toBe(200)
@@ -331,5 +347,22 @@ describe('routing over real HTTP', () => {
     expect(text).toMatch(/^tropa_session_warmups_total 1$/m)
     expect(text).toMatch(/^tropa_session_warmups_failed_total 0$/m)
     for (const r of busy) await r.body?.cancel()
+    // Billed to no one: the ledger holds the client's requests only (2 + 8 + 2 turns), and the
+    // two turns exactly what they were answered.
+    await t.svc.ledger.flush()
+    const rows = (await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)).filter(
+      (r) => r.kind === 'usage',
+    )
+    for (let i = 0; i < 100 && rows.length < 11; i++) {
+      await Bun.sleep(20)
+      await t.svc.ledger.flush()
+      rows.splice(
+        0,
+        rows.length,
+        ...(await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)).filter((r) => r.kind === 'usage'),
+      )
+    }
+    expect(rows.length).toBe(11)
+    expect(rows.filter((r) => r.completionTokens === 1)).toHaveLength(0)
   }, 30_000)
 })

@@ -540,7 +540,16 @@ describe('PredictedTtft', () => {
       const a9 = new Attempt(next, r9, r9.nowMs)
       p.started(a9)
       const warm = p.takeWarmup()
-      if (warm) serve(p, pool, warm, { ...r9, session: undefined, stream: false }, 200)
+      if (warm) {
+        // Sent as the router sends it: streamed, one token.
+        pool.begin(warm.node, r9.nowMs)
+        const w = new Attempt(warm, { ...r9, session: undefined }, r9.nowMs)
+        w.warmup = true
+        p.started(w)
+        p.firstChunk(w, r9.nowMs + 190)
+        pool.end(warm.node, true, r9.nowMs + 200)
+        p.ended(w, r9.nowMs + 200, 'ok', 0, 1)
+      }
       p.firstChunk(a9, 2100)
       pool.end(next.node, true, 2400)
       p.ended(a9, 2400, 'ok', undefined, 10)
@@ -586,10 +595,28 @@ describe('PredictedTtft', () => {
     p.choose(cands, req({ nowMs: 2001 }))
     expect(p.takeWarmup()).toBeUndefined()
     // The calmer nodes' routes do not allow warm-ups: the session spreads as without them.
-    const noWarm = cands.map((c) => (c === home ? c : { ...c, route: { ...c.route, warmSessions: false } }))
-    const placed = p.choose(noWarm, turn(9, 2002))!
+    const withWarm = (on: boolean | undefined) =>
+      cands.map((c) => (c === home ? c : { ...c, route: { ...c.route, warmSessions: on } }))
+    const placed = p.choose(withWarm(false), turn(9, 2002))!
     expect(placed.node).not.toBe(home.node)
     expect(p.takeWarmup()).toBeUndefined()
+    // By default (undefined) only nodes that report Prometheus metrics, self-hosted engines, are warmed.
+    const auto = withWarm(undefined)
+    expect(p.choose(auto, turn(10, 2003))!.node).not.toBe(home.node)
+    expect(p.takeWarmup()).toBeUndefined()
+    for (const c of auto) p.nodeMetrics(c.node, { waiting: 0, running: 0, kvUsage: 0 }, 2004)
+    const r11 = turn(11, 2005)
+    const served = p.choose(auto, r11)!
+    expect(served.node).toBe(home.node)
+    pool.begin(served.node, r11.nowMs)
+    const a11 = new Attempt(served, r11, r11.nowMs)
+    p.started(a11)
+    const warm = p.takeWarmup()
+    expect(warm).toBeDefined()
+    expect(warm!.node).not.toBe(home.node)
+    // Declined (the router could not send it): the session stays where its first turn is served.
+    p.declineWarmup(a11)
+    expect(p.choose(auto, turn(11, 2006))!.node).toBe(home.node)
   })
 
   test("a prefix's holder busy with an earlier prefill wins once that prefill is mostly done, unless it is the prefix's own", () => {

@@ -97,7 +97,7 @@ function metricsText(svc: Services): string {
     '# HELP tropa_retries_total Attempts after the first (failover and hedges).',
     '# TYPE tropa_retries_total counter',
     `tropa_retries_total ${retries.used}`,
-    "# HELP tropa_session_warmups_total New sessions' new nodes warmed with their first prompt (routes with warm_sessions), and of those the failed.",
+    "# HELP tropa_session_warmups_total New sessions' new nodes warmed with their first prompt (routes with warm_sessions).",
     '# TYPE tropa_session_warmups_total counter',
     `tropa_session_warmups_total ${warmups?.sentCount ?? 0}`,
     '# HELP tropa_session_warmups_failed_total Session warm-ups that failed (no answer, an error).',
