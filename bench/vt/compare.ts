@@ -35,6 +35,8 @@ function run(v: Variant, t: Task, durationMs: number): Map<string, Served> {
   const firstChunk = policy.firstChunk.bind(policy)
   const ended = policy.ended.bind(policy)
   policy.started = (a: Attempt) => {
+    // A session warm-up shares its request's prompt (and key): it is no request of the trace.
+    if (a.warmup) return started(a)
     const first = a.req.prefix[0] ?? -1
     let h = holders.get(first)
     if (!h) {
@@ -54,11 +56,13 @@ function run(v: Variant, t: Task, durationMs: number): Map<string, Served> {
     started(a)
   }
   policy.firstChunk = (a: Attempt, nowMs: number) => {
+    if (a.warmup) return firstChunk(a, nowMs)
     const s = served.get(key(a))
     if (s && Number.isNaN(s.ttftMs)) s.ttftMs = nowMs - s.startMs
     firstChunk(a, nowMs)
   }
   policy.ended = (a: Attempt, nowMs: number, outcome: Outcome, cached: number | undefined, out?: number) => {
+    if (a.warmup) return ended(a, nowMs, outcome, cached, out)
     const s = served.get(key(a))
     if (s && outcome === 'ok' && cached !== undefined) s.cached = cached
     ended(a, nowMs, outcome, cached, out)

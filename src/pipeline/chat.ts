@@ -27,6 +27,7 @@ import type { UpstreamReply } from '../upstream/adapter.ts'
 import {
   CHAT_STREAM,
   ChatStreamRelay,
+  ERROR_EVENT,
   estimatedUsage,
   type StreamShape,
   sanitizeUsage,
@@ -727,7 +728,6 @@ async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate
   }
 }
 
-const ERROR_EVENT = /^data:\s*\{\s*"error"/
 /** Azure's opening event, in both key orders it has used: `{"choices":[],...` or `{"id":"",...`. */
 const OPENING_EVENT = /^data:\s*\{\s*(?:"choices"\s*:\s*\[\s*\]|"id"\s*:\s*"")/
 /** How much of a stream's opening Tropa reads before it commits to the node regardless. */

@@ -15,6 +15,7 @@ import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '..
 import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
+import { ERROR_EVENT } from '../upstream/sse.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
 
 /** What the pipelines need to reach upstreams. */
@@ -360,10 +361,13 @@ export function warmupBody(body: string): string | undefined {
  */
 function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt): void {
   const { route } = c
-  const body =
-    route.provider === 'openai' && d.path !== '/embeddings' && warming < MAX_WARMING
-      ? warmupBody(d.body(route))
-      : undefined
+  let body: string | undefined
+  try {
+    if (route.provider === 'openai' && d.path !== '/embeddings' && warming < MAX_WARMING)
+      body = warmupBody(d.body(route))
+  } catch {
+    body = undefined
+  }
   if (body === undefined) {
     deps.policy.declineWarmup?.(a)
     return
@@ -384,6 +388,7 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt)
   )
   void (async () => {
     let outcome: Outcome = 'failed'
+    let warmed = false
     let cached: number | undefined
     try {
       const reply = await deps.adapter.send(
@@ -397,31 +402,44 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt)
       for (let first = true; reader !== undefined; first = false) {
         const { done, value } = await reader.read()
         if (done) break
-        if (first) deps.policy.firstChunk(w, Date.now())
+        if (first) {
+          // An error as its first event (inside a 200 stream) is a failure, as for a request.
+          if (ERROR_EVENT.test(decoder.decode(value.subarray(0, 64))))
+            throw new UpstreamFailed(`${c.node.name} answered a session warm-up with an error`)
+          deps.policy.firstChunk(w, Date.now())
+        }
         // The usage comes last; a bounded tail of the stream keeps it.
         text = (text + decoder.decode(value, { stream: true })).slice(-16_384)
       }
-      // Answered: the node did its work, whatever the body says.
       outcome = 'ok'
+      warmed = true
       const n = Number(/"cached_tokens"\s*:\s*(\d+)/.exec(text)?.[1])
       if (Number.isFinite(n)) cached = n
     } catch (err) {
-      // As a request's attempt is judged (dispatch): a refusal is an answer; an overload, a
-      // failure and a hang are the node's.
+      // A refusal is an answer (the node is well; the body is what it refused); an overload or
+      // a failure is the node's, as for a request's attempt; no answer by the first-byte
+      // deadline leaves the node suspect of a stall (its next first token clears it).
+      const timedOut = controller.signal.aborted && controller.signal.reason instanceof UpstreamTimeout
       outcome =
         err instanceof UpstreamRejected
           ? 'ok'
-          : err instanceof UpstreamTimeout
+          : timedOut || err instanceof UpstreamTimeout
             ? 'cancelled'
             : err instanceof UpstreamFailed && (err.upstreamStatus === 429 || err.upstreamStatus === 503)
               ? 'overloaded'
               : 'failed'
-      deps.log('debug', 'a session warm-up failed', { node: c.node.name, error: (err as Error).message })
+      deps.log(err instanceof UpstreamRejected ? 'warn' : 'debug', 'a session warm-up failed', {
+        node: c.node.name,
+        error: (err as Error).message,
+      })
     } finally {
       clearTimeout(timer)
       warming--
-      deps.warmups?.ended(outcome === 'ok')
+      deps.warmups?.ended(warmed)
       finishAttempt(deps, w, outcome, cached)
+      // Not warmed: the session goes back to where its first turn was served, if it is still
+      // bound for this node.
+      if (!warmed) deps.policy.declineWarmup?.(a, c.node)
     }
   })()
 }

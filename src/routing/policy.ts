@@ -135,7 +135,8 @@ export interface RoutingPolicy {
    * or calls `declineWarmup` with the request's attempt (the session then stays where it is served).
    */
   takeWarmup?(): Candidate | undefined
-  declineWarmup?(a: Attempt): void
+  /** `warmed`: the node the warm-up went to, when it failed (undone only if the session is still bound there). */
+  declineWarmup?(a: Attempt, warmed?: NodeState): void
   /** The node left the config (a reload) and has nothing in flight: drop what was learned of it. */
   forget?(node: NodeState): void
 }

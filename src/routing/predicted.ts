@@ -647,10 +647,17 @@ export class PredictedTtft implements RoutingPolicy {
     return w?.candidate
   }
 
-  declineWarmup(a: Attempt): void {
-    // Not warmed: the session lives where its first turn is served.
+  /** The node a session's next turn is bound for (its home), if it has one. */
+  sessionHome(session: string): NodeState | undefined {
+    return this.sessions.get(session)
+  }
+
+  declineWarmup(a: Attempt, warmed?: NodeState): void {
+    // Not warmed: the session lives where its first turn is served (unless it has moved on since).
     const s = a.req.session
-    if (s !== undefined && this.sessions.has(s)) this.sessions.set(s, a.candidate.node)
+    if (s === undefined || !this.sessions.has(s)) return
+    if (warmed !== undefined && this.sessions.get(s) !== warmed) return
+    this.sessions.set(s, a.candidate.node)
   }
 
   estimateTtftMs(c: Candidate, req: RouteRequest): number {
@@ -719,7 +726,8 @@ export class PredictedTtft implements RoutingPolicy {
     a.firstAtMs = nowMs
     const m = this.model(a.candidate.node)
     const ttft = nowMs - a.startedAtMs
-    m.ttft.add(ttft)
+    // (A warm-up's first token is no client's: not in the node's TTFT figures.)
+    if (!a.warmup) m.ttft.add(ttft)
     const own = a.queuedTokens
     this.alive(m, nowMs)
     m.heardMs = nowMs

@@ -42,6 +42,60 @@ async function chat(tropa: Tropa, body: Record<string, unknown>, headers: Record
   }
 }
 
+/**
+ * Three nodes, a ~1,000-token system prompt answered once (its node the holder), then eight long
+ * answers decoding on the holder: a new session with that prompt is spread off it.
+ */
+async function busyHolder() {
+  t = await startTropa({
+    nodes: [1, 2, 3].map((i) => ({
+      name: `sim-${i}`,
+      seed: i,
+      itlMs: 20,
+      iterationOverheadMs: 1,
+      ignoreEos: true,
+    })),
+    // On by default where a node's /metrics were read (self-hosted engines): on here from the
+    // start, before the first poll.
+    models: (nodes) =>
+      modelsWith([1, 1, 1])(nodes).map((m) => ({
+        ...m,
+        routes: m.routes.map((r) => ({ ...r, warm_sessions: true })),
+      })),
+  })
+  const system = 'You are the support agent of a large router. Answer briefly. '.repeat(70) // ~1,000 tokens
+  const ask = (content: string, extra: Record<string, unknown> = {}, headers: Record<string, string> = {}) =>
+    t!.fetch('/v1/chat/completions', {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({
+        model: 'test/chat',
+        messages: [
+          { role: 'system', content: system },
+          { role: 'user', content },
+        ],
+        ...extra,
+      }),
+    })
+  // The system prompt's first request makes its node the holder.
+  const first = await ask('hello', { max_tokens: 2 })
+  expect(first.status).toBe(200)
+  await first.arrayBuffer()
+  const holder = nodeOf(first)!
+  // Long answers decoding on the holder (its cached prefix draws them there).
+  const busy: Response[] = []
+  for (let i = 0; i < 8; i++) {
+    const r = await ask(`long answer ${i}`, { max_tokens: 400, stream: true })
+    expect(r.status).toBe(200)
+    busy.push(r)
+    const reader = r.body!.getReader()
+    await reader.read() // its first token: decoding now
+    reader.releaseLock()
+  }
+  expect(busy.filter((r) => nodeOf(r) === holder).length).toBeGreaterThanOrEqual(4)
+  return { tropa: t!, ask, holder, busy }
+}
+
 describe('routing over real HTTP', () => {
   test('prompts sharing a long prefix go where that prefix is cached, and hit the cache', async () => {
     t = await startTropa({
@@ -251,57 +305,8 @@ describe('routing over real HTTP', () => {
   })
 
   test("a new session spread off its prefix's busy node is served there, and its new node is warmed with its prompt", async () => {
-    t = await startTropa({
-      nodes: [1, 2, 3].map((i) => ({
-        name: `sim-${i}`,
-        seed: i,
-        itlMs: 20,
-        iterationOverheadMs: 1,
-        ignoreEos: true,
-      })),
-      // On by default where a node's /metrics were read (self-hosted engines): on here from the
-      // start, before the first poll.
-      models: (nodes) =>
-        modelsWith([1, 1, 1])(nodes).map((m) => ({
-          ...m,
-          routes: m.routes.map((r) => ({ ...r, warm_sessions: true })),
-        })),
-    })
-    const system = 'You are the support agent of a large router. Answer briefly. '.repeat(70) // ~1,000 tokens
-    const ask = (
-      content: string,
-      extra: Record<string, unknown> = {},
-      headers: Record<string, string> = {},
-    ) =>
-      t!.fetch('/v1/chat/completions', {
-        method: 'POST',
-        headers,
-        body: JSON.stringify({
-          model: 'test/chat',
-          messages: [
-            { role: 'system', content: system },
-            { role: 'user', content },
-          ],
-          ...extra,
-        }),
-      })
-    // The system prompt's first request makes its node the holder.
-    const first = await ask('hello', { max_tokens: 2 })
-    expect(first.status).toBe(200)
-    await first.arrayBuffer()
-    const holder = nodeOf(first)!
-    // Long answers decoding on the holder (its cached prefix draws them there).
-    const busy: Response[] = []
-    for (let i = 0; i < 8; i++) {
-      const r = await ask(`long answer ${i}`, { max_tokens: 400, stream: true })
-      expect(r.status).toBe(200)
-      busy.push(r)
-      const reader = r.body!.getReader()
-      await reader.read() // its first token: decoding now
-      reader.releaseLock()
-    }
-    const onHolder = busy.filter((r) => nodeOf(r) === holder).length
-    expect(onHolder).toBeGreaterThanOrEqual(4)
+    const { tropa, ask, holder, busy } = await busyHolder()
+    t = tropa
     const stats = () => Object.fromEntries(t!.nodes.map((n) => [n.name, n.stats()]))
     const before = stats()
     const warmups = t.svc.deps.warmups!.sentCount
@@ -347,7 +352,7 @@ describe('routing over real HTTP', () => {
     expect(text).toMatch(/^tropa_session_warmups_total 1$/m)
     expect(text).toMatch(/^tropa_session_warmups_failed_total 0$/m)
     for (const r of busy) await r.body?.cancel()
-    // Billed to no one: the ledger holds the client's requests only (2 + 8 + 2 turns), and the
+    // Billed to no one: the ledger holds the client's requests only (1 + 8 + 2 turns), and the
     // two turns exactly what they were answered.
     await t.svc.ledger.flush()
     const rows = (await t.svc.store.ledgerForOrg(t.orgId, 0, Date.now() + 1000)).filter(
@@ -364,5 +369,25 @@ describe('routing over real HTTP', () => {
     }
     expect(rows.length).toBe(11)
     expect(rows.filter((r) => r.completionTokens === 1)).toHaveLength(0)
+  }, 30_000)
+
+  test('a session warm-up that fails costs the client nothing, is counted, and leaves the session where it was served', async () => {
+    const { tropa, ask, holder, busy } = await busyHolder()
+    t = tropa
+    // Every node but the holder now answers chat requests with a 500.
+    for (const n of t.nodes) if (n.name !== holder) n.setFaults({ errorRate: 1 })
+    const turn1 = await ask('another conversation', { max_tokens: 2 }, { 'x-session-id': 'conv-2' })
+    expect(turn1.status).toBe(200)
+    await turn1.arrayBuffer()
+    expect(nodeOf(turn1)).toBe(holder)
+    expect(t.svc.deps.warmups!.sentCount).toBe(1)
+    for (let i = 0; i < 100 && t.svc.deps.warmups!.failedCount === 0; i++) await Bun.sleep(20)
+    expect(t.svc.deps.warmups!.failedCount).toBe(1)
+    // Not warmed: the session's next turn is bound for the node that served its first.
+    const policy = t.svc.deps.policy as PredictedTtft
+    expect(policy.sessionHome('conv-2')?.name).toBe(holder)
+    const text = await (await fetch(`${t.url}/metrics`)).text()
+    expect(text).toMatch(/^tropa_session_warmups_failed_total 1$/m)
+    for (const r of busy) await r.body?.cancel()
   }, 30_000)
 })

@@ -614,8 +614,14 @@ describe('PredictedTtft', () => {
     const warm = p.takeWarmup()
     expect(warm).toBeDefined()
     expect(warm!.node).not.toBe(home.node)
-    // Declined (the router could not send it): the session stays where its first turn is served.
-    p.declineWarmup(a11)
+    expect(p.sessionHome('s-11')).toBe(warm!.node)
+    // A failed warm-up is undone only while the session is still bound for its node.
+    p.declineWarmup(a11, home.node)
+    expect(p.sessionHome('s-11')).toBe(warm!.node)
+    // Declined (the router could not send it, or it failed): the session stays where its first
+    // turn is served.
+    p.declineWarmup(a11, warm!.node)
+    expect(p.sessionHome('s-11')).toBe(home.node)
     expect(p.choose(auto, turn(11, 2006))!.node).toBe(home.node)
   })
 
