@@ -56,6 +56,12 @@ export interface PredictedTtftOptions {
   readonly sessionSpread: number
   readonly sessionSpreadPerKTokens: number
   /**
+   * The same two where a spread session's new node is warmed (`warmSessions`): its first turn no
+   * longer pays the prefix's prefill, so the popular prefix spreads at a smaller excess.
+   */
+  readonly sessionSpreadWarm: number
+  readonly sessionSpreadPerKTokensWarm: number
+  /**
    * A new session spread away from the node holding its cached prefix (above) has this request
    * served on that node when it is predicted sooner there, and its new node warmed with the same
    * prompt (`takeWarmup`; routes with `warm_sessions`): the session's later turns find their
@@ -173,6 +179,8 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sessionSlack: 1.15,
   sessionSpread: 2,
   sessionSpreadPerKTokens: 3,
+  sessionSpreadWarm: 1,
+  sessionSpreadPerKTokensWarm: 1.5,
   warmSessions: true,
   minRateSampleTokens: 512,
   maxDecodeShare: 0.5,
@@ -605,20 +613,21 @@ export class PredictedTtft implements RoutingPolicy {
       let minDecoding = Number.POSITIVE_INFINITY
       for (const i of picked) minDecoding = Math.min(minDecoding, this.model(pool[i]!.node).decoding)
       const cachedTokens = Math.min(matched[best]! * req.blockTokens, req.promptTokens - 1)
+      // Warm-ups on (the holder's route stands for the fleet's): a spread costs the turn nothing.
+      const warm = this.opts.warmSessions && this.warmable(pool[best]!)
       const spread = Math.max(
-        this.opts.sessionSpread,
-        (this.opts.sessionSpreadPerKTokens * cachedTokens) / 1000,
+        warm ? this.opts.sessionSpreadWarm : this.opts.sessionSpread,
+        ((warm ? this.opts.sessionSpreadPerKTokensWarm : this.opts.sessionSpreadPerKTokens) * cachedTokens) /
+          1000,
       )
       if (this.model(pool[best]!.node).decoding > minDecoding + spread) {
         const holder = best
         const holderTtft = bestTtft
         scan(false)
         const home = pool[best]!
-        const hm = this.model(home.node)
         if (
           this.opts.warmSessions &&
-          // On by default where the node reports Prometheus metrics: a self-hosted engine.
-          (home.route.warmSessions ?? hm.metricAtMs > Number.NEGATIVE_INFINITY) &&
+          this.warmable(home) &&
           home.node !== pool[holder]!.node &&
           holderTtft < bestTtft &&
           req.session !== undefined
@@ -636,6 +645,11 @@ export class PredictedTtft implements RoutingPolicy {
     for (const i of picked) if (i !== best && ts[i]! < alternative) alternative = ts[i]!
     this.lastChoice = { req, alternativeMs: Number.isFinite(alternative) ? alternative : undefined }
     return pool[best]
+  }
+
+  /** Whether a route's node may be warmed: `warm_sessions`, by default where it reports /metrics (a self-hosted engine). */
+  private warmable(c: Candidate): boolean {
+    return c.route.warmSessions ?? this.model(c.node).metricAtMs > Number.NEGATIVE_INFINITY
   }
 
   /** A warm-up asked for by the last `choose` (a new session's new home, to warm with its first prompt). */
