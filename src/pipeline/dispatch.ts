@@ -103,6 +103,11 @@ export function finishAttempt(
   deps.policy.ended(a, nowMs, outcome, cachedTokens, completionTokens)
 }
 
+/** What a node's failure tells the policy: a 429 or 503 is load, anything else a failure. */
+function failedOutcome(err: UpstreamFailed): Outcome {
+  return err.upstreamStatus === 429 || err.upstreamStatus === 503 ? 'overloaded' : 'failed'
+}
+
 /** A node that lost a hedge race is cancelled with this. */
 class HedgeLost extends Error {
   constructor() {
@@ -285,8 +290,7 @@ export async function dispatch<T>(
       cancelRest()
       throw err
     }
-    const status = err.upstreamStatus
-    finishAttempt(deps, a, status === 429 || status === 503 ? 'overloaded' : 'failed')
+    finishAttempt(deps, a, failedOutcome(err))
     deps.log('warn', 'upstream attempt failed', {
       node: a.candidate.node.name,
       model: d.model.id,
@@ -382,9 +386,8 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt)
   const controller = new AbortController()
   // One token: the whole answer is due by the first-byte deadline.
   const timeoutMs = route.firstByteTimeoutMs ?? deps.timeouts.firstByteTimeoutMs
-  const timer = setTimeout(
-    () => controller.abort(new UpstreamTimeout('the session warm-up timed out')),
-    timeoutMs,
+  const deadline = deps.watchdog.watch(nowMs + timeoutMs, () =>
+    controller.abort(new UpstreamTimeout('the session warm-up timed out')),
   )
   void (async () => {
     let outcome: Outcome = 'failed'
@@ -425,15 +428,15 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt)
           ? 'ok'
           : timedOut || err instanceof UpstreamTimeout
             ? 'cancelled'
-            : err instanceof UpstreamFailed && (err.upstreamStatus === 429 || err.upstreamStatus === 503)
-              ? 'overloaded'
+            : err instanceof UpstreamFailed
+              ? failedOutcome(err)
               : 'failed'
       deps.log(err instanceof UpstreamRejected ? 'warn' : 'debug', 'a session warm-up failed', {
         node: c.node.name,
         error: (err as Error).message,
       })
     } finally {
-      clearTimeout(timer)
+      deps.watchdog.clear(deadline)
       warming--
       deps.warmups?.ended(warmed)
       finishAttempt(deps, w, outcome, cached)
