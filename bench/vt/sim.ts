@@ -379,7 +379,7 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
     pool.begin(c.node, now)
     const a = new Attempt(c, req, now)
     policy.started(a)
-    const warm = policy.takeWarmup?.()
+    const warm = policy.takeWarmup?.()?.candidate
     // As the router does (pipeline/dispatch.ts warmUp): at most 32 at once, else declined.
     if (warm && warmOf.size >= 32) policy.declineWarmup?.(a)
     else if (warm) {

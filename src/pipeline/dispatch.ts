@@ -11,7 +11,14 @@ import {
 } from '../errors.ts'
 import type { ShareBudget } from '../routing/budget.ts'
 import type { Candidate, NodePool } from '../routing/nodes.ts'
-import { Attempt, type Outcome, type RouteRequest, type RoutingPolicy } from '../routing/policy.ts'
+import {
+  Attempt,
+  type Outcome,
+  type RouteRequest,
+  type RoutingPolicy,
+  type Warmup,
+  type WarmupReason,
+} from '../routing/policy.ts'
 import { fail, type RequestTrace } from '../tracing/span.ts'
 import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
@@ -303,15 +310,15 @@ export async function dispatch<T>(
   }
 }
 
-/** Session warm-ups sent and failed (`tropa_session_warmups_total`). */
+/** Warm-ups sent and failed, by reason (`tropa_warmups_total`, `tropa_warmups_failed_total`). */
 export class WarmupCounts {
-  sentCount = 0
-  failedCount = 0
-  sent(): void {
-    this.sentCount++
+  readonly sentCount: Record<WarmupReason, number> = { session: 0, explore: 0 }
+  readonly failedCount: Record<WarmupReason, number> = { session: 0, explore: 0 }
+  sent(reason: WarmupReason): void {
+    this.sentCount[reason]++
   }
-  ended(ok: boolean): void {
-    if (!ok) this.failedCount++
+  ended(reason: WarmupReason, ok: boolean): void {
+    if (!ok) this.failedCount[reason]++
   }
 }
 
@@ -354,16 +361,19 @@ export function warmupBody(body: string): string | undefined {
 }
 
 /**
- * Warms `c` with the request's prompt: the same body, one token out, streamed, its answer read
- * and dropped (answered to no one, billed to no one: the node's own compute, as a hedge's
- * lost copy is). The policy asked for it (`takeWarmup`): a new session served where its prefix is
- * cached (`a`), its later turns sent to `c`. Counted on the node as any attempt, so that routing
- * and admission see its load, and its first chunk teaches the policy the node's prefill rate as a
- * request's does (a node never measured is measured by it, before the session's turns go there). Only OpenAI-compatible chat and completions routes (the config
- * keeps `warm_sessions` off elsewhere); at most MAX_WARMING at once; never waits for, nor fails,
- * the request. Declined (the session stays where `a` is served) when it cannot be sent.
+ * Warms a node with the request's prompt: the same body, one token out, streamed, its answer read
+ * and dropped (answered to no one, billed to no one: the node's own compute, as a hedge's lost
+ * copy is). The policy asked for it (`takeWarmup`): a new session served where its prefix is
+ * cached (`a`), its later turns sent to the warmed node (`session`); or a node never measured,
+ * the request served on a measured one (`explore`). Counted on the node as any attempt, so that
+ * routing and admission see its load, and its first chunk teaches the policy the node's prefill
+ * rate as a request's does (a node never measured is measured by it, before a client's request
+ * pays for finding it slow). Only OpenAI-compatible chat and completions routes (the config keeps
+ * `warm_sessions` off elsewhere); at most MAX_WARMING at once; never waits for, nor fails, the
+ * request. Declined (a session stays where `a` is served) when it cannot be sent.
  */
-function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt): void {
+function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, warm: Warmup, a: Attempt): void {
+  const { candidate: c, reason } = warm
   const { route } = c
   let body: string | undefined
   try {
@@ -382,12 +392,12 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt)
   const w = new Attempt(c, { ...a.req, session: undefined, stream: true, exclude: new Set() }, nowMs)
   w.warmup = true
   deps.policy.started(w)
-  deps.warmups?.sent()
+  deps.warmups?.sent(reason)
   const controller = new AbortController()
   // One token: the whole answer is due by the first-byte deadline.
   const timeoutMs = route.firstByteTimeoutMs ?? deps.timeouts.firstByteTimeoutMs
   const deadline = deps.watchdog.watch(nowMs + timeoutMs, () =>
-    controller.abort(new UpstreamTimeout('the session warm-up timed out')),
+    controller.abort(new UpstreamTimeout('the warm-up timed out')),
   )
   void (async () => {
     let outcome: Outcome = 'failed'
@@ -408,7 +418,7 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt)
         if (first) {
           // An error as its first event (inside a 200 stream) is a failure, as for a request.
           if (ERROR_EVENT.test(decoder.decode(value.subarray(0, 64))))
-            throw new UpstreamFailed(`${c.node.name} answered a session warm-up with an error`)
+            throw new UpstreamFailed(`${c.node.name} answered a warm-up with an error`)
           deps.policy.firstChunk(w, Date.now())
         }
         // The usage comes last; a bounded tail of the stream keeps it.
@@ -431,14 +441,15 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, c: Candidate, a: Attempt)
             : err instanceof UpstreamFailed
               ? failedOutcome(err)
               : 'failed'
-      deps.log(err instanceof UpstreamRejected ? 'warn' : 'debug', 'a session warm-up failed', {
+      deps.log(err instanceof UpstreamRejected ? 'warn' : 'debug', 'a warm-up failed', {
         node: c.node.name,
+        reason,
         error: (err as Error).message,
       })
     } finally {
       deps.watchdog.clear(deadline)
       warming--
-      deps.warmups?.ended(warmed)
+      deps.warmups?.ended(reason, warmed)
       finishAttempt(deps, w, outcome, cached)
       // Not warmed: the session goes back to where its first turn was served, if it is still
       // bound for this node.

@@ -38,13 +38,21 @@ export type Outcome =
   /** Abandoned by the router or the client before the node answered (lost hedge, disconnect). */
   | 'cancelled'
 
+/** A warm-up the policy asks for (`RoutingPolicy.takeWarmup`), and why. */
+export interface Warmup {
+  readonly candidate: Candidate
+  /** `session`: a spread new session's new node; `explore`: a node never measured. */
+  readonly reason: WarmupReason
+}
+export type WarmupReason = 'session' | 'explore'
+
 /**
  * One dispatch of one request to one node. The pipeline makes it, hands it to the policy's
  * hooks, and passes it back with each observation, so a policy can keep what it predicted
  * (say, the uncached tokens it added to a node's queue) and take exactly that back.
  */
 export class Attempt {
-  /** A session warm-up (`RoutingPolicy.takeWarmup`): one token out, answered to no one. */
+  /** A warm-up (`RoutingPolicy.takeWarmup`): one token out, answered to no one. */
   warmup = false
   /** When the first chunk arrived (streaming), if it has. */
   firstAtMs: number | undefined
@@ -130,11 +138,12 @@ export interface RoutingPolicy {
    */
   hedgeAtMs?(a: Attempt): number | undefined
   /**
-   * After `started`: a node to warm with the request's prompt (one token out, answered to no one),
-   * where the request's session will live. The caller sends it as an Attempt with `warmup` set,
-   * or calls `declineWarmup` with the request's attempt (the session then stays where it is served).
+   * After `started`: a node to warm with the request's prompt (one token out, answered to no one):
+   * where the request's session will live, or a node never measured, to measure. The caller sends
+   * it as an Attempt with `warmup` set, or calls `declineWarmup` with the request's attempt (a
+   * session then stays where it is served).
    */
-  takeWarmup?(): Candidate | undefined
+  takeWarmup?(): Warmup | undefined
   /** `warmed`: the node the warm-up went to, when it failed (undone only if the session is still bound there). */
   declineWarmup?(a: Attempt, warmed?: NodeState): void
   /** The node left the config (a reload) and has nothing in flight: drop what was learned of it. */

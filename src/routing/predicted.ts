@@ -8,6 +8,7 @@ import {
   type RouteRequest,
   type RoutingPolicy,
   soonestBack,
+  type Warmup,
 } from './policy.ts'
 import { PrefixIndex } from './prefix.ts'
 import { RatioQuantile } from './quantile.ts'
@@ -68,6 +69,14 @@ export interface PredictedTtftOptions {
    * prefix cached at its new node, and its first turn does not wait for the prefix's prefill.
    */
   readonly warmSessions: boolean
+  /**
+   * A node never measured (no rate sample of its own, no measured twin) is priced at the prior;
+   * chosen so, a request whose prompt would teach its rate is served instead on the best node
+   * that is measured, when that one is predicted within this factor of it, and the unmeasured node
+   * is warmed with the prompt (`takeWarmup`, where warm-ups are on): the warm-up's first token
+   * measures it, and no client's request pays a slow node's prefill to find out. 0: off.
+   */
+  readonly exploreSlack: number
   /**
    * First tokens that waited on fewer uncached tokens than this do not teach the prefill rate:
    * the fixed cost of a step outweighs the prefill in them.
@@ -182,6 +191,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sessionSpreadWarm: 1,
   sessionSpreadPerKTokensWarm: 1.5,
   warmSessions: true,
+  exploreSlack: 1.5,
   minRateSampleTokens: 512,
   maxDecodeShare: 0.5,
   batchNodeFactor: 1.1,
@@ -641,10 +651,41 @@ export class PredictedTtft implements RoutingPolicy {
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
+    if (this.opts.exploreSlack > 0 && this.warm === undefined)
+      best = this.explore(pool, picked, ts, best, matched, req)
     let alternative = Number.POSITIVE_INFINITY
     for (const i of picked) if (i !== best && ts[i]! < alternative) alternative = ts[i]!
     this.lastChoice = { req, alternativeMs: Number.isFinite(alternative) ? alternative : undefined }
     return pool[best]
+  }
+
+  /**
+   * `exploreSlack`: the chosen node never measured, the request served on the best measured one
+   * within the slack and the node warmed with its prompt (only one such warm-up at a time: while
+   * it runs, the node is avoided within the slack all the same).
+   */
+  private explore(
+    pool: readonly Candidate[],
+    picked: readonly number[],
+    ts: readonly number[],
+    best: number,
+    matched: readonly number[],
+    req: RouteRequest,
+  ): number {
+    const c = pool[best]!
+    const m = this.model(c.node)
+    if (m.measured || m.twinned || !this.opts.warmSessions || !this.warmable(c)) return best
+    const cached = Math.min(matched[best]! * req.blockTokens, req.promptTokens - 1)
+    if (req.promptTokens - cached < this.opts.minRateSampleTokens) return best
+    let alt = -1
+    for (const i of picked) {
+      if (i === best) continue
+      const o = this.model(pool[i]!.node)
+      if ((o.measured || o.twinned) && (alt < 0 || ts[i]! < ts[alt]!)) alt = i
+    }
+    if (alt < 0 || ts[alt]! > ts[best]! * this.opts.exploreSlack) return best
+    if (m.waiting === 0) this.warm = { candidate: c, session: undefined }
+    return alt
   }
 
   /** Whether a route's node may be warmed: `warm_sessions`, by default where it reports /metrics (a self-hosted engine). */
@@ -652,13 +693,16 @@ export class PredictedTtft implements RoutingPolicy {
     return c.route.warmSessions ?? this.model(c.node).metricAtMs > Number.NEGATIVE_INFINITY
   }
 
-  /** A warm-up asked for by the last `choose` (a new session's new home, to warm with its first prompt). */
-  private warm: { candidate: Candidate; session: string } | undefined
+  /**
+   * A warm-up asked for by the last `choose`: a new session's new home, to warm with its first
+   * prompt (`session` set), or a node never measured, to measure with the request's prompt.
+   */
+  private warm: { candidate: Candidate; session: string | undefined } | undefined
 
-  takeWarmup(): Candidate | undefined {
+  takeWarmup(): Warmup | undefined {
     const w = this.warm
     this.warm = undefined
-    return w?.candidate
+    return w && { candidate: w.candidate, reason: w.session === undefined ? 'explore' : 'session' }
   }
 
   /** The node a session's next turn is bound for (its home), if it has one. */

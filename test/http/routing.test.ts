@@ -1,4 +1,5 @@
 import { afterEach, describe, expect, test } from 'bun:test'
+import type { NodeState } from '../../src/routing/nodes.ts'
 import type { PredictedTtft } from '../../src/routing/predicted.ts'
 import type { SimNode } from '../../src/simulator/index.ts'
 import { ADMIN_TOKEN, CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
@@ -309,7 +310,7 @@ describe('routing over real HTTP', () => {
     t = tropa
     const stats = () => Object.fromEntries(t!.nodes.map((n) => [n.name, n.stats()]))
     const before = stats()
-    const warmups = t.svc.deps.warmups!.sentCount
+    const warmups = t.svc.deps.warmups!.sentCount.session
     // A new session with the same system prompt, streamed: its first turn is served where the
     // prompt is cached, and one other node gets the same prompt for one token, to hold the session.
     const turn1 = await ask(
@@ -327,7 +328,7 @@ describe('routing over real HTTP', () => {
     expect(nodeOf(turn1)).toBe(holder)
     expect(usage1.completion_tokens).toBe(3)
     expect(usage1.prompt_tokens_details?.cached_tokens ?? 0).toBeGreaterThan(500)
-    expect(t.svc.deps.warmups!.sentCount).toBe(warmups + 1)
+    expect(t.svc.deps.warmups!.sentCount.session).toBe(warmups + 1)
     let warmed: string | undefined
     for (let i = 0; i < 100 && warmed === undefined; i++) {
       const now = stats()
@@ -349,8 +350,8 @@ describe('routing over real HTTP', () => {
     expect(nodeOf(turn2)).toBe(warmed!)
     expect(answer2.usage.prompt_tokens_details?.cached_tokens ?? 0).toBeGreaterThan(500)
     const text = await (await fetch(`${t.url}/metrics`)).text()
-    expect(text).toMatch(/^tropa_session_warmups_total 1$/m)
-    expect(text).toMatch(/^tropa_session_warmups_failed_total 0$/m)
+    expect(text).toMatch(/^tropa_warmups_total\{reason="session"\} 1$/m)
+    expect(text).toMatch(/^tropa_warmups_failed_total\{reason="session"\} 0$/m)
     for (const r of busy) await r.body?.cancel()
     // Billed to no one: the ledger holds the client's requests only (1 + 8 + 2 turns), and the
     // two turns exactly what they were answered.
@@ -371,6 +372,75 @@ describe('routing over real HTTP', () => {
     expect(rows.filter((r) => r.completionTokens === 1)).toHaveLength(0)
   }, 30_000)
 
+  test('a node never measured is measured by a warm-up of a long prompt before any client request goes there', async () => {
+    // sim-3 is another kind of accelerator (its own KV-cache size in /metrics: no measured twin),
+    // four times slower; it joins once sim-1 and sim-2 are measured.
+    t = await startTropa({
+      nodes: [1, 2, 3].map((i) => ({
+        name: `sim-${i}`,
+        seed: i,
+        itlMs: 5,
+        iterationOverheadMs: 1,
+        ...(i === 3 && { cacheBlocks: 2048, faults: { hang: true, slowdownFactor: 4 } }),
+      })),
+      models: (nodes) =>
+        modelsWith([1, 1, 1])(nodes).map((m) => ({
+          ...m,
+          routes: m.routes.map((r) => ({ ...r, hedge: false, warm_sessions: true })),
+        })),
+      upstream: { connect_timeout_ms: 200 },
+      extra: { routing: { health_check_ms: 100, metrics_poll_ms: 50 } },
+    })
+    const policy = t.svc.deps.policy as PredictedTtft
+    const [sim1, sim2, sim3] = t.nodes.map((n) => t!.svc.deps.pool.nodes.get(n.url)!) as [
+      NodeState,
+      NodeState,
+      NodeState,
+    ]
+    for (let i = 0; i < 100 && sim3.available(Date.now()); i++) await Bun.sleep(20)
+    expect(sim3.available(Date.now())).toBe(false)
+    // Long prompts, each its own (about 1,400 tokens: a first token that teaches a prefill rate).
+    const send = async (i: number) => {
+      const res = await t!.fetch('/v1/chat/completions', {
+        method: 'POST',
+        body: JSON.stringify({
+          model: 'test/chat',
+          max_tokens: 2,
+          stream: true,
+          messages: [{ role: 'user', content: `question ${i}: ${'many words '.repeat(500)}` }],
+        }),
+      })
+      expect(res.status).toBe(200)
+      expect(await res.text()).toContain('data: [DONE]')
+      return nodeOf(res)
+    }
+    for (let i = 0; i < 6 && !(policy.model(sim1).measured && policy.model(sim2).measured); i++) await send(i)
+    expect(policy.model(sim1).measured && policy.model(sim2).measured).toBe(true)
+    t.nodes[2]!.setFaults({ hang: false })
+    for (let i = 0; i < 100 && !sim3.available(Date.now()); i++) await Bun.sleep(20)
+    for (let i = 0; i < 100 && policy.model(sim3).metricAtMs === Number.NEGATIVE_INFINITY; i++)
+      await Bun.sleep(20)
+    expect(policy.model(sim3).measured).toBe(false)
+    // The next long prompt finds sim-3 priced at the prior, as fast as the others and idle: it is
+    // served on a measured node, and sim-3 gets the prompt for one token, which measures it.
+    const served = await send(100)
+    expect(served).not.toBe('sim-3')
+    expect(t.svc.deps.warmups!.sentCount.explore).toBe(1)
+    for (let i = 0; i < 200 && !policy.model(sim3).measured; i++) await Bun.sleep(20)
+    expect(policy.model(sim3).measured).toBe(true)
+    const stats3 = t.nodes[2]!.stats()
+    expect(stats3.chatRequests).toBe(1)
+    expect(stats3.completionTokens).toBe(1)
+    const rate = (n: NodeState) => policy.snapshot(Date.now()).find((x) => x.node === n.name)!.tokensPerSec
+    expect(rate(sim3)).toBeLessThan(rate(sim1) / 2)
+    // Measured slow: the next ones go to sim-1 and sim-2, with no more warm-ups.
+    for (let i = 0; i < 4; i++) expect(await send(200 + i)).not.toBe('sim-3')
+    expect(t.svc.deps.warmups!.sentCount.explore).toBe(1)
+    const text = await (await fetch(`${t.url}/metrics`)).text()
+    expect(text).toMatch(/^tropa_warmups_total\{reason="explore"\} 1$/m)
+    expect(text).toMatch(/^tropa_warmups_failed_total\{reason="explore"\} 0$/m)
+  }, 30_000)
+
   test('a session warm-up that fails costs the client nothing, is counted, and leaves the session where it was served', async () => {
     const { tropa, ask, holder, busy } = await busyHolder()
     t = tropa
@@ -380,14 +450,14 @@ describe('routing over real HTTP', () => {
     expect(turn1.status).toBe(200)
     await turn1.arrayBuffer()
     expect(nodeOf(turn1)).toBe(holder)
-    expect(t.svc.deps.warmups!.sentCount).toBe(1)
-    for (let i = 0; i < 100 && t.svc.deps.warmups!.failedCount === 0; i++) await Bun.sleep(20)
-    expect(t.svc.deps.warmups!.failedCount).toBe(1)
+    expect(t.svc.deps.warmups!.sentCount.session).toBe(1)
+    for (let i = 0; i < 100 && t.svc.deps.warmups!.failedCount.session === 0; i++) await Bun.sleep(20)
+    expect(t.svc.deps.warmups!.failedCount.session).toBe(1)
     // Not warmed: the session's next turn is bound for the node that served its first.
     const policy = t.svc.deps.policy as PredictedTtft
     expect(policy.sessionHome('conv-2')?.name).toBe(holder)
     const text = await (await fetch(`${t.url}/metrics`)).text()
-    expect(text).toMatch(/^tropa_session_warmups_failed_total 1$/m)
+    expect(text).toMatch(/^tropa_warmups_failed_total\{reason="session"\} 1$/m)
     for (const r of busy) await r.body?.cancel()
   }, 30_000)
 })

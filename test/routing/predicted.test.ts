@@ -539,7 +539,7 @@ describe('PredictedTtft', () => {
       pool.begin(next.node, r9.nowMs)
       const a9 = new Attempt(next, r9, r9.nowMs)
       p.started(a9)
-      const warm = p.takeWarmup()
+      const warm = p.takeWarmup()?.candidate
       if (warm) {
         // Sent as the router sends it: streamed, one token.
         pool.begin(warm.node, r9.nowMs)
@@ -615,7 +615,9 @@ describe('PredictedTtft', () => {
     pool.begin(served.node, r11.nowMs)
     const a11 = new Attempt(served, r11, r11.nowMs)
     p.started(a11)
-    const warm = p.takeWarmup()
+    const taken = p.takeWarmup()
+    expect(taken?.reason).toBe('session')
+    const warm = taken?.candidate
     expect(warm).toBeDefined()
     expect(warm!.node).not.toBe(home.node)
     expect(p.sessionHome('s-11')).toBe(warm!.node)
@@ -627,6 +629,60 @@ describe('PredictedTtft', () => {
     p.declineWarmup(a11, warm!.node)
     expect(p.sessionHome('s-11')).toBe(home.node)
     expect(p.choose(auto, turn(11, 2006))!.node).toBe(home.node)
+  })
+
+  test('a node never measured is measured by a warm-up of a long prompt, the request served on a measured node', () => {
+    const setup = (opts: { exploreSlack?: number; warmSessions?: boolean } = {}) => {
+      const fleet3 = fleet(3)
+      const { pool } = fleet3
+      // Routes with `warm_sessions` (the helper's), or without.
+      const cands = fleet3.cands.map((x) =>
+        opts.warmSessions === false ? { ...x, route: { ...x.route, warmSessions: false } } : x,
+      )
+      const p = new PredictedTtft({ rng: rng(3), exploreSlack: opts.exploreSlack ?? 1.5 })
+      const [a, b, c] = cands as [Candidate, Candidate, Candidate]
+      // a and b measured a little slower than the prior (8k tokens/s); c never sent anything,
+      // priced at the prior, wins.
+      serve(p, pool, a, req({ nowMs: 100, promptTokens: 2000 }), 300)
+      serve(p, pool, b, req({ nowMs: 100, promptTokens: 2000 }), 300)
+      // Polled; no cache size reported, so no twins.
+      for (const x of cands) p.nodeMetrics(x.node, { waiting: 0, running: 0, kvUsage: 0 }, 500)
+      return { pool, p, cands, a, b, c }
+    }
+    // Off, or on routes without warm-ups: the request itself explores c.
+    for (const opts of [{ exploreSlack: 0 }, { warmSessions: false }]) {
+      const { p, cands, c } = setup(opts)
+      expect(p.choose(cands, req({ nowMs: 1000, promptTokens: 2000 }))).toBe(c)
+      expect(p.takeWarmup()).toBeUndefined()
+    }
+    const { pool, p, cands, c } = setup()
+    // A prompt too short to teach a prefill rate explores c itself, with no warm-up.
+    expect(p.choose(cands, req({ nowMs: 1000, promptTokens: 300 }))).toBe(c)
+    expect(p.takeWarmup()).toBeUndefined()
+    // A long one is served on a measured node, and c is warmed with it.
+    const r = req({ nowMs: 1000, promptTokens: 2000 })
+    const served = p.choose(cands, r)!
+    expect(served).not.toBe(c)
+    pool.begin(served.node, r.nowMs)
+    const a1 = new Attempt(served, r, r.nowMs)
+    p.started(a1)
+    const warm = p.takeWarmup()
+    expect(warm?.reason).toBe('explore')
+    expect(warm?.candidate).toBe(c)
+    pool.begin(c.node, r.nowMs)
+    const w = new Attempt(c, r, r.nowMs)
+    w.warmup = true
+    p.started(w)
+    // While it runs, c is still avoided, and not warmed twice.
+    expect(p.choose(cands, req({ nowMs: 1100, promptTokens: 2000 }))).not.toBe(c)
+    expect(p.takeWarmup()).toBeUndefined()
+    // Its first token says c is slow (2,000 tokens in 800 ms): measured, c is priced so from now.
+    p.firstChunk(w, r.nowMs + 800)
+    pool.end(c.node, true, r.nowMs + 810)
+    p.ended(w, r.nowMs + 810, 'ok', 0, 1)
+    expect(p.snapshot(2000).find((n) => n.node === c.node.name)!.tokensPerSec).toBeLessThan(4_000)
+    expect(p.choose(cands, req({ nowMs: 2000, promptTokens: 2000 }))).not.toBe(c)
+    expect(p.takeWarmup()).toBeUndefined()
   })
 
   test("a prefix's holder busy with an earlier prefill wins once that prefill is mostly done, unless it is the prefix's own", () => {
