@@ -359,6 +359,9 @@ export function simulate(policy: RoutingPolicy, trace: readonly PreparedRequest[
       session: r.session,
       stream: true,
       exclude,
+      // As the router (pipeline/dispatch.ts): first attempts only, under the warm-up cap.
+      canExplore: exclude.size === 0 && warmOf.size < 32,
+      ttftBudgetMs: o.ttftBudgetMs,
       nowMs: now,
     }
     const c = policy.choose(cands, req)

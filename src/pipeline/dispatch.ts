@@ -182,6 +182,8 @@ export async function dispatch<T>(
       exclude,
       nowMs,
       batchQuietMs: deps.pool.batchQuietMs,
+      canExplore: tried === 0 && d.path !== '/embeddings' && warming < MAX_WARMING,
+      ttftBudgetMs: d.ttftBudgetMs,
     }
     const c = deps.policy.choose(candidates, req)
     if (!c) return false
@@ -453,7 +455,7 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, warm: Warmup, a: Attempt)
       finishAttempt(deps, w, outcome, cached)
       // Not warmed: the session goes back to where its first turn was served, if it is still
       // bound for this node.
-      if (!warmed) deps.policy.declineWarmup?.(a, c.node)
+      if (!warmed && reason === 'session') deps.policy.declineWarmup?.(a, c.node)
     }
   })()
 }

@@ -24,6 +24,13 @@ export interface RouteRequest {
    * how long a node must go without interactive traffic to be the batch's (routing/nodes.ts).
    */
   readonly batchQuietMs?: number | undefined
+  /**
+   * Whether a warm-up of a node never measured could be sent with this request (the router's
+   * first attempt at a chat or completions request, under its cap of warm-ups in flight).
+   */
+  readonly canExplore?: boolean | undefined
+  /** The request's TTFT budget, ms (deadline-aware admission), if it carries one. */
+  readonly ttftBudgetMs?: number | undefined
   readonly nowMs: number
 }
 

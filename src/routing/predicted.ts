@@ -77,6 +77,8 @@ export interface PredictedTtftOptions {
    * measures it, and no client's request pays a slow node's prefill to find out. 0: off.
    */
   readonly exploreSlack: number
+  /** At most one such warm-up per node in this long, ms. */
+  readonly exploreEveryMs: number
   /**
    * First tokens that waited on fewer uncached tokens than this do not teach the prefill rate:
    * the fixed cost of a step outweighs the prefill in them.
@@ -192,6 +194,7 @@ export const DEFAULT_PREDICTED_OPTIONS: Omit<PredictedTtftOptions, 'rng'> = {
   sessionSpreadPerKTokensWarm: 1.5,
   warmSessions: true,
   exploreSlack: 1.5,
+  exploreEveryMs: 10_000,
   minRateSampleTokens: 512,
   maxDecodeShare: 0.5,
   batchNodeFactor: 1.1,
@@ -231,6 +234,8 @@ export class NodeModel {
   cacheBlocks: number | undefined
   /** Not measured, and priced at its measured twins' rate, not the prior (`PredictedTtft.applyTwin`). */
   twinned = false
+  /** When a warm-up was last sent to measure it (`exploreSlack`). */
+  exploredAtMs = Number.NEGATIVE_INFINITY
   /** A dip below the base rate (a slow sample, a 429), recovering towards it with time. */
   private dipRate = Number.POSITIVE_INFINITY
   private dipAtMs = 0
@@ -651,40 +656,57 @@ export class PredictedTtft implements RoutingPolicy {
     }
     if (sessionIdx >= 0 && sessionIdx !== best && sessionTtft <= bestTtft * this.opts.sessionSlack)
       best = sessionIdx
-    if (this.opts.exploreSlack > 0 && this.warm === undefined)
-      best = this.explore(pool, picked, ts, best, matched, req)
+    // A node never measured, picked: measured by a warm-up, the request served on a measured node.
+    let explored = -1
+    if (this.opts.exploreSlack > 0 && this.warm === undefined && best !== sessionIdx && req.canExplore) {
+      const alt = this.exploreAlternative(pool, picked, ts, batchNode, best, matched, req)
+      if (alt >= 0) {
+        explored = best
+        best = alt
+      }
+    }
     let alternative = Number.POSITIVE_INFINITY
-    for (const i of picked) if (i !== best && ts[i]! < alternative) alternative = ts[i]!
+    for (const i of picked) if (i !== best && i !== explored && ts[i]! < alternative) alternative = ts[i]!
     this.lastChoice = { req, alternativeMs: Number.isFinite(alternative) ? alternative : undefined }
     return pool[best]
   }
 
   /**
-   * `exploreSlack`: the chosen node never measured, the request served on the best measured one
-   * within the slack and the node warmed with its prompt (only one such warm-up at a time: while
-   * it runs, the node is avoided within the slack all the same).
+   * `exploreSlack`: when `best` is a node never measured (no sample, no measured twin) holding
+   * none of the prompt, whose prompt would teach its rate, the measured node to serve the request
+   * on instead (within the slack, and the request's TTFT budget), with the node's warm-up asked
+   * for; -1: the request goes to `best`. One warm-up per node every `exploreEveryMs`: while it
+   * runs the node is avoided all the same; a node it did not measure (its first token taught no
+   * rate) is then explored by a request, as without warm-ups.
    */
-  private explore(
+  private exploreAlternative(
     pool: readonly Candidate[],
     picked: readonly number[],
     ts: readonly number[],
+    batchNode: readonly boolean[],
     best: number,
     matched: readonly number[],
     req: RouteRequest,
   ): number {
     const c = pool[best]!
     const m = this.model(c.node)
-    if (m.measured || m.twinned || !this.opts.warmSessions || !this.warmable(c)) return best
-    const cached = Math.min(matched[best]! * req.blockTokens, req.promptTokens - 1)
-    if (req.promptTokens - cached < this.opts.minRateSampleTokens) return best
+    if (m.measured || m.twinned || matched[best]! > 0 || !this.opts.warmSessions || !this.warmable(c))
+      return -1
+    if (req.promptTokens < this.opts.minRateSampleTokens) return -1
+    const recent = req.nowMs - m.exploredAtMs < this.opts.exploreEveryMs
+    if (recent && m.waiting === 0) return -1
     let alt = -1
     for (const i of picked) {
-      if (i === best) continue
+      if (i === best || batchNode[i]) continue
       const o = this.model(pool[i]!.node)
       if ((o.measured || o.twinned) && (alt < 0 || ts[i]! < ts[alt]!)) alt = i
     }
-    if (alt < 0 || ts[alt]! > ts[best]! * this.opts.exploreSlack) return best
-    if (m.waiting === 0) this.warm = { candidate: c, session: undefined }
+    if (alt < 0 || ts[alt]! > ts[best]! * this.opts.exploreSlack) return -1
+    if (req.ttftBudgetMs !== undefined && ts[alt]! > req.ttftBudgetMs) return -1
+    if (!recent) {
+      m.exploredAtMs = req.nowMs
+      this.warm = { candidate: c, session: undefined }
+    }
     return alt
   }
 

@@ -649,18 +649,28 @@ describe('PredictedTtft', () => {
       for (const x of cands) p.nodeMetrics(x.node, { waiting: 0, running: 0, kvUsage: 0 }, 500)
       return { pool, p, cands, a, b, c }
     }
-    // Off, or on routes without warm-ups: the request itself explores c.
-    for (const opts of [{ exploreSlack: 0 }, { warmSessions: false }]) {
+    // The router's first attempt at a chat request, under its cap of warm-ups in flight.
+    const long = (nowMs: number, over: Partial<RouteRequest> = {}) =>
+      req({ nowMs, promptTokens: 2000, canExplore: true, ...over })
+    // Off, on routes without warm-ups, where the router could not send one (a failover, an
+    // embedding, the cap reached), or where the measured node would miss the request's TTFT
+    // budget (a and b predict 300 ms): the request itself explores c.
+    for (const [opts, over] of [
+      [{ exploreSlack: 0 }, {}],
+      [{ warmSessions: false }, {}],
+      [{}, { canExplore: false }],
+      [{}, { ttftBudgetMs: 280 }],
+    ] as const) {
       const { p, cands, c } = setup(opts)
-      expect(p.choose(cands, req({ nowMs: 1000, promptTokens: 2000 }))).toBe(c)
+      expect(p.choose(cands, long(1000, over))).toBe(c)
       expect(p.takeWarmup()).toBeUndefined()
     }
     const { pool, p, cands, c } = setup()
     // A prompt too short to teach a prefill rate explores c itself, with no warm-up.
-    expect(p.choose(cands, req({ nowMs: 1000, promptTokens: 300 }))).toBe(c)
+    expect(p.choose(cands, long(1000, { promptTokens: 300 }))).toBe(c)
     expect(p.takeWarmup()).toBeUndefined()
     // A long one is served on a measured node, and c is warmed with it.
-    const r = req({ nowMs: 1000, promptTokens: 2000 })
+    const r = long(1000)
     const served = p.choose(cands, r)!
     expect(served).not.toBe(c)
     pool.begin(served.node, r.nowMs)
@@ -674,15 +684,41 @@ describe('PredictedTtft', () => {
     w.warmup = true
     p.started(w)
     // While it runs, c is still avoided, and not warmed twice.
-    expect(p.choose(cands, req({ nowMs: 1100, promptTokens: 2000 }))).not.toBe(c)
+    expect(p.choose(cands, long(1100))).not.toBe(c)
     expect(p.takeWarmup()).toBeUndefined()
     // Its first token says c is slow (2,000 tokens in 800 ms): measured, c is priced so from now.
     p.firstChunk(w, r.nowMs + 800)
     pool.end(c.node, true, r.nowMs + 810)
     p.ended(w, r.nowMs + 810, 'ok', 0, 1)
     expect(p.snapshot(2000).find((n) => n.node === c.node.name)!.tokensPerSec).toBeLessThan(4_000)
-    expect(p.choose(cands, req({ nowMs: 2000, promptTokens: 2000 }))).not.toBe(c)
+    expect(p.choose(cands, long(2000))).not.toBe(c)
     expect(p.takeWarmup()).toBeUndefined()
+  })
+
+  test('a node a warm-up did not measure is warmed again only after a while, and is explored by a request meanwhile', () => {
+    const { pool, cands } = fleet(3)
+    const p = new PredictedTtft({ rng: rng(3) })
+    const [a, b, c] = cands as [Candidate, Candidate, Candidate]
+    serve(p, pool, a, req({ nowMs: 100, promptTokens: 2000 }), 300)
+    serve(p, pool, b, req({ nowMs: 100, promptTokens: 2000 }), 300)
+    const long = (nowMs: number) => req({ nowMs, promptTokens: 2000, canExplore: true })
+    const r = long(1000)
+    expect(p.choose(cands, r)).not.toBe(c)
+    expect(p.takeWarmup()?.candidate).toBe(c)
+    // The warm-up is answered but teaches no rate (no first chunk seen): c is still not measured.
+    pool.begin(c.node, r.nowMs)
+    const w = new Attempt(c, r, r.nowMs)
+    w.warmup = true
+    p.started(w)
+    pool.end(c.node, true, r.nowMs + 50)
+    p.ended(w, r.nowMs + 50, 'ok', 0, 1)
+    // Within 10 s the next long prompt that picks c is c's own exploration, with no warm-up.
+    let sent: Candidate | undefined
+    for (let t = 1100; t < 10_000 && sent !== c; t += 500) {
+      sent = p.choose(cands, long(t))
+      expect(p.takeWarmup()).toBeUndefined()
+    }
+    expect(sent).toBe(c)
   })
 
   test("a prefix's holder busy with an earlier prefill wins once that prefill is mostly done, unless it is the prefix's own", () => {
