@@ -5,7 +5,8 @@
  * a miss (usage's `cached_tokens`), and whether its first attempt went "off" the nodes its first
  * prefix block had been sent to before (another node held the prefix). Per category: how many,
  * each policy's mean TTFT, and the summed difference: where Tropa's mean gains or loses against
- * the peer's. `--policy` picks another Tropa variant (a name in run.ts's VARIANTS).
+ * the peer's. `--policy` picks another Tropa variant (a name in run.ts's VARIANTS); `--by-node`
+ * adds each policy's requests per node (their first attempt's), hits and misses apart.
  */
 import { parseArgs } from 'node:util'
 import type { Attempt, Outcome, RoutingPolicy } from '../../src/routing/policy.ts'
@@ -86,6 +87,7 @@ if (import.meta.main) {
       duration: { type: 'string', default: '60' },
       policy: { type: 'string', default: 'tropa' },
       peer: { type: 'string', default: 'sglang-v0.4' },
+      'by-node': { type: 'boolean', default: false },
     },
   })
   if (!(values.fleet! in FLEETS)) throw new Error(`--fleet: one of ${Object.keys(FLEETS).join(', ')}`)
@@ -153,4 +155,34 @@ if (import.meta.main) {
   console.log(
     `| all | ${n} | ${(sumMine / Math.max(1, n)).toFixed(1)} | ${(sumTheirs / Math.max(1, n)).toFixed(1)} | ${((sumMine - sumTheirs) / 1000).toFixed(1)} |`,
   )
+  if (values['by-node']) {
+    // Where each policy's measured requests went (their first attempt's node) and how they fared.
+    console.log(
+      '\n| policy | node | requests | hits | mean TTFT (ms) | hits, mean (ms) | misses, mean (ms) |',
+    )
+    console.log('| --- | --- | --- | --- | --- | --- | --- |')
+    for (const [name, served] of [
+      [values.policy!, mine],
+      [values.peer!, theirs],
+    ] as const) {
+      const by = new Map<string, { n: number; hits: number; sum: number; hitSum: number }>()
+      for (const a of served.values()) {
+        if (a.startMs < durationMs * 0.1 || Number.isNaN(a.ttftMs)) continue
+        const r = by.get(a.node) ?? { n: 0, hits: 0, sum: 0, hitSum: 0 }
+        r.n++
+        r.sum += a.ttftMs
+        if (a.cached > 0) {
+          r.hits++
+          r.hitSum += a.ttftMs
+        }
+        by.set(a.node, r)
+      }
+      for (const [node, r] of [...by].sort((x, y) => x[0].localeCompare(y[0]))) {
+        const misses = r.n - r.hits
+        console.log(
+          `| ${name} | ${node} | ${r.n} | ${r.hits} | ${(r.sum / r.n).toFixed(0)} | ${r.hits ? (r.hitSum / r.hits).toFixed(0) : '-'} | ${misses ? ((r.sum - r.hitSum) / misses).toFixed(0) : '-'} |`,
+        )
+      }
+    }
+  }
 }
