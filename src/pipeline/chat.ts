@@ -6,7 +6,7 @@ import { hasRateLimits, type RateLimiter } from '../billing/rate-limiter.ts'
 import type { Receipts } from '../billing/receipt-keys.ts'
 import { RECEIPT_HEADER, receiptCount } from '../billing/receipts.ts'
 import type { Catalogue } from '../catalogue/catalogue.ts'
-import type { ModelConfig } from '../config/load.ts'
+import type { ModelConfig, RouteConfig } from '../config/load.ts'
 import {
   ContextLengthExceeded,
   InternalError,
@@ -285,7 +285,7 @@ export interface ModelCall {
  * -> route (with failover) -> relay -> settle. The reservation is taken before choosing a node,
  * so a failover never bills twice and a refused request never reaches an upstream.
  */
-export async function runModelCall(
+export function runModelCall(
   deps: ChatDeps,
   payer: Payer,
   call: ModelCall,
@@ -293,13 +293,45 @@ export async function runModelCall(
   requestId: string,
   cut?: () => void,
 ): Promise<Response> {
-  const { model, promptTokens, stream, startedAtMs } = call
+  // (Not async: no promise of its own on the pass-through path. Its callers are async functions,
+  // so a refusal thrown here reaches the client as their rejection.)
   // Undefined for what the HTTP layer does not measure; set before the reservation, so a 402 has its model.
   const rec = deps.telemetry.of(requestId)
-  rec?.call(model.id, payer.org.id, payer.key.id)
-  if (!payer.key.allows(model.id)) throw modelNotAllowed(model.id)
-  const worst = costNano(reservedPromptTokens(promptTokens), call.worstOutputTokens, model.price)
+  rec?.call(call.model.id, payer.org.id, payer.key.id)
+  if (!payer.key.allows(call.model.id)) throw modelNotAllowed(call.model.id)
+  const worst = costNano(reservedPromptTokens(call.promptTokens), call.worstOutputTokens, call.model.price)
   if (payer.quoteOnly) return quoteCall(deps, payer, call, worst, requestId)
+  // A closure made in an async function keeps every variable of that function alive (JSC), and
+  // the lifecycle's closures (the relay's settle) live as long as a stream. So the lifecycle is
+  // not given `call`, whose body and prefix closures hold the parsed request, the whole prompt:
+  // they go in `source`, emptied once they cannot be needed (no closure is made here).
+  const { body, prefix, ...lean } = call
+  return lifecycle(deps, payer, lean, { body, prefix }, worst, rec, signal, requestId, cut)
+}
+
+/** A call's closures over the parsed request: the upstream body and the prompt's prefix blocks. */
+interface CallSource {
+  body: ModelCall['body'] | undefined
+  prefix: ModelCall['prefix'] | undefined
+}
+
+async function lifecycle(
+  deps: ChatDeps,
+  payer: Payer,
+  call: Omit<ModelCall, 'body' | 'prefix'>,
+  source: CallSource,
+  worst: bigint,
+  rec: RequestRecord | undefined,
+  signal: AbortSignal,
+  requestId: string,
+  cut?: () => void,
+): Promise<Response> {
+  const { model, promptTokens, stream, startedAtMs, includeUsage, shape, textOf } = call
+  // The upstream body for a route, while a node may still be tried (emptied once one answers).
+  const upstreamBody = (r: RouteConfig): string => {
+    if (!source.body) throw new Error('the upstream body was asked for after a node answered')
+    return source.body(r.upstreamModel)
+  }
   // The local meter answers at once (no promise to wait on); the shared one (Redis) does not.
   const trace = call.trace
   const reserved = reserve(deps, payer, worst, trace)
@@ -316,7 +348,8 @@ export async function runModelCall(
     }
   }
 
-  const prefix = call.prefix()
+  const prefix = source.prefix?.() ?? NO_PREFIX
+  source.prefix = undefined
   const route = {
     promptTokens,
     prefix: prefix.blocks,
@@ -401,19 +434,20 @@ export async function runModelCall(
           path: call.path,
           stream,
           ...route,
-          body: (r) => call.body(r.upstreamModel),
+          body: upstreamBody,
           accept: async (reply, c) => parseCompletion(await readBody(reply, deps, c.node.name), c.node.name),
           trace,
         },
         signal,
       )
+      source.body = undefined
       const { value, candidate, attempt } = answer
       rec?.answered(answer, candidate.node.name, false, performance.now())
       ttftMs = Date.now() - startedAtMs
       trace?.child('first token', undefined, startedAtMs).end()
       value.id = completionId
       value.model = model.id
-      const usage = billed(sanitizeUsage(value.usage), () => countTokens(call.textOf(value)))
+      const usage = billed(sanitizeUsage(value.usage), () => countTokens(textOf(value)))
       finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage.completion_tokens)
       const charged = settle(candidate, usage, () => 0, 'ok')
       const costText = formatRub(charged)
@@ -438,7 +472,7 @@ export async function runModelCall(
         path: call.path,
         stream,
         ...route,
-        body: (r) => call.body(r.upstreamModel),
+        body: upstreamBody,
         accept: (reply, c) => firstChunk(reply, deps, c),
         discard: (lost) => {
           lost.reply.abort(new Error('another node answered first'))
@@ -450,6 +484,8 @@ export async function runModelCall(
     )
     /** The client's SSE body from the winning node's first chunk on. */
     const relayFrom = (won: Dispatched<FirstChunk>) => {
+      // A node answered: no other will be tried, and the parsed request can go.
+      source.body = undefined
       const { value: first, candidate, attempt } = won
       rec?.answered(won, candidate.node.name, true, performance.now())
       ttftMs = Date.now() - startedAtMs
@@ -458,20 +494,20 @@ export async function runModelCall(
       const relay: ChatStreamRelay = new ChatStreamRelay(
         completionId,
         model.id,
-        call.includeUsage,
+        includeUsage,
         (usage) => {
           const u = billed(usage, () => countTokens(relay.generated))
           const charged = settle(candidate, u, () => 0, 'ok')
           u.cost_rub = nanoToRubNumber(charged)
           // The receipt rides in the usage chunk, so only a client that asked for it is signed one.
-          const receipt = call.includeUsage ? receiptOf(charged) : undefined
+          const receipt = includeUsage ? receiptOf(charged) : undefined
           if (!receipt) return u
           return receipt.then((signed) => {
             if (signed) u.receipt = signed
             return u
           })
         },
-        call.shape,
+        shape,
       )
       return relaySource(
         deps,

@@ -86,7 +86,15 @@ export async function sendHttp(
     if (signal.aborted && !(signal.reason instanceof UpstreamTimeout)) throw signal.reason
     throw classify(call, response.status, text)
   }
-  return { response, abort: (reason) => controller.abort(reason) }
+  return { response, abort: abortWith(controller) }
+}
+
+/**
+ * The reply's abort, made outside sendHttp: a closure made there would keep its scope (the call
+ * and the request, whose bodies carry the whole prompt) alive for as long as the stream runs.
+ */
+function abortWith(controller: AbortController): (reason: unknown) => void {
+  return (reason) => controller.abort(reason)
 }
 
 /** At most `cap` bytes of a body as text; the rest is not read. */
