@@ -1,7 +1,7 @@
-/** Token counts as an upstream reports them. */
 /** An SSE event that is an error (vLLM and others send some this way, inside a 200 stream). */
 export const ERROR_EVENT = /^data:\s*\{\s*"error"/
 
+/** Token counts as an upstream reports them. */
 export interface Usage {
   prompt_tokens: number
   completion_tokens: number

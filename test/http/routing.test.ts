@@ -10,23 +10,26 @@ afterEach(async () => {
   t = undefined
 })
 
-/** A chat model on the given nodes, with per-node weights. */
-const modelsWith = (weights: number[]) => (nodes: SimNode[]) => [
-  {
-    id: 'test/chat',
-    owned_by: 'test',
-    kind: 'chat' as const,
-    context_length: 32_768,
-    pricing: CHAT_PRICE,
-    routes: nodes.map((n, i) => ({
-      name: n.name,
-      base_url: n.url,
-      upstream_model: 'chat-up',
-      max_concurrency: 64,
-      weight: weights[i] ?? 1,
-    })),
-  },
-]
+/** A chat model on the given nodes, with per-node weights (and route options for every route). */
+const modelsWith =
+  (weights: number[], routeOptions: Record<string, unknown> = {}) =>
+  (nodes: SimNode[]) => [
+    {
+      id: 'test/chat',
+      owned_by: 'test',
+      kind: 'chat' as const,
+      context_length: 32_768,
+      pricing: CHAT_PRICE,
+      routes: nodes.map((n, i) => ({
+        name: n.name,
+        base_url: n.url,
+        upstream_model: 'chat-up',
+        max_concurrency: 64,
+        weight: weights[i] ?? 1,
+        ...routeOptions,
+      })),
+    },
+  ]
 
 const nodeOf = (r: Response) => r.headers.get('x-tropa-node')
 
@@ -58,11 +61,7 @@ async function busyHolder() {
     })),
     // On by default where a node's /metrics were read (self-hosted engines): on here from the
     // start, before the first poll.
-    models: (nodes) =>
-      modelsWith([1, 1, 1])(nodes).map((m) => ({
-        ...m,
-        routes: m.routes.map((r) => ({ ...r, warm_sessions: true })),
-      })),
+    models: modelsWith([1, 1, 1], { warm_sessions: true }),
   })
   const system = 'You are the support agent of a large router. Answer briefly. '.repeat(70) // ~1,000 tokens
   const ask = (content: string, extra: Record<string, unknown> = {}, headers: Record<string, string> = {}) =>
@@ -259,11 +258,7 @@ describe('routing over real HTTP', () => {
         ...(i === 2 && { faults: { slowdownFactor: 4 } }),
       })),
       // No hedges: each request's first token is its node's own.
-      models: (nodes) =>
-        modelsWith([1, 1, 1, 1])(nodes).map((m) => ({
-          ...m,
-          routes: m.routes.map((r) => ({ ...r, hedge: false })),
-        })),
+      models: modelsWith([1, 1, 1, 1], { hedge: false }),
     })
     const send = async (i: number) => {
       const res = await t!.fetch('/v1/chat/completions', {
@@ -383,11 +378,7 @@ describe('routing over real HTTP', () => {
         iterationOverheadMs: 1,
         ...(i === 3 && { cacheBlocks: 2048, faults: { hang: true, slowdownFactor: 4 } }),
       })),
-      models: (nodes) =>
-        modelsWith([1, 1, 1])(nodes).map((m) => ({
-          ...m,
-          routes: m.routes.map((r) => ({ ...r, hedge: false, warm_sessions: true })),
-        })),
+      models: modelsWith([1, 1, 1], { hedge: false, warm_sessions: true }),
       upstream: { connect_timeout_ms: 200 },
       extra: { routing: { health_check_ms: 100, metrics_poll_ms: 50 } },
     })
