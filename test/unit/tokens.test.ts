@@ -87,7 +87,57 @@ test('ASCII text is split as the library splits it, and counted as it counts it,
     expect(got).toEqual(want)
     expect(count(text)).toBe(library.countTokens(text, PLAIN))
   }
-  // Text with one non-ASCII character goes the library's way: the same count as before.
+  // Text with one non-ASCII character is split by the library's pattern: the same count.
   for (const text of ['naïve café', 'Привет, мир', 'emoji 🙂 here', 'tab\tand\u00a0nbsp'])
     expect(count(text)).toBe(library.countTokens(text, PLAIN))
+})
+
+test("counting has its own cache: the library's count in any script, a cache hit or a miss, and the library's cache never written", async () => {
+  await loadTokenizer()
+  const { countTokens: count } = await import('../../src/tokenizer.ts')
+  const library = await import('../../src/tokenizer-tables.ts')
+  const core = (
+    library.encoding as unknown as { bytePairEncodingCoreProcessor: { mergeCache?: Map<string, number[]> } }
+  ).bytePairEncodingCoreProcessor
+  const PLAIN = { disallowedSpecial: new Set<string>() }
+  const rand = prng(23)
+  // Letters of several scripts, marks, digits, punctuation, whitespace, emoji (surrogate pairs).
+  const alphabets = [
+    'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ',
+    'абвгдеёжзийклмнопрстуфхцчшщъыьэюяАБВГДЕЁЖЗИЙКЛМНОПРСТУФХЦЧШЩЪЫЬЭЮЯ',
+    '東京大阪日本語中文字漢',
+    'ابتثجحخدذرزسشصضطظعغفقكلمنهوي',
+    'éèêëçñöüß\u0301\u0308',
+    '0123456789',
+    ' .,;:!?\'"()-\n\t\u00a0/',
+    '🙂🚀👍🏽',
+  ]
+  const word = () => {
+    const a = alphabets[Math.floor(rand() * alphabets.length)]!
+    const chars = [...a]
+    let w = rand() < 0.6 ? ' ' : ''
+    for (let i = 1 + Math.floor(rand() * 9); i > 0; i--) w += chars[Math.floor(rand() * chars.length)]
+    return w
+  }
+  const texts = Array.from({ length: 400 }, () =>
+    Array.from({ length: 1 + Math.floor(rand() * 40) }, word).join(''),
+  )
+  const cached = core.mergeCache?.size
+  for (const text of texts) expect(count(text)).toBe(library.countTokens(text, PLAIN))
+  // The library's count above goes through its cache; counting alone does not.
+  const before = core.mergeCache?.size
+  const novel = Array.from({ length: 200 }, () => Array.from({ length: 20 }, word).join(''))
+  const want = novel.map((t) => library.countTokens(t, PLAIN))
+  const after = core.mergeCache?.size
+  core.mergeCache?.clear()
+  novel.forEach((t, i) => expect(count(t)).toBe(want[i]!))
+  // Again, every piece now a hit in counting's cache.
+  novel.forEach((t, i) => expect(count(t)).toBe(want[i]!))
+  expect(core.mergeCache?.size ?? 0).toBe(0)
+  expect(before).toBeGreaterThanOrEqual(cached ?? 0)
+  expect(after).toBeGreaterThan(0)
+  // More distinct pieces than the cache holds (it starts again empty when full): still exact.
+  const many = Array.from({ length: 20_000 }, () => ` ${Math.floor(rand() * 1e12).toString(36)}`).join('')
+  expect(count(many)).toBe(library.countTokens(many, PLAIN))
+  expect(count(many)).toBe(library.countTokens(many, PLAIN))
 })
