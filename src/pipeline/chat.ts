@@ -305,8 +305,33 @@ export function runModelCall(
   // the lifecycle's closures (the relay's settle) live as long as a stream. So the lifecycle is
   // not given `call`, whose body and prefix closures hold the parsed request, the whole prompt:
   // they go in `source`, emptied once they cannot be needed (no closure is made here).
-  const { body, prefix, ...lean } = call
-  return lifecycle(deps, payer, lean, { body, prefix }, worst, rec, signal, requestId, cut)
+  // Named one by one (a rest pattern copies property by property, 1 us a request); the Record
+  // makes a field added to ModelCall, optional or not, a type error until it is named here.
+  const lean: Omit<ModelCall, 'body' | 'prefix'> = {
+    model: call.model,
+    path: call.path,
+    startedAtMs: call.startedAtMs,
+    promptTokens: call.promptTokens,
+    worstOutputTokens: call.worstOutputTokens,
+    stream: call.stream,
+    includeUsage: call.includeUsage,
+    session: call.session,
+    completionId: call.completionId,
+    textOf: call.textOf,
+    shape: call.shape,
+    trace: call.trace,
+  } satisfies Record<Exclude<keyof ModelCall, 'body' | 'prefix'>, unknown>
+  return lifecycle(
+    deps,
+    payer,
+    lean,
+    { body: call.body, prefix: call.prefix },
+    worst,
+    rec,
+    signal,
+    requestId,
+    cut,
+  )
 }
 
 /** A call's closures over the parsed request: the upstream body and the prompt's prefix blocks. */

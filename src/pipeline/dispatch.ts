@@ -233,7 +233,7 @@ export async function dispatch<T>(
   }
 
   if (!launch()) throw new NoUpstreamAvailable(d.model.id)
-  const first = [...running.keys()][0]!
+  const first = running.keys().next().value!
   let hedgeAtMs =
     d.stream && deps.hedges && first.candidate.route.hedge ? deps.policy.hedgeAtMs?.(first) : undefined
   for (;;) {
@@ -478,8 +478,9 @@ function next<T>(
   running: Map<Attempt, Running<T>>,
   hedgeAtMs: number | undefined,
 ): Promise<Settled<T> | 'hedge'> {
+  if (hedgeAtMs === undefined && running.size === 1) return running.values().next().value!.done
   const dones = [...running.values()].map((r) => r.done)
-  if (hedgeAtMs === undefined) return dones.length === 1 ? dones[0]! : Promise.race(dones)
+  if (hedgeAtMs === undefined) return Promise.race(dones)
   let timer: ReturnType<typeof setTimeout> | undefined
   const hedge = new Promise<'hedge'>((resolve) => {
     timer = setTimeout(() => resolve('hedge'), Math.max(0, hedgeAtMs - Date.now()))
