@@ -57,6 +57,8 @@ const ZERO_CREATED = /"created"\s*:\s*0(?=\s*[,}])/
 const encoder = new TextEncoder()
 /** Generated text is copied out of the chunks' strings every this many chars (about 1,000 tokens). */
 const COPY_AT = 4096
+/** Events' payloads are read for their text once this many chars of them wait (about 12 chunks). */
+const RAW_AT = 2048
 const decoder = new TextDecoder()
 /** A string with its own storage, not a view into (or a rope over) bigger strings. */
 const copyOf = (s: string): string => decoder.decode(encoder.encode(s))
@@ -101,6 +103,13 @@ export class ChatStreamRelay {
   private readonly generatedPieces: string[] = []
   /** The latest generated text, not copied yet (a rope of substrings, under COPY_AT chars). */
   private generatedTail = ''
+  /**
+   * The latest events' payloads whose text is not read yet (under RAW_AT chars): read together
+   * when they reach it, or when the text is asked for. A stream whose usage comes (nearly all)
+   * never reads the text of its last events, and one regex over many events costs less than one
+   * over each.
+   */
+  private raw = ''
   private buffer = ''
   private readonly decoder = new TextDecoder()
   private idFrom: string | undefined
@@ -221,16 +230,29 @@ export class ChatStreamRelay {
           return `data: ${JSON.stringify(parsed)}\n\n`
         })
       }
-      if (!final) this.addGenerated(deltaText(payload, this.shape.text))
+      if (!final) this.addRaw(payload)
       if (!this.includeUsage && final) return ''
     } else if (!payload.startsWith('{"id"') && /^\{\s*"error"/.test(payload)) {
       // (chunks start with "id": the regex runs only on what may be an error event)
       this.upstreamError = safeParse(payload) ?? payload
       return ''
     } else {
-      this.addGenerated(deltaText(payload, this.shape.text))
+      this.addRaw(payload)
     }
     return this.rewrite(text)
+  }
+
+  private addRaw(payload: string): void {
+    // A newline between two events: the text regex cannot match across one (a JSON string has
+    // no raw newline), and each payload is a whole event.
+    this.raw = this.raw.length === 0 ? payload : `${this.raw}\n${payload}`
+    if (this.raw.length >= RAW_AT) this.readRaw()
+  }
+
+  private readRaw(): void {
+    if (this.raw.length === 0) return
+    this.addGenerated(deltaText(this.raw, this.shape.text))
+    this.raw = ''
   }
 
   private addGenerated(text: string): void {
@@ -243,6 +265,7 @@ export class ChatStreamRelay {
 
   /** The generated text relayed so far. */
   get generated(): string {
+    this.readRaw()
     return this.generatedPieces.length === 0
       ? this.generatedTail
       : this.generatedPieces.join('') + this.generatedTail

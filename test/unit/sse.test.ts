@@ -1,4 +1,5 @@
 import { expect, test } from 'bun:test'
+import { prng } from '../../src/simulator/text.ts'
 import { ChatStreamRelay, deltaText, TEXT_COMPLETION_STREAM } from '../../src/upstream/sse.ts'
 
 test('deltaText reads the generated text of a chunk: content, escapes, tool names and arguments', () => {
@@ -168,3 +169,39 @@ function relayed(relay: ChatStreamRelay, text: string) {
     .map((e) => JSON.parse(e.slice(6)))
   return { out, sent }
 }
+
+test('the generated text is exact however the events come: read in batches, across chunk splits, escapes, tool calls and usage on every chunk', () => {
+  const head = `{"id":"chatcmpl-up","object":"chat.completion.chunk","created":1,"model":"up"`
+  const pieces: string[] = []
+  let events = ''
+  for (let i = 0; i < 400; i++) {
+    const text = i % 7 === 0 ? ` "q${i}"\n\\é` : ` w${i}`
+    pieces.push(text)
+    const delta =
+      i % 5 === 0 ? { tool_calls: [{ index: 0, function: { arguments: text } }] } : { content: text }
+    // vLLM's continuous usage: a cumulative usage on every chunk, choices not empty
+    const usage = i % 3 === 0 ? `,"usage":{"prompt_tokens":3,"completion_tokens":${i + 1}}` : ',"usage":null'
+    events += `data: ${head},"choices":[{"index":0,"delta":${JSON.stringify(delta)},"finish_reason":null}]${usage}}\n\n`
+  }
+  events += 'data: [DONE]\n\n'
+  const bytes = new TextEncoder().encode(events)
+  const rand = prng(5)
+  let billed: unknown = 'not called'
+  const relay = new ChatStreamRelay('chatcmpl-x', 'test/m', false, (u) => {
+    billed = u
+    return { prompt_tokens: 0, completion_tokens: 0 }
+  })
+  let out = ''
+  const dec = new TextDecoder()
+  for (let at = 0; at < bytes.length; ) {
+    const end = Math.min(bytes.length, at + 1 + Math.floor(rand() * 700))
+    const got = relay.push(bytes.subarray(at, end))
+    if (got) out += dec.decode(got)
+    at = end
+  }
+  expect(relay.generated).toBe(pieces.join(''))
+  // The last cumulative usage is what the stream ends with when no final usage event came.
+  expect(billed).toEqual({ prompt_tokens: 3, completion_tokens: 400 })
+  expect(out.split('\n\n').filter((e) => e.startsWith('data: {')).length).toBe(400)
+  expect(out.includes('chatcmpl-up')).toBe(false)
+})
