@@ -895,7 +895,7 @@ function relaySource(
       let closed = false
       let pending: Promise<unknown> | undefined
       /** Writes; returns a promise only when the socket kept the bytes (the client is behind). */
-      const send = (bytes: Uint8Array | undefined): Promise<boolean> | undefined => {
+      const send = (bytes: Uint8Array | string | undefined): Promise<boolean> | undefined => {
         if (!bytes || closed || gone) return
         const written: number | Promise<unknown> = controller.write(bytes)
         controller.flush()

@@ -133,21 +133,25 @@ export class ChatStreamRelay {
     this.modelTo = `"model":${JSON.stringify(modelId)}`
   }
 
-  /** Feeds upstream bytes; returns the bytes to send to the client now (possibly empty). */
-  push(chunk: Uint8Array): Uint8Array | undefined {
+  /**
+   * Feeds upstream bytes; returns the text to send to the client now (undefined if none). Text,
+   * not bytes: Bun's direct stream writes a string into the socket as UTF-8 itself, which costs
+   * less than encoding it into a new array first (2-3% of a stream's event-loop CPU).
+   */
+  push(chunk: Uint8Array): string | undefined {
     this.buffer += this.decoder.decode(chunk, { stream: true })
     if (this.buffer.includes('\r')) this.buffer = this.buffer.replaceAll('\r\n', '\n')
     const out = this.events()
-    return out.length > 0 ? encoder.encode(out) : undefined
+    return out.length > 0 ? out : undefined
   }
 
   /** After `held` settled: the usage event it held, then the events buffered behind it. */
-  resume(): Uint8Array | undefined {
+  resume(): string | undefined {
     const text = this.heldText ?? ''
     this.held = undefined
     this.heldText = undefined
     const out = text + this.events()
-    return out.length > 0 ? encoder.encode(out) : undefined
+    return out.length > 0 ? out : undefined
   }
 
   /** The whole events buffered, relayed; stops after an event that is held. */
@@ -179,12 +183,12 @@ export class ChatStreamRelay {
   }
 
   /** Whatever is left when the upstream closes (an event without its blank line). */
-  end(): Uint8Array | undefined {
+  end(): string | undefined {
     this.buffer += this.decoder.decode()
     if (this.buffer.trim().length === 0) return undefined
     const rest = this.event(`${this.buffer.trimEnd()}\n\n`)
     this.buffer = ''
-    return rest.length > 0 ? encoder.encode(rest) : undefined
+    return rest.length > 0 ? rest : undefined
   }
 
   private event(text: string): string {
