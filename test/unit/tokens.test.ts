@@ -130,9 +130,9 @@ test("counting has its own cache: the library's count in any script, a cache hit
   const want = novel.map((t) => library.countTokens(t, PLAIN))
   const after = core.mergeCache?.size
   core.mergeCache?.clear()
-  novel.forEach((t, i) => expect(count(t)).toBe(want[i]!))
+  for (const [i, t] of novel.entries()) expect(count(t)).toBe(want[i]!)
   // Again, every piece now a hit in counting's cache.
-  novel.forEach((t, i) => expect(count(t)).toBe(want[i]!))
+  for (const [i, t] of novel.entries()) expect(count(t)).toBe(want[i]!)
   expect(core.mergeCache?.size ?? 0).toBe(0)
   expect(before).toBeGreaterThanOrEqual(cached ?? 0)
   expect(after).toBeGreaterThan(0)
