@@ -1,7 +1,7 @@
 /**
- * `bun bench/count-tokens.ts [<tree> ...]`: counting prompts' tokens in process, each source tree
+ * `bun bench/count-tokens.ts [--ascii] [<tree> ...]`: counting prompts' tokens in process, each source tree
  * in its own process (default: this one), and what the counting leaves JavaScriptCore's next young
- * collection. 64 prompts of about 16 KB (English and Russian words, one in ten with a number),
+ * collection. 64 prompts of about 16 KB (English and Russian words, or with `--ascii` English alone; one in ten with a number),
  * 200 counted to warm up; then 7 rounds of 300 counts, each after a full collection, timed, and a
  * young collection timed after each round. Prints the medians. Issue #24: the tokenizer's cache
  * on the request path (bench/results/2026-11-28f-request-path-cpu.md).
@@ -16,7 +16,9 @@ async function child(tree: string) {
   await t.loadTokenizer()
   const words = (
     'the router sends each request to the node predicted to answer first, counting queued prompt ' +
-    'tokens and cached prefixes; батч строки уходят в долины нагрузки, пока интерактивные запросы ждут'
+    (process.env.COUNT_TOKENS_ASCII
+      ? 'tokens and cached prefixes; batch lines go into the valleys of the load, while requests wait'
+      : 'tokens and cached prefixes; батч строки уходят в долины нагрузки, пока интерактивные запросы ждут')
   ).split(' ')
   let seed = 1
   const rnd = () => {
@@ -49,11 +51,15 @@ async function child(tree: string) {
 }
 
 if (process.env[CHILD]) await child(process.env[CHILD])
-else
-  for (const tree of (process.argv.length > 2 ? process.argv.slice(2) : ['.']).map((t) => resolve(t))) {
+else {
+  const args = process.argv.slice(2)
+  const ascii = args.includes('--ascii')
+  const trees = args.filter((a) => a !== '--ascii')
+  for (const tree of (trees.length > 0 ? trees : ['.']).map((t) => resolve(t))) {
     const p = Bun.spawn([process.execPath, import.meta.path], {
-      env: { ...process.env, [CHILD]: tree },
+      env: { ...process.env, [CHILD]: tree, ...(ascii && { COUNT_TOKENS_ASCII: '1' }) },
       stdio: ['ignore', 'inherit', 'inherit'],
     })
     await p.exited
   }
+}

@@ -64,8 +64,9 @@ const utf8 = new TextEncoder()
 // o200k_base's pre-tokenizer, the library's own (a copy: this one's lastIndex is ours), to find
 // long pieces.
 let split: RegExp | undefined
-// The same again for counting, which runs inside forEachSpan's walk of `split`.
+// The same again for counting, which runs inside forEachSpan's walk of `split`; and sticky.
 let pieces: RegExp | undefined
+let piecesSticky: RegExp | undefined
 // Special tokens' text (`<|endoftext|>`) is counted as the text it is: a prompt may hold it, and
 // the library's default would throw on it (and scan every text for them first).
 const PLAIN: Options = { disallowedSpecial: new Set() }
@@ -86,6 +87,7 @@ export function loadTokenizer(): Promise<void> {
     const re = m.O200K_TOKEN_SPLIT_REGEX
     split = new RegExp(re.source, re.flags)
     pieces = new RegExp(re.source, re.flags)
+    piecesSticky = new RegExp(re.source, `${re.flags.replace('g', '')}y`)
     const core = (m.encoding as unknown as { bytePairEncodingCoreProcessor?: BytePairs })
       .bytePairEncodingCoreProcessor
     if (typeof core?.getBpeRankFromString === 'function' && typeof core.bytePairEncode === 'function')
@@ -163,6 +165,7 @@ export function countTokens(text: string): number {
  */
 const ASCII_SPLIT =
   /[^\r\nA-Za-z0-9]?[A-Z]*[a-z]+(?:'(?:[sS]|[dD]|[mM]|[tT]|[lL][lL]|[vV][eE]|[rR][eE]))?|[^\r\nA-Za-z0-9]?[A-Z]+[a-z]*(?:'(?:[sS]|[dD]|[mM]|[tT]|[lL][lL]|[vV][eE]|[rR][eE]))?|[0-9]{1,3}| ?[^\sA-Za-z0-9]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+/g
+const ASCII_STICKY = new RegExp(ASCII_SPLIT.source, 'y')
 // biome-ignore lint/suspicious/noControlCharactersInRegex: the range is every non-ASCII code unit
 const NON_ASCII = /[^\x00-\x7f]/
 
@@ -174,25 +177,42 @@ const NON_ASCII = /[^\x00-\x7f]/
 function countPlain(l: Lib, text: string): number {
   const bp = pairs
   if (bp === undefined) return l.countTokens(text, PLAIN)
-  const re = NON_ASCII.test(text) ? pieces! : ASCII_SPLIT
-  re.lastIndex = 0
+  const ascii = !NON_ASCII.test(text)
+  // The split is total (some alternative matches at every position), so each piece starts where
+  // the last ended: a sticky regex's test() finds its end with no match array made. Should a
+  // position match nothing, the global regex's search takes over from there, as the library's.
+  const sticky = ascii ? ASCII_STICKY : piecesSticky!
+  let at = 0
   let n = 0
-  for (let m = re.exec(text); m !== null; m = re.exec(text)) {
-    const piece = m[0]
-    let c = counts.get(piece)
-    if (c === undefined) {
-      c =
-        bp.getBpeRankFromString(piece) !== undefined
-          ? 1
-          : bp.bytePairMerge
-            ? bp.bytePairMerge(utf8.encode(piece)).length
-            : bp.bytePairEncode(piece).length
-      if (counts.size >= COUNT_CACHE_ENTRIES) counts.clear()
-      counts.set(piece, c)
+  sticky.lastIndex = 0
+  while (at < text.length) {
+    if (!sticky.test(text) || sticky.lastIndex === at) {
+      const re = ascii ? ASCII_SPLIT : pieces!
+      re.lastIndex = at
+      for (let m = re.exec(text); m !== null; m = re.exec(text)) n += pieceCount(bp, m[0])
+      return n
     }
-    n += c
+    const end = sticky.lastIndex
+    n += pieceCount(bp, text.slice(at, end))
+    at = end
   }
   return n
+}
+
+/** One piece's tokens, from counting's cache or the merge. */
+function pieceCount(bp: BytePairs, piece: string): number {
+  let c = counts.get(piece)
+  if (c === undefined) {
+    c =
+      bp.getBpeRankFromString(piece) !== undefined
+        ? 1
+        : bp.bytePairMerge
+          ? bp.bytePairMerge(utf8.encode(piece)).length
+          : bp.bytePairEncode(piece).length
+    if (counts.size >= COUNT_CACHE_ENTRIES) counts.clear()
+    counts.set(piece, c)
+  }
+  return c
 }
 
 /** The pieces o200k's split cuts ASCII text into, by the library's pattern and by ASCII_SPLIT (for tests). */

@@ -111,6 +111,8 @@ test("counting has its own cache: the library's count in any script, a cache hit
     '0123456789',
     ' .,;:!?\'"()-\n\t\u00a0/',
     '🙂🚀👍🏽',
+    // control characters and lone halves of surrogate pairs
+    '\u0000\u0007\u001b\ud83d\udc00\u200b\ufeff',
   ]
   const word = () => {
     const a = alphabets[Math.floor(rand() * alphabets.length)]!
