@@ -1,5 +1,5 @@
 /**
- * `bun bench/request-path.ts [--rounds N] [--per N] <tree> [<tree> ...]`: the event loop's CPU per
+ * `bun bench/request-path.ts [--rounds N] [--per N] [--prompt-bytes N [--unique]] <tree> [<tree> ...]`: the event loop's CPU per
  * pass-through chat request of each source tree (a worktree of any commit, its `bun install`
  * done), all in one process, with no network: each tree's whole app (`createApp(...).handle`,
  * body check, count, reserve, route, relay, settle, ledger row) answers a non-streamed 16-token
@@ -40,14 +40,29 @@ const REPLY = JSON.stringify({
   ],
   usage: { prompt_tokens: 16, completion_tokens: 16, total_tokens: 32 },
 })
-// The request of bench/load.ts chatBody, as wrk sends it in bench:money.
-const BODY = JSON.stringify({
-  model: 'bench/fast',
-  messages: [{ role: 'user', content: 'Say something short about routers and queues.' }],
-  max_tokens: 16,
-  seed: 1,
-  stream: false,
-})
+// The request of bench/load.ts chatBody, as wrk sends it in bench:money; with --prompt-bytes N,
+// its prompt N bytes of English words (as bench/workers.ts sends).
+const WORDS = 'routers queue requests while the nodes answer them in turn and bill each one once '
+const bodyOf = (promptBytes: number) =>
+  JSON.stringify({
+    model: 'bench/fast',
+    messages: [
+      {
+        role: 'user',
+        content:
+          promptBytes > 0
+            ? WORDS.repeat(Math.ceil(promptBytes / WORDS.length)).slice(0, promptBytes)
+            : 'Say something short about routers and queues.',
+      },
+    ],
+    max_tokens: 16,
+    seed: 1,
+    stream: false,
+  })
+let BODY = bodyOf(0)
+let UNIQUE = false
+/** What --unique overwrites in the body: the prompt's first 12 characters. */
+const UNIQUE_AT = /(?<="content":")[^"]{12}/
 
 const libc = dlopen('libc.so.6', {
   clock_gettime: { args: [FFIType.i32, FFIType.ptr], returns: FFIType.i32 },
@@ -131,9 +146,12 @@ async function setup(spec: string, nodeUrl: string) {
     host: 'localhost',
     'user-agent': 'wrk',
   }
+  let sent = 0
   const one = async () => {
+    // --unique: each prompt's first 12 characters a number of its own (the same length).
+    const body = UNIQUE ? BODY.replace(UNIQUE_AT, `${String(++sent).padStart(11, '0')} `) : BODY
     const res = (await app.handle(
-      new Request('http://localhost/v1/chat/completions', { method: 'POST', headers, body: BODY }),
+      new Request('http://localhost/v1/chat/completions', { method: 'POST', headers, body }),
     )) as Response
     if (res.status !== 200) throw new Error(`${tree}: ${res.status} ${await res.text()}`)
     await res.text()
@@ -168,8 +186,12 @@ async function main() {
       per: { type: 'string' },
       quick: { type: 'boolean' },
       json: { type: 'string' },
+      'prompt-bytes': { type: 'string' },
+      unique: { type: 'boolean' },
     },
   })
+  BODY = bodyOf(Number(values['prompt-bytes'] ?? 0))
+  UNIQUE = values.unique === true
   const quick = values.quick === true
   const rounds = Number(values.rounds ?? (quick ? 2 : 48))
   const per = Number(values.per ?? (quick ? 200 : 3000))

@@ -20,6 +20,34 @@ const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve))
  * The sum stays at or above countTokens': a slice ends before a space that follows a non-space
  * (always a boundary of the split, so exact), or where there is none, anywhere, plus CUT_MARGIN.
  */
+/**
+ * Long texts' counts by their SHA-256. Requests repeat long texts: a system prompt, a shared
+ * document, an agent's whole history again at every turn. Counting 16 KB of English takes about
+ * 0.55 ms of the event loop, its SHA-256 about 15 us, so a text seen before is looked up instead.
+ * The digest, not the text, is kept: no prompt outlives its request here. A text's count is
+ * the same wherever it is counted on this path (whole up to SLICE, in slices past it: both
+ * depend on the text alone), so a hit gives exactly what counting would. Only well-formed text
+ * is looked up (UTF-8, which the digest is of, writes every lone surrogate the same way);
+ * texts longer than CACHED_MAX_CHARS are counted a slice at a time as before (their digest
+ * would hold the event loop). Full, it starts again empty.
+ */
+const CACHED_MIN_CHARS = 512
+const CACHED_MAX_CHARS = 256 * 1024
+const CACHED_TEXTS = 8192
+const textCounts = new Map<string, number>()
+
+/** The key of a text worth looking up; undefined for one that is not. */
+function textKey(text: string): string | undefined {
+  if (text.length < CACHED_MIN_CHARS || text.length > CACHED_MAX_CHARS || !text.isWellFormed())
+    return undefined
+  return Bun.SHA256.hash(text, 'base64')
+}
+
+function remember(key: string, n: number): void {
+  if (textCounts.size >= CACHED_TEXTS) textCounts.clear()
+  textCounts.set(key, n)
+}
+
 export class PromptCounter {
   private since = 0
   /** Tokens counted so far. */
@@ -28,6 +56,8 @@ export class PromptCounter {
   constructor(
     /** Counting stops once past this: the request is refused anyway. */
     public limit = Number.POSITIVE_INFINITY,
+    /** Long texts are looked up by their digest (prompts; not a stream's answer, seen once). */
+    private readonly cached = true,
   ) {}
 
   get over(): boolean {
@@ -36,16 +66,28 @@ export class PromptCounter {
 
   /** Adds a text's tokens; a promise when it had to let the event loop run (await it). */
   add(text: string): Promise<void> | undefined {
+    const key = this.cached ? textKey(text) : undefined
+    if (key !== undefined) {
+      const known = textCounts.get(key)
+      if (known !== undefined) {
+        this.n += known
+        return undefined
+      }
+    }
     if (this.since + text.length <= SLICE) {
       this.since += text.length
-      this.n += countTokens(text)
+      const n = countTokens(text)
+      this.n += n
+      if (key !== undefined) remember(key, n)
       return undefined
     }
-    return this.addSliced(text)
+    return this.addSliced(text, key)
   }
 
-  private async addSliced(text: string): Promise<void> {
-    for (let at = 0; at < text.length && !this.over; ) {
+  private async addSliced(text: string, key: string | undefined): Promise<void> {
+    const before = this.n
+    let at = 0
+    while (at < text.length && !this.over) {
       if (this.since > 0) {
         await yieldToLoop()
         this.since = 0
@@ -56,6 +98,8 @@ export class PromptCounter {
       this.since = end - at
       at = end
     }
+    // Only a whole count is kept (one cut short past the limit is not the text's).
+    if (key !== undefined && at >= text.length) remember(key, this.n - before)
   }
 }
 
@@ -89,7 +133,7 @@ export const COUNT_SLICE_CHARS = SLICE
  * slice at a time as PromptCounter does, exact where a slice ends before a space.
  */
 export async function countTokensYielding(text: string): Promise<number> {
-  const counter = new PromptCounter()
+  const counter = new PromptCounter(Number.POSITIVE_INFINITY, false)
   await counter.add(text)
   return counter.n
 }
@@ -137,9 +181,21 @@ export function countChatPromptLive(
   let size = 0
   const fixed = promptParts(messages, tools, (text) => {
     size += text.length
-    if (size <= SLICE) n += countTokens(text)
+    if (size <= SLICE) n += countLookedUp(text)
   })
   return size <= SLICE ? fixed + n : countChatPromptSliced(messages, tools, limit)
+}
+
+/** countTokens, for a text up to SLICE long, looked up when it is long enough to be worth it. */
+function countLookedUp(text: string): number {
+  const key = textKey(text)
+  if (key === undefined) return countTokens(text)
+  let n = textCounts.get(key)
+  if (n === undefined) {
+    n = countTokens(text)
+    remember(key, n)
+  }
+  return n
 }
 
 async function countChatPromptSliced(

@@ -143,3 +143,50 @@ test("counting has its own cache: the library's count in any script, a cache hit
   expect(count(many)).toBe(library.countTokens(many, PLAIN))
   expect(count(many)).toBe(library.countTokens(many, PLAIN))
 })
+
+test('a long text counted again is looked up by its digest, and the count is the same as counting it: whole, in slices, cut short by a limit, in a chat prompt', async () => {
+  await loadTokenizer()
+  const { PromptCounter, countChatPromptLive } = await import('../../src/pipeline/tokens.ts')
+  const rand = prng(31)
+  const parts = [' the', ' word', '.', ',', '\n\n', ' 12345', ' Привет', ' 東京', ' 🙂', '   ', '\t', ' x']
+  const text = (chars: number) => {
+    let t = ''
+    while (t.length < chars) t += parts[Math.floor(rand() * parts.length)]
+    return t
+  }
+  // Short (under the cache's floor), one slice, several slices.
+  const texts = [text(300), text(600), text(5000), text(COUNT_SLICE_CHARS * 3 + 17)]
+  const uncached = async (t: string) => {
+    const c = new PromptCounter(Number.POSITIVE_INFINITY, false)
+    await c.add(t)
+    return c.n
+  }
+  const want = await Promise.all(texts.map(uncached))
+  for (let round = 0; round < 3; round++)
+    for (const [i, t] of texts.entries()) {
+      const c = new PromptCounter()
+      await c.add(t)
+      expect(c.n).toBe(want[i]!)
+    }
+  // Cut short by a limit: that partial count is not kept for the text.
+  const long = text(COUNT_SLICE_CHARS * 4)
+  const cut = new PromptCounter(10)
+  await cut.add(long)
+  expect(cut.n).toBeLessThan(await uncached(long))
+  const whole = new PromptCounter()
+  await whole.add(long)
+  expect(whole.n).toBe(await uncached(long))
+  // A chat prompt's texts: the same count the first time and the next.
+  const messages = [
+    { role: 'system' as const, content: texts[2]! },
+    { role: 'user' as const, content: texts[1]! },
+  ]
+  const first = await countChatPromptLive(messages, undefined, Number.POSITIVE_INFINITY)
+  expect(await countChatPromptLive(messages, undefined, Number.POSITIVE_INFINITY)).toBe(first)
+  expect(first).toBe(3 + 2 * 3 + want[2]! + want[1]! + 2)
+  // Text with a lone surrogate is counted, not looked up: the same count either way.
+  const odd = `${texts[1]!}\ud800${texts[1]!}`
+  const a = new PromptCounter()
+  await a.add(odd)
+  expect(a.n).toBe(await uncached(odd))
+})
