@@ -1,6 +1,6 @@
 #!/usr/bin/env bun
 /**
- * `bun bench/proxy-ab.ts [--rounds 3] [--seconds 6] VARIANT...`: event-loop CPU per request and
+ * `bun bench/proxy-ab.ts [--rounds 3] [--seconds 6] [--prompt-bytes N] VARIANT...`: event-loop CPU per request and
  * requests per second of proxies in front of the stub upstream of stub-router.ts (a 16-token
  * completion), 32 connections sending one request after another, the variants alternated round by
  * round (ABBA), each started afresh. It says what one feature of Tropa's request path costs when
@@ -23,11 +23,22 @@ import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 import { freePort, hammer, routerConfig, startRouter, startStub, threadTimes } from './stub-router.ts'
 
-const BODY = JSON.stringify({
-  model: 'bench/fast',
-  messages: [{ role: 'user', content: 'Say something short about routers and queues.' }],
-  max_tokens: 16,
-})
+const WORDS = 'routers queue requests while the nodes answer them in turn and bill each one once '
+/** The request; with --prompt-bytes N its prompt N bytes of English words (as bench/workers.ts). */
+const bodyOf = (promptBytes: number) =>
+  JSON.stringify({
+    model: 'bench/fast',
+    messages: [
+      {
+        role: 'user',
+        content:
+          promptBytes > 0
+            ? WORDS.repeat(Math.ceil(promptBytes / WORDS.length)).slice(0, promptBytes)
+            : 'Say something short about routers and queues.',
+      },
+    ],
+    max_tokens: 16,
+  })
 
 /** The bare proxy of a `bare:` variant (run as `proxy-ab.ts serve <upstream url> <port file> <flags>`). */
 function serve(upstream: string, portFile: string, flags: Set<string>): void {
@@ -130,8 +141,9 @@ async function start(variant: string, dir: string, stubPort: number): Promise<St
 async function main(): Promise<void> {
   const { values, positionals } = parseArgs({
     allowPositionals: true,
-    options: { rounds: { type: 'string' }, seconds: { type: 'string' } },
+    options: { rounds: { type: 'string' }, seconds: { type: 'string' }, 'prompt-bytes': { type: 'string' } },
   })
+  const BODY = bodyOf(Number(values['prompt-bytes'] ?? 0))
   const rounds = Number(values.rounds ?? 3)
   const seconds = Number(values.seconds ?? 6)
   if (positionals.length === 0) throw new Error('usage: bun bench/proxy-ab.ts [--rounds N] VARIANT...')

@@ -15,12 +15,6 @@ const SLICE = 8192
 const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve))
 
 /**
- * Counts texts for one request without holding the event loop for more than SLICE code units:
- * a text that would cross that is counted in slices, with a turn of the event loop before each.
- * The sum stays at or above countTokens': a slice ends before a space that follows a non-space
- * (always a boundary of the split, so exact), or where there is none, anywhere, plus CUT_MARGIN.
- */
-/**
  * Long texts' counts by their SHA-256. Requests repeat long texts: a system prompt, a shared
  * document, an agent's whole history again at every turn. Counting 16 KB of English takes about
  * 0.55 ms of the event loop, its SHA-256 about 15 us, so a text seen before is looked up instead.
@@ -48,6 +42,12 @@ function remember(key: string, n: number): void {
   textCounts.set(key, n)
 }
 
+/**
+ * Counts texts for one request without holding the event loop for more than SLICE code units:
+ * a text that would cross that is counted in slices, with a turn of the event loop before each.
+ * The sum stays at or above countTokens': a slice ends before a space that follows a non-space
+ * (always a boundary of the split, so exact), or where there is none, anywhere, plus CUT_MARGIN.
+ */
 export class PromptCounter {
   private since = 0
   /** Tokens counted so far. */
