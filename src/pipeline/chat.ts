@@ -210,7 +210,7 @@ export async function chatWithModel(
   const model = deps.catalogue.getOfKind(body.model, 'chat')
   checkMessages(body.messages)
   if (!tokenizerReady()) await loadTokenizer()
-  const counted = countChatPromptLive(body.messages, body.tools, model.contextLength)
+  const counted = countChatPromptLive(body.messages, body.tools, model.contextLength, payer.org.id)
   const promptTokens = typeof counted === 'number' ? counted : await counted
   const maxOut = outputBudget(model, promptTokens, askedOutput(body))
   const stream = body.stream === true
@@ -542,8 +542,10 @@ async function lifecycle(
         reservation,
         (usage, outcome) => {
           slot?.release()
+          // The generated text is read (out of the relayed events) only when there is no usage.
+          if (usage) return void settle(candidate, usage, () => countTokens(relay.generated), outcome)
           const text = relay.generated
-          if (usage || text.length <= COUNT_SLICE_CHARS)
+          if (text.length <= COUNT_SLICE_CHARS)
             return void settle(candidate, usage, () => countTokens(text), outcome)
           // A long answer cut short (say many streams cut at once) is counted a slice at a time.
           return countTokensYielding(text).then(

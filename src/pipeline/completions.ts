@@ -81,7 +81,7 @@ async function passThrough(
   await loadTokenizer()
   // Each prompt is counted (a text a slice at a time; a token array is its length) and must fit
   // the context with its output; the rate limit and the reservation take them all.
-  const counter = new PromptCounter()
+  const counter = new PromptCounter(Number.POSITIVE_INFINITY, payer.org.id)
   let longest = 0
   let firstTokens = 0
   for (let i = 0; i < prompts.length; i++) {

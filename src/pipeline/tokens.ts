@@ -18,23 +18,34 @@ const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve))
  * Long texts' counts by their SHA-256. Requests repeat long texts: a system prompt, a shared
  * document, an agent's whole history again at every turn. Counting 16 KB of English takes about
  * 0.55 ms of the event loop, its SHA-256 about 15 us, so a text seen before is looked up instead.
- * The digest, not the text, is kept: no prompt outlives its request here. A text's count is
- * the same wherever it is counted on this path (whole up to SLICE, in slices past it: both
- * depend on the text alone), so a hit gives exactly what counting would. Only well-formed text
- * is looked up (UTF-8, which the digest is of, writes every lone surrogate the same way);
- * texts longer than CACHED_MAX_CHARS are counted a slice at a time as before (their digest
- * would hold the event loop). Full, it starts again empty.
+ * The digest, not the text, is kept: no prompt outlives its request here. The digest is of the
+ * organization's id with the text, so a lookup's speed tells a client nothing of another
+ * organization's prompts. A text's count is the same wherever it is counted on this path (whole
+ * up to SLICE, in slices past it: both depend on the text alone), so a hit gives exactly what
+ * counting would. Only well-formed text is looked up (UTF-8, which the digest is of, writes
+ * every lone surrogate the same way); texts longer than CACHED_MAX_CHARS are counted a slice at a
+ * time as before (their digest would hold the event loop). Full, it starts again empty.
  */
 const CACHED_MIN_CHARS = 512
-const CACHED_MAX_CHARS = 256 * 1024
+const CACHED_MAX_CHARS = 64 * 1024
 const CACHED_TEXTS = 8192
 const textCounts = new Map<string, number>()
 
-/** The key of a text worth looking up; undefined for one that is not. */
-function textKey(text: string): string | undefined {
-  if (text.length < CACHED_MIN_CHARS || text.length > CACHED_MAX_CHARS || !text.isWellFormed())
+/** The key of a text worth looking up (an organization's); undefined for one that is not. */
+function textKey(scope: string | undefined, text: string): string | undefined {
+  if (
+    scope === undefined ||
+    text.length < CACHED_MIN_CHARS ||
+    text.length > CACHED_MAX_CHARS ||
+    !text.isWellFormed()
+  )
     return undefined
-  return Bun.SHA256.hash(text, 'base64')
+  return new Bun.CryptoHasher('sha256').update(scope).update('\u0000').update(text).digest('base64')
+}
+
+/** Texts whose counts are kept (for tests). */
+export function countsKept(): number {
+  return textCounts.size
 }
 
 function remember(key: string, n: number): void {
@@ -56,8 +67,11 @@ export class PromptCounter {
   constructor(
     /** Counting stops once past this: the request is refused anyway. */
     public limit = Number.POSITIVE_INFINITY,
-    /** Long texts are looked up by their digest (prompts; not a stream's answer, seen once). */
-    private readonly cached = true,
+    /**
+     * The organization whose long texts are looked up by their digest; undefined for none (a
+     * stream's answer, embeddings' inputs: seen once, they would only push prompts out).
+     */
+    private readonly scope?: string,
   ) {}
 
   get over(): boolean {
@@ -66,7 +80,7 @@ export class PromptCounter {
 
   /** Adds a text's tokens; a promise when it had to let the event loop run (await it). */
   add(text: string): Promise<void> | undefined {
-    const key = this.cached ? textKey(text) : undefined
+    const key = textKey(this.scope, text)
     if (key !== undefined) {
       const known = textCounts.get(key)
       if (known !== undefined) {
@@ -133,7 +147,7 @@ export const COUNT_SLICE_CHARS = SLICE
  * slice at a time as PromptCounter does, exact where a slice ends before a space.
  */
 export async function countTokensYielding(text: string): Promise<number> {
-  const counter = new PromptCounter(Number.POSITIVE_INFINITY, false)
+  const counter = new PromptCounter()
   await counter.add(text)
   return counter.n
 }
@@ -176,19 +190,21 @@ export function countChatPromptLive(
   messages: readonly ChatMessage[],
   tools: readonly unknown[] | undefined,
   limit: number,
+  /** The organization whose long texts are looked up (PromptCounter). */
+  scope?: string,
 ): number | Promise<number> {
   let n = 0
   let size = 0
   const fixed = promptParts(messages, tools, (text) => {
     size += text.length
-    if (size <= SLICE) n += countLookedUp(text)
+    if (size <= SLICE) n += countLookedUp(scope, text)
   })
-  return size <= SLICE ? fixed + n : countChatPromptSliced(messages, tools, limit)
+  return size <= SLICE ? fixed + n : countChatPromptSliced(messages, tools, limit, scope)
 }
 
 /** countTokens, for a text up to SLICE long, looked up when it is long enough to be worth it. */
-function countLookedUp(text: string): number {
-  const key = textKey(text)
+function countLookedUp(scope: string | undefined, text: string): number {
+  const key = textKey(scope, text)
   if (key === undefined) return countTokens(text)
   let n = textCounts.get(key)
   if (n === undefined) {
@@ -202,10 +218,11 @@ async function countChatPromptSliced(
   messages: readonly ChatMessage[],
   tools: readonly unknown[] | undefined,
   limit: number,
+  scope: string | undefined,
 ): Promise<number> {
   const texts: string[] = []
   const fixed = promptParts(messages, tools, (text) => texts.push(text))
-  const counter = new PromptCounter(limit - fixed)
+  const counter = new PromptCounter(limit - fixed, scope)
   for (const text of texts) {
     if (counter.over) break
     const slow = counter.add(text)

@@ -223,6 +223,8 @@ export class ChatStreamRelay {
       const final = Array.isArray(parsed?.choices) && parsed.choices.length === 0
       if (final && parsed && !this.settled) {
         this.settled = true
+        // Billed from the usage: the generated text will not be asked for.
+        if (usage) this.raw = ''
         // The upstream's usage with its cost, or (when it is not sane) Tropa's estimate.
         const shown = this.onUsage(usage)
         if (!this.includeUsage) return ''
@@ -319,7 +321,9 @@ export class ChatStreamRelay {
   }
 }
 
-const DELTA_TEXT = /"(?:content|arguments|name)"\s*:\s*"((?:[^"\\]|\\.)*)"/g
+// A JSON string holds no raw newline: the pattern stops at one, so that in the events read
+// together (joined by newlines) a string an upstream left unterminated ends with its event.
+const DELTA_TEXT = /"(?:content|arguments|name)"\s*:\s*"((?:[^"\\\n]|\\.)*)"/g
 
 /** Chat chunks: the text is the delta's content, tool-call names and arguments. */
 export const CHAT_STREAM: StreamShape = { object: 'chat.completion.chunk', text: DELTA_TEXT }
@@ -329,7 +333,7 @@ export const CHAT_STREAM: StreamShape = { object: 'chat.completion.chunk', text:
  */
 export const TEXT_COMPLETION_STREAM: StreamShape = {
   object: 'text_completion',
-  text: /"text"\s*:\s*"((?:[^"\\]|\\.)*)"/g,
+  text: /"text"\s*:\s*"((?:[^"\\\n]|\\.)*)"/g,
 }
 
 /**

@@ -204,3 +204,14 @@ test('the generated text is exact however the events come: read in batches, acro
   expect(out.split('\n\n').filter((e) => e.startsWith('data: {')).length).toBe(400)
   expect(out.includes('chatcmpl-up')).toBe(false)
 })
+
+test('an event an upstream left unterminated adds no text, and takes none from the next event read with it', () => {
+  const head = `{"id":"chatcmpl-up","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":{"content":`
+  const relay = new ChatStreamRelay('chatcmpl-x', 'test/m', false, () => ({
+    prompt_tokens: 0,
+    completion_tokens: 0,
+  }))
+  const events = [`${head}"Hello"}}]}`, `${head}"trunc`, `${head}"tail \\`, `${head}" world"}}]}`]
+  relay.push(new TextEncoder().encode(events.map((e) => `data: ${e}\n\n`).join('')))
+  expect(relay.generated).toBe('Hello world')
+})

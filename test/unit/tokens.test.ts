@@ -112,7 +112,7 @@ test("counting has its own cache: the library's count in any script, a cache hit
     ' .,;:!?\'"()-\n\t\u00a0/',
     '🙂🚀👍🏽',
     // control characters and lone halves of surrogate pairs
-    '\u0000\u0007\u001b\ud83d\udc00\u200b\ufeff',
+    '\u0000\u0007\u001b\ud83d\u200b\udc00\ufeff',
   ]
   const word = () => {
     const a = alphabets[Math.floor(rand() * alphabets.length)]!
@@ -144,9 +144,9 @@ test("counting has its own cache: the library's count in any script, a cache hit
   expect(count(many)).toBe(library.countTokens(many, PLAIN))
 })
 
-test('a long text counted again is looked up by its digest, and the count is the same as counting it: whole, in slices, cut short by a limit, in a chat prompt', async () => {
+test('a long text counted again is looked up by its digest, per organization, and the count is the same as counting it: whole, in slices, cut short by a limit, in a chat prompt', async () => {
   await loadTokenizer()
-  const { PromptCounter, countChatPromptLive } = await import('../../src/pipeline/tokens.ts')
+  const { PromptCounter, countChatPromptLive, countsKept } = await import('../../src/pipeline/tokens.ts')
   const rand = prng(31)
   const parts = [' the', ' word', '.', ',', '\n\n', ' 12345', ' Привет', ' 東京', ' 🙂', '   ', '\t', ' x']
   const text = (chars: number) => {
@@ -157,36 +157,79 @@ test('a long text counted again is looked up by its digest, and the count is the
   // Short (under the cache's floor), one slice, several slices.
   const texts = [text(300), text(600), text(5000), text(COUNT_SLICE_CHARS * 3 + 17)]
   const uncached = async (t: string) => {
-    const c = new PromptCounter(Number.POSITIVE_INFINITY, false)
+    const c = new PromptCounter()
+    await c.add(t)
+    return c.n
+  }
+  const counted = async (t: string, scope: string, limit = Number.POSITIVE_INFINITY) => {
+    const c = new PromptCounter(limit, scope)
     await c.add(t)
     return c.n
   }
   const want = await Promise.all(texts.map(uncached))
-  for (let round = 0; round < 3; round++)
-    for (const [i, t] of texts.entries()) {
-      const c = new PromptCounter()
-      await c.add(t)
-      expect(c.n).toBe(want[i]!)
-    }
+  const kept = countsKept()
+  for (const [i, t] of texts.entries()) expect(await counted(t, 'org-a')).toBe(want[i]!)
+  // The three long ones are kept (not the short one), once; again, they are hits.
+  expect(countsKept()).toBe(kept + 3)
+  for (let round = 0; round < 2; round++)
+    for (const [i, t] of texts.entries()) expect(await counted(t, 'org-a')).toBe(want[i]!)
+  expect(countsKept()).toBe(kept + 3)
+  // Another organization's are its own.
+  expect(await counted(texts[1]!, 'org-b')).toBe(want[1]!)
+  expect(countsKept()).toBe(kept + 4)
   // Cut short by a limit: that partial count is not kept for the text.
   const long = text(COUNT_SLICE_CHARS * 4)
-  const cut = new PromptCounter(10)
-  await cut.add(long)
-  expect(cut.n).toBeLessThan(await uncached(long))
-  const whole = new PromptCounter()
-  await whole.add(long)
-  expect(whole.n).toBe(await uncached(long))
+  expect(await counted(long, 'org-a', 10)).toBeLessThan(await uncached(long))
+  expect(countsKept()).toBe(kept + 4)
+  expect(await counted(long, 'org-a')).toBe(await uncached(long))
+  expect(countsKept()).toBe(kept + 5)
   // A chat prompt's texts: the same count the first time and the next.
   const messages = [
     { role: 'system' as const, content: texts[2]! },
-    { role: 'user' as const, content: texts[1]! },
+    { role: 'user' as const, content: text(700) },
   ]
-  const first = await countChatPromptLive(messages, undefined, Number.POSITIVE_INFINITY)
+  const first = await countChatPromptLive(messages, undefined, Number.POSITIVE_INFINITY, 'org-a')
+  expect(countsKept()).toBe(kept + 6)
+  expect(await countChatPromptLive(messages, undefined, Number.POSITIVE_INFINITY, 'org-a')).toBe(first)
   expect(await countChatPromptLive(messages, undefined, Number.POSITIVE_INFINITY)).toBe(first)
-  expect(first).toBe(3 + 2 * 3 + want[2]! + want[1]! + 2)
+  expect(countsKept()).toBe(kept + 6)
   // Text with a lone surrogate is counted, not looked up: the same count either way.
   const odd = `${texts[1]!}\ud800${texts[1]!}`
-  const a = new PromptCounter()
-  await a.add(odd)
-  expect(a.n).toBe(await uncached(odd))
+  expect(await counted(odd, 'org-a')).toBe(await uncached(odd))
+  expect(countsKept()).toBe(kept + 6)
+})
+
+test('runs of one kind longer than the merge takes are cut in any script (the walk of the split and the count inside it, each with its own regex)', async () => {
+  await loadTokenizer()
+  const { countTokens: count } = await import('../../src/tokenizer.ts')
+  const library = await import('../../src/tokenizer-tables.ts')
+  const PLAIN = { disallowedSpecial: new Set<string>() }
+  const between = ['Привет, мир. ', ' и ещё немного текста 東京 🙂 ', ' конец.']
+  const runs = ['я'.repeat(300), 'ж'.repeat(500)]
+  const text = between[0]! + runs[0]! + between[1]! + runs[1]! + between[2]!
+  const exact = library.countTokens(text, PLAIN)
+  const got = count(text)
+  // At or above the exact count, and within the margin: 3 per chunk of at most 256 bytes of
+  // UTF-8 (2 bytes a letter here) and 3 more per run.
+  expect(got).toBeGreaterThanOrEqual(exact)
+  const chunks = runs.reduce((n, r) => n + Math.ceil((r.length * 2) / 256), 0)
+  expect(got).toBeLessThanOrEqual(exact + 3 * (chunks + runs.length))
+})
+
+test("counting's cache keeps no prompt alive: a long piece is kept as a copy, not as a view into its text", async () => {
+  await loadTokenizer()
+  const { countTokens: count } = await import('../../src/tokenizer.ts')
+  const filler = 'routers queue requests while the nodes answer them in turn and bill each one once '
+  const body = filler.repeat(Math.ceil(400_000 / filler.length))
+  const rand = prng(41)
+  const word = () =>
+    Array.from({ length: 20 }, () => String.fromCharCode(97 + Math.floor(rand() * 26))).join('')
+  Bun.gc(true)
+  const before = process.memoryUsage().heapUsed
+  // 40 prompts of 400 KB, each with a word of its own (a piece of 21 code units, a cache miss).
+  for (let i = 0; i < 40; i++) count(`${body.slice(0, 1000)} ${word()}${body.slice(1000)}${i}`)
+  Bun.gc(true)
+  const grewMB = (process.memoryUsage().heapUsed - before) / 1e6
+  // Kept as views, the pieces held every prompt: about 16 MB here.
+  expect(grewMB).toBeLessThan(6)
 })
