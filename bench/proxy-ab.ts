@@ -21,24 +21,15 @@ import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
-import { freePort, hammer, routerConfig, startRouter, startStub, threadTimes } from './stub-router.ts'
-
-const WORDS = 'routers queue requests while the nodes answer them in turn and bill each one once '
-/** The request; with --prompt-bytes N its prompt N bytes of English words (as bench/workers.ts). */
-const bodyOf = (promptBytes: number) =>
-  JSON.stringify({
-    model: 'bench/fast',
-    messages: [
-      {
-        role: 'user',
-        content:
-          promptBytes > 0
-            ? WORDS.repeat(Math.ceil(promptBytes / WORDS.length)).slice(0, promptBytes)
-            : 'Say something short about routers and queues.',
-      },
-    ],
-    max_tokens: 16,
-  })
+import {
+  benchChatBody,
+  freePort,
+  hammer,
+  routerConfig,
+  startRouter,
+  startStub,
+  threadTimes,
+} from './stub-router.ts'
 
 /** The bare proxy of a `bare:` variant (run as `proxy-ab.ts serve <upstream url> <port file> <flags>`). */
 function serve(upstream: string, portFile: string, flags: Set<string>): void {
@@ -143,7 +134,7 @@ async function main(): Promise<void> {
     allowPositionals: true,
     options: { rounds: { type: 'string' }, seconds: { type: 'string' }, 'prompt-bytes': { type: 'string' } },
   })
-  const BODY = bodyOf(Number(values['prompt-bytes'] ?? 0))
+  const BODY = benchChatBody(Number(values['prompt-bytes'] ?? 0))
   const rounds = Number(values.rounds ?? 3)
   const seconds = Number(values.seconds ?? 6)
   if (positionals.length === 0) throw new Error('usage: bun bench/proxy-ab.ts [--rounds N] VARIANT...')

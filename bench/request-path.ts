@@ -20,7 +20,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
-import { merged } from './stub-router.ts'
+import { benchChatBody, merged } from './stub-router.ts'
 
 const ADMIN = 'bench-admin-token-0123456789abcdef'
 const REPLY = JSON.stringify({
@@ -42,23 +42,7 @@ const REPLY = JSON.stringify({
 })
 // The request of bench/load.ts chatBody, as wrk sends it in bench:money; with --prompt-bytes N,
 // its prompt N bytes of English words (as bench/workers.ts sends).
-const WORDS = 'routers queue requests while the nodes answer them in turn and bill each one once '
-const bodyOf = (promptBytes: number) =>
-  JSON.stringify({
-    model: 'bench/fast',
-    messages: [
-      {
-        role: 'user',
-        content:
-          promptBytes > 0
-            ? WORDS.repeat(Math.ceil(promptBytes / WORDS.length)).slice(0, promptBytes)
-            : 'Say something short about routers and queues.',
-      },
-    ],
-    max_tokens: 16,
-    seed: 1,
-    stream: false,
-  })
+const bodyOf = (promptBytes: number) => benchChatBody(promptBytes, { seed: 1, stream: false })
 let BODY = bodyOf(0)
 let UNIQUE = false
 /** What --unique overwrites in the body: the prompt's first 12 characters. */

@@ -24,6 +24,25 @@ export const REPLY = JSON.stringify({
 type Any = any
 
 /** `base` with `extra` merged in, objects key by key (arrays and values replaced). */
+const PROMPT_WORDS = 'routers queue requests while the nodes answer them in turn and bill each one once '
+
+/**
+ * The benches' chat request (`bench/fast`, 16 tokens out), its prompt a short question or, with
+ * promptBytes, that many bytes of English words; `extra` fields added.
+ */
+export function benchChatBody(promptBytes = 0, extra: Record<string, unknown> = {}): string {
+  const content =
+    promptBytes > 0
+      ? PROMPT_WORDS.repeat(Math.ceil(promptBytes / PROMPT_WORDS.length)).slice(0, promptBytes)
+      : 'Say something short about routers and queues.'
+  return JSON.stringify({
+    model: 'bench/fast',
+    messages: [{ role: 'user', content }],
+    max_tokens: 16,
+    ...extra,
+  })
+}
+
 export function merged(base: Any, extra: Any): Any {
   if (typeof extra !== 'object' || extra === null || Array.isArray(extra)) return extra
   const out = { ...base }

@@ -14,7 +14,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
-import { freePort, routerConfig, startRouter, startStub } from './stub-router.ts'
+import { benchChatBody, freePort, routerConfig, startRouter, startStub } from './stub-router.ts'
 import { runWrk, wrkPath } from './wrk.ts'
 
 const { values } = parseArgs({
@@ -35,20 +35,7 @@ if (!wrkPath()) throw new Error('wrk is not installed (apt-get install -y wrk)')
 // A longer prompt makes each request the router's own work (its tokens are counted), rather than
 // the load generator's or the stub's, which share the machine's cores.
 const promptBytes = Number(values['prompt-bytes'] ?? 0)
-const words = 'routers queue requests while the nodes answer them in turn and bill each one once '
-const BODY = JSON.stringify({
-  model: 'bench/fast',
-  messages: [
-    {
-      role: 'user',
-      content:
-        promptBytes > 0
-          ? words.repeat(Math.ceil(promptBytes / words.length)).slice(0, promptBytes)
-          : 'Say something short about routers and queues.',
-    },
-  ],
-  max_tokens: 16,
-})
+const BODY = benchChatBody(promptBytes)
 
 const TICK_US = 10_000
 /** CPU time (us) of a process, all its threads. */
