@@ -24,12 +24,15 @@ export function chainSeed(modelId: string): number {
 
 /**
  * Feeds text into a chain of block hashes. Text can arrive in pieces (one per message part);
- * only full blocks produce a hash, and a piece boundary does not break a block.
+ * only full blocks produce a hash, and a piece boundary does not break a block. Each block is
+ * hashed by Bun's native MurmurHash3 (of its UTF-8), seeded with the hash before it: 16 KB of
+ * prompt in about 16 us, where a loop over its characters in JavaScript took 72.
  */
 export class BlockHasher {
   readonly hashes: number[] = []
   private h: number
-  private filled = 0
+  /** The start of a block that the next piece completes (shorter than BLOCK_CHARS). */
+  private carry = ''
   chars = 0
 
   constructor(seed: number) {
@@ -37,22 +40,25 @@ export class BlockHasher {
   }
 
   push(text: string): void {
-    let h = this.h
-    let filled = this.filled
-    for (let i = 0; i < text.length; i++) {
-      h = Math.imul(h ^ text.charCodeAt(i), FNV_PRIME)
-      if (++filled === BLOCK_CHARS) {
-        // Finalise the block (avalanche) and chain: the next block starts from this hash.
-        h = Math.imul(h ^ (h >>> 15), 0x85ebca6b)
-        h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35) ^ (h >>> 16)
-        h >>>= 0
-        this.hashes.push(h)
-        filled = 0
-      }
-    }
-    this.h = h
-    this.filled = filled
     this.chars += text.length
+    let at = 0
+    if (this.carry.length > 0) {
+      const need = BLOCK_CHARS - this.carry.length
+      if (text.length < need) {
+        this.carry += text
+        return
+      }
+      this.block(this.carry + text.slice(0, need))
+      this.carry = ''
+      at = need
+    }
+    for (; at + BLOCK_CHARS <= text.length; at += BLOCK_CHARS) this.block(text.slice(at, at + BLOCK_CHARS))
+    if (at < text.length) this.carry = text.slice(at)
+  }
+
+  private block(text: string): void {
+    this.h = Bun.hash.murmur32v3(text, this.h)
+    this.hashes.push(this.h)
   }
 }
 

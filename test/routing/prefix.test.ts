@@ -25,6 +25,16 @@ describe('prefix blocks', () => {
     expect(hash('m', text)).toEqual(hash('m', text.slice(0, 7), text.slice(7, 300), text.slice(300)))
     expect(hash('m', text)[0]).not.toBe(hash('other', text)[0])
     expect(hash('m', 'short')).toEqual([])
+    // Any script, pieces of any size down to one code unit (a block through dozens of pieces).
+    const mixed = 'Привет, мир 東京 🙂 hello '.repeat(60)
+    const tiny: string[] = []
+    for (let i = 0; i < mixed.length; i += 1 + (i % 5)) tiny.push(mixed.slice(i, i + 1 + (i % 5)))
+    expect(tiny.join('')).toBe(mixed)
+    expect(hash('m', ...tiny)).toEqual(hash('m', mixed))
+    expect(hash('m', mixed).length).toBe(Math.floor(mixed.length / BLOCK_CHARS))
+    // Texts equal but for how JavaScriptCore stores them (a slice of a two-byte string) hash the same.
+    const ascii = 'a plain block of text '.repeat(40)
+    expect(hash('m', `Ж${ascii}`.slice(1))).toEqual(hash('m', ascii))
   })
 
   test('the index matches leading blocks only and forgets the least recently used', () => {
