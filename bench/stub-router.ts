@@ -23,7 +23,6 @@ export const REPLY = JSON.stringify({
 // biome-ignore lint/suspicious/noExplicitAny: a config fragment of any shape
 type Any = any
 
-/** `base` with `extra` merged in, objects key by key (arrays and values replaced). */
 const PROMPT_WORDS = 'routers queue requests while the nodes answer them in turn and bill each one once '
 
 /**
@@ -43,6 +42,7 @@ export function benchChatBody(promptBytes = 0, extra: Record<string, unknown> = 
   })
 }
 
+/** `base` with `extra` merged in, objects key by key (arrays and values replaced). */
 export function merged(base: Any, extra: Any): Any {
   if (typeof extra !== 'object' || extra === null || Array.isArray(extra)) return extra
   const out = { ...base }

@@ -203,22 +203,21 @@ function countPlain(l: Lib, text: string): number {
 /** One piece's tokens, from counting's cache or the merge. */
 function pieceCount(bp: BytePairs, piece: string): number {
   let c = counts.get(piece)
-  if (c === undefined) {
-    c =
-      bp.getBpeRankFromString(piece) !== undefined
-        ? 1
-        : bp.bytePairMerge
-          ? bp.bytePairMerge(utf8.encode(piece)).length
-          : bp.bytePairEncode(piece).length
-    if (counts.size >= COUNT_CACHE_ENTRIES) counts.clear()
-    // A piece of more than 12 code units shares its storage with the text it was cut from (JSC):
-    // kept as it is, it would keep the whole prompt alive. A copy is kept instead (and nothing
-    // when the piece holds a lone surrogate, which the copy through UTF-8 would not keep).
-    if (piece.length <= 12) counts.set(piece, c)
-    else {
-      const own = decoder.decode(utf8.encode(piece))
-      if (own === piece) counts.set(own, c)
-    }
+  if (c !== undefined) return c
+  let bytes: Uint8Array | undefined
+  if (bp.getBpeRankFromString(piece) !== undefined) c = 1
+  else if (bp.bytePairMerge) {
+    bytes = utf8.encode(piece)
+    c = bp.bytePairMerge(bytes).length
+  } else c = bp.bytePairEncode(piece).length
+  if (counts.size >= COUNT_CACHE_ENTRIES) counts.clear()
+  // A piece of more than 12 code units shares its storage with the text it was cut from (JSC):
+  // kept as it is, it would keep the whole prompt alive. A copy is kept instead (and nothing
+  // when the piece holds a lone surrogate, which the copy through UTF-8 would not keep).
+  if (piece.length <= 12) counts.set(piece, c)
+  else {
+    const own = decoder.decode(bytes ?? utf8.encode(piece))
+    if (own === piece) counts.set(own, c)
   }
   return c
 }

@@ -193,25 +193,14 @@ export function countChatPromptLive(
   /** The organization whose long texts are looked up (PromptCounter). */
   scope?: string,
 ): number | Promise<number> {
-  let n = 0
+  // Texts of SLICE at most in all: the counter counts each whole (add returns no promise).
+  const counter = new PromptCounter(Number.POSITIVE_INFINITY, scope)
   let size = 0
   const fixed = promptParts(messages, tools, (text) => {
     size += text.length
-    if (size <= SLICE) n += countLookedUp(scope, text)
+    if (size <= SLICE) counter.add(text)
   })
-  return size <= SLICE ? fixed + n : countChatPromptSliced(messages, tools, limit, scope)
-}
-
-/** countTokens, for a text up to SLICE long, looked up when it is long enough to be worth it. */
-function countLookedUp(scope: string | undefined, text: string): number {
-  const key = textKey(scope, text)
-  if (key === undefined) return countTokens(text)
-  let n = textCounts.get(key)
-  if (n === undefined) {
-    n = countTokens(text)
-    remember(key, n)
-  }
-  return n
+  return size <= SLICE ? fixed + counter.n : countChatPromptSliced(messages, tools, limit, scope)
 }
 
 async function countChatPromptSliced(
