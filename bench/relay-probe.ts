@@ -195,6 +195,7 @@ function staticDirect(body: ReadableStream<Uint8Array>, read: boolean): Readable
 MODES.rawNet = MODES.bare!
 /** The upstream read with node:http's client (a keep-alive agent), relayed as rawNet is. */
 MODES.nodeHttp = MODES.bare!
+/** The upstream read from a Bun.connect socket (paused on backpressure): what upstream/h1.ts does. */
 MODES.rawBun = MODES.bare!
 
 const EVENT = new TextEncoder().encode(
@@ -371,11 +372,11 @@ function rawRelay(mode: string, port: number, path: string, body: ArrayBuffer): 
           s.write(new Uint8Array(body))
           closeUp = () => s.end()
         },
-        data(_s, d) {
+        data(s, d) {
           onData(
             d,
-            () => {},
-            () => {},
+            () => s.pause(),
+            () => s.resume(),
           )
         },
         close() {

@@ -33,6 +33,7 @@ import { type SimNode, startSimNode } from '../src/simulator/index.ts'
 import { ANTHROPIC_SIM_KEY } from '../src/simulator/protocols/anthropic.ts'
 import { SIM_AZURE_API_KEY } from '../src/simulator/protocols/azure.ts'
 import type { UpstreamCall } from '../src/upstream/adapter.ts'
+import { streamOverFetch } from '../src/upstream/h1.ts'
 import { ProviderRegistry } from '../src/upstream/providers/index.ts'
 import { Watchdog } from '../src/upstream/watchdog.ts'
 
@@ -212,6 +213,9 @@ async function main() {
     return new Response(bytes, { status: res.status, headers: res.headers })
   }
   globalThis.fetch = recorder as typeof fetch
+  // Streams too: the recorder and the replay stand in for fetch, so Tropa's own client
+  // (upstream/h1.ts) is not used.
+  streamOverFetch()
   for (const kind of KINDS)
     for (const stream of [false, true]) {
       recording = `${kind}:${stream}`

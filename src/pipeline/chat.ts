@@ -23,7 +23,7 @@ import type { Telemetry } from '../metrics/telemetry.ts'
 import type { Candidate } from '../routing/nodes.ts'
 import type { Attempt } from '../routing/policy.ts'
 import { fail, type RequestTrace } from '../tracing/span.ts'
-import type { UpstreamReply } from '../upstream/adapter.ts'
+import { type BodyReader, replyReader, type UpstreamReply } from '../upstream/adapter.ts'
 import {
   CHAT_STREAM,
   ChatStreamRelay,
@@ -752,15 +752,14 @@ function completionTextOf(c: ChatCompletion): string {
 
 interface FirstChunk {
   reply: UpstreamReply
-  reader: ReadableStreamDefaultReader<Uint8Array>
+  reader: BodyReader
   chunk: Uint8Array
 }
 
 /** Waits for the stream's first bytes: until then a silent or broken node can be failed over. */
 async function firstChunk(reply: UpstreamReply, deps: UpstreamDeps, c: Candidate): Promise<FirstChunk> {
-  const body = reply.response.body
-  if (!body) throw new UpstreamFailed(`${c.node.name} sent an empty stream`)
-  const reader = body.getReader() as ReadableStreamDefaultReader<Uint8Array>
+  const reader = replyReader(reply)
+  if (!reader) throw new UpstreamFailed(`${c.node.name} sent an empty stream`)
   const deadline = deps.watchdog.watch(Date.now() + deps.timeouts.firstByteTimeoutMs, () =>
     reply.abort(new UpstreamTimeout(`${c.node.name} sent no first token in time`)),
   )
@@ -798,7 +797,7 @@ const MAX_OPENING_BYTES = 64 * 1024
 
 /** The stream's first bytes up to and including the start of the event after its opening one. */
 async function pastOpening(
-  reader: ReadableStreamDefaultReader<Uint8Array>,
+  reader: BodyReader,
   first: Uint8Array,
   reply: UpstreamReply,
   c: Candidate,

@@ -20,7 +20,12 @@ import {
   type WarmupReason,
 } from '../routing/policy.ts'
 import { fail, type RequestTrace } from '../tracing/span.ts'
-import type { UpstreamAdapter, UpstreamPath, UpstreamReply } from '../upstream/adapter.ts'
+import {
+  replyReader,
+  type UpstreamAdapter,
+  type UpstreamPath,
+  type UpstreamReply,
+} from '../upstream/adapter.ts'
 import { probeConnect } from '../upstream/connect-probe.ts'
 import { ERROR_EVENT } from '../upstream/sse.ts'
 import type { Watchdog } from '../upstream/watchdog.ts'
@@ -411,7 +416,7 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, warm: Warmup, a: Attempt)
         controller,
         nowMs + timeoutMs,
       )
-      const reader = reply.response.body?.getReader()
+      const reader = replyReader(reply)
       const decoder = new TextDecoder()
       let text = ''
       for (let first = true; reader !== undefined; first = false) {
@@ -450,6 +455,8 @@ function warmUp<T>(deps: UpstreamDeps, d: Dispatch<T>, warm: Warmup, a: Attempt)
       })
     } finally {
       deps.watchdog.clear(deadline)
+      // Whatever is left of the answer (an error event read first, say) is not read: stop it.
+      if (!warmed) controller.abort(new Error('the warm-up ended'))
       warming--
       deps.warmups?.ended(reason, warmed)
       finishAttempt(deps, w, outcome, cached)

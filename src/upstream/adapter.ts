@@ -1,4 +1,7 @@
 import type { RouteConfig } from '../config/load.ts'
+import type { BodyReader } from './h1.ts'
+
+export type { BodyReader } from './h1.ts'
 
 /**
  * The OpenAI endpoints Tropa calls. `/completions` (legacy) goes only to OpenAI-compatible routes
@@ -20,8 +23,18 @@ export interface UpstreamCall {
 /** An upstream answer whose status was 2xx; the body is still unread. */
 export interface UpstreamReply {
   readonly response: Response
+  /**
+   * The body's reader without a web stream in between, when the reply came over Tropa's own
+   * client (h1.ts: streamed calls); `response` is then made only if asked for. Read one or the other.
+   */
+  reader?(): BodyReader
   /** Stops the upstream request (client gone, timeout, or a hedge lost). */
   abort(reason: Error): void
+}
+
+/** A reply's body reader: its own when it has one, else its Response body's. */
+export function replyReader(reply: UpstreamReply): BodyReader | undefined {
+  return reply.reader ? reply.reader() : reply.response.body?.getReader()
 }
 
 /**

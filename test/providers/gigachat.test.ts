@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, test } from 'bun:test'
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import OpenAI, { type APIError } from 'openai'
@@ -8,6 +8,7 @@ import type { ModelFile } from '../../src/config/schema.ts'
 import type { SimNode, SimNodeOptions } from '../../src/simulator/index.ts'
 import { leaveMidStream, usageRows } from '../helpers/ledger.ts'
 import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
+import { testCa } from '../helpers/tls.ts'
 
 // openai SDK -> Tropa -> a gigachat route -> the simulated GigaChat (OAuth + its own API).
 
@@ -369,64 +370,6 @@ describe('embeddings through a gigachat route', () => {
     expect(floats.data[0]!.embedding).toHaveLength(256)
   })
 })
-
-/** A CA and a certificate for 127.0.0.1 signed by it (what GigaChat's Russian Trusted Root CA chain is to Tropa). */
-function testCa(dir: string) {
-  const run = (...args: string[]) => {
-    const r = Bun.spawnSync(['openssl', ...args], { cwd: dir, stderr: 'pipe' })
-    if (r.exitCode !== 0) throw new Error(`openssl ${args[0]}: ${r.stderr.toString()}`)
-  }
-  run(
-    'req',
-    '-x509',
-    '-newkey',
-    'rsa:2048',
-    '-nodes',
-    '-keyout',
-    'ca.key',
-    '-out',
-    'ca.pem',
-    '-days',
-    '1',
-    '-subj',
-    '/CN=Tropa Test Root CA',
-  )
-  run(
-    'req',
-    '-newkey',
-    'rsa:2048',
-    '-nodes',
-    '-keyout',
-    'srv.key',
-    '-out',
-    'srv.csr',
-    '-subj',
-    '/CN=127.0.0.1',
-  )
-  writeFileSync(join(dir, 'ext'), 'subjectAltName=IP:127.0.0.1\n')
-  run(
-    'x509',
-    '-req',
-    '-in',
-    'srv.csr',
-    '-CA',
-    'ca.pem',
-    '-CAkey',
-    'ca.key',
-    '-CAcreateserial',
-    '-out',
-    'srv.pem',
-    '-days',
-    '1',
-    '-extfile',
-    'ext',
-  )
-  return {
-    caFile: join(dir, 'ca.pem'),
-    cert: readFileSync(join(dir, 'srv.pem'), 'utf8'),
-    key: readFileSync(join(dir, 'srv.key'), 'utf8'),
-  }
-}
 
 describe('tls_ca_file', () => {
   test('the OAuth exchange trusts the route CA: with it the token comes, without it the node fails', async () => {
