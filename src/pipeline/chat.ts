@@ -843,6 +843,8 @@ function relaySource(
   rec: RequestRecord | undefined,
 ): Bun.DirectUnderlyingSource<Uint8Array> {
   const { reader, reply } = first
+  // The opening bytes are relayed once: not kept for the stream's life by pull's closure.
+  let opening: Uint8Array | undefined = first.chunk
   const c = attempt.candidate
   const firstChunkAtMs = Date.now()
   let lastChunkAtMs = firstChunkAtMs
@@ -929,7 +931,9 @@ function relaySource(
         return wait ? await wait : false
       }
       try {
-        let wait = send(relay.push(first.chunk))
+        const head = opening!
+        opening = undefined
+        let wait = send(relay.push(head))
         if (wait && (await wait)) return cutStalled()
         if (relay.held && (await resumed())) return cutStalled()
         for (;;) {

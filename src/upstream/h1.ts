@@ -86,8 +86,8 @@ export class H1Response {
 
   constructor(
     readonly status: number,
-    /** The head's fields as they came, name and value alternating. */
-    private readonly fields: readonly string[],
+    /** The head's field lines, as they came (parsed again only if the headers are asked for). */
+    private readonly head: string,
     private readonly raw: Body,
     private readonly encoding: string | undefined,
     /** The Location of a redirect. */
@@ -100,9 +100,10 @@ export class H1Response {
 
   headers(): Headers {
     const h = new Headers()
-    for (let i = 0; i < this.fields.length; i += 2) {
+    for (const line of this.head.split('\r\n')) {
+      const colon = line.indexOf(':')
       try {
-        h.append(this.fields[i]!, this.fields[i + 1]!)
+        if (colon > 0) h.append(line.slice(0, colon), line.slice(colon + 1).trim())
       } catch {
         // a field fetch's Headers refuses: left out
       }
@@ -433,7 +434,6 @@ class Conn {
     const status = STATUS_LINE.exec(lines[0]!)
     if (!status) throw new UpstreamProtocolError('a malformed status line')
     const code = Number(status[2])
-    const fields: string[] = []
     let encoded = false
     let length: number | undefined
     let close = status[1] === '0'
@@ -447,7 +447,6 @@ class Conn {
         throw new UpstreamProtocolError('a malformed header line')
       const name = l.slice(0, colon).toLowerCase()
       const value = l.slice(colon + 1).trim()
-      fields.push(name, value)
       if (name === 'transfer-encoding') {
         // Only chunked alone: a stacked coding (gzip, chunked) would pass its bytes on coded.
         if (encoded || value.toLowerCase() !== 'chunked')
@@ -492,7 +491,7 @@ class Conn {
     }
     const onHead = this.onHead
     this.onHead = this.onFail = undefined
-    onHead?.(new H1Response(code, fields, this.body!, encoding, location))
+    onHead?.(new H1Response(code, text.slice(lines[0]!.length + 2), this.body!, encoding, location))
     if (this.phase === Phase.Done) this.complete()
   }
 
