@@ -87,7 +87,7 @@ export class H1Response {
   constructor(
     readonly status: number,
     /** The head's field lines, as they came (parsed again only if the headers are asked for). */
-    private readonly head: string,
+    private head: string,
     private readonly raw: Body,
     private readonly encoding: string | undefined,
     /** The Location of a redirect. */
@@ -112,9 +112,11 @@ export class H1Response {
   }
 
   /** The body's one reader: the socket's chunks themselves unless the body is compressed. */
-  reader(): BodyReader {
+  reader(forResponse = false): BodyReader {
     if (this.taken) throw new TypeError('the body is already being read')
     this.taken = true
+    // Read directly (the relay), the headers are not asked for again: not kept for the stream.
+    if (!forResponse) this.head = ''
     if (this.encoding === undefined) return this.raw
     const inflate = new DecompressionStream(this.encoding as CompressionFormat)
     return webBody(this.raw)
@@ -124,9 +126,12 @@ export class H1Response {
 
   /** The answer as a web Response (made on first use), for readers that want one. */
   get response(): Response {
-    this.webResponse ??= new Response(webBody(this.reader()), {
+    if (this.webResponse) return this.webResponse
+    const headers = this.headers()
+    const none = this.status === 204 || this.status === 205 || this.status === 304
+    this.webResponse = new Response(none ? null : webBody(this.reader(true)), {
       status: this.status,
-      headers: this.headers(),
+      headers,
     })
     return this.webResponse
   }
@@ -521,6 +526,7 @@ class Conn {
     if (this.closed) return
     err ??= this.tlsError
     this.closed = true
+    this.unsent = undefined
     this.pool.forget(this)
     if (this.phase === Phase.UntilClose && err === undefined) {
       this.complete()
@@ -531,7 +537,7 @@ class Conn {
     // Closed at once, with nothing answered: the server had closed the socket before the request
     // came (its idle timeout racing ours), so the request may be sent again. Later, it may have
     // been at work on it: then the close is the answer.
-    if (!this.answered && performance.now() - this.sentAtMs < RACE_MS)
+    if (!this.answered && performance.now() - this.sentAtMs < this.pool.raceMs)
       this.failExchange(new ClosedBeforeAnswer(why))
     else if (!this.answered) this.failExchange(Object.assign(new Error(why), { code: 'ECONNRESET' }))
     else
@@ -569,12 +575,29 @@ const handlers: Bun.SocketHandler<Conn> = {
   },
 }
 
+/** Whether a redirect from `from` to `to` stays with the origin (or moves it to https, same host). */
+function sameOrigin(from: URL, to: URL): boolean {
+  if (to.origin === from.origin) return true
+  return (
+    from.protocol === 'http:' &&
+    to.protocol === 'https:' &&
+    to.hostname === from.hostname &&
+    (to.port === '' || to.port === from.port)
+  )
+}
+
 /** Keep-alive sockets per origin, and the requests made over them. */
 export class H1Pool {
   private readonly idle = new Map<string, Conn[]>()
 
-  /** `dial` opens a socket: Bun.connect (a test gives one that connects late). */
-  constructor(private readonly dial: Dial = Bun.connect) {}
+  /**
+   * `dial` opens a socket (Bun.connect; a test gives one that connects late); `raceMs` is how
+   * soon after the request a close with nothing answered counts as a stale socket's (RACE_MS).
+   */
+  constructor(
+    private readonly dial: Dial = Bun.connect,
+    readonly raceMs = RACE_MS,
+  ) {}
 
   /**
    * Sends `req`; resolves with the answer's head (its body unread), rejects as fetch would: with
@@ -585,33 +608,36 @@ export class H1Pool {
     let url = req.url
     for (let hops = 0; ; hops++) {
       const res = await this.once(req, url)
-      if ((res.status !== 307 && res.status !== 308) || res.location === undefined) return res
-      let next: URL
-      try {
-        next = new URL(res.location, url)
-      } catch {
-        return res
-      }
+      if (res.status < 300 || res.status > 399 || res.status === 304) return res
+      // A redirect not followed is the node's failure (fetch would have followed it), never the
+      // request refused.
       await res.reader().cancel()
-      const sameHost =
-        next.host === url.host || (next.hostname === url.hostname && next.protocol === 'https:')
+      let next: URL | undefined
+      try {
+        next = new URL(res.location ?? '', url)
+      } catch {
+        // no usable Location
+      }
       if (
+        next === undefined ||
+        (res.status !== 307 && res.status !== 308) ||
         hops >= MAX_REDIRECTS ||
-        !sameHost ||
-        (next.protocol !== 'https:' && next.protocol !== url.protocol)
+        !sameOrigin(url, next)
       )
-        throw new UpstreamProtocolError(`redirected to ${next.origin}${next.pathname}, not followed`)
+        throw new UpstreamProtocolError(
+          `answered ${res.status}${next ? ` to ${next.origin}${next.pathname}` : ''}, not followed`,
+        )
       url = next
     }
   }
 
   private async once(req: H1Request, url: URL): Promise<H1Response> {
-    const bytes = encode(req, url)
     const key = `${url.protocol}//${url.host}${req.ca === undefined ? '' : `#${Bun.hash(req.ca)}`}`
     for (let fresh = false; ; fresh = true) {
       const conn = (fresh ? undefined : this.take(key)) ?? (await this.connect(req, url, key))
       try {
-        return await conn.exchange(bytes, req.signal)
+        // The request's bytes are made here, not kept across the wait for the answer's head.
+        return await conn.exchange(encode(req, url), req.signal)
       } catch (err) {
         // A pooled socket the server closed as the request came: it cannot have been processed
         // (closedBy); once more, on a new socket.
@@ -751,8 +777,14 @@ function encode(req: H1Request, url: URL): Buffer {
   }
   if (!agent) lines += `user-agent: Bun/${Bun.version}\r\n`
   if (!accept) lines += 'accept-encoding: identity\r\n'
-  const head = `POST ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${host}\r\n${lines}`
-  return Buffer.from(`${head}content-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`)
+  const size = Buffer.byteLength(body)
+  const head = `POST ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${host}\r\n${lines}content-length: ${size}\r\n\r\n`
+  const headSize = Buffer.byteLength(head)
+  // The body written into place, not joined to the head first (a second copy of the prompt).
+  const bytes = Buffer.allocUnsafe(headSize + size)
+  bytes.write(head, 0)
+  bytes.write(body, headSize)
+  return bytes
 }
 
 /** The process's pool for streamed upstream calls. */
