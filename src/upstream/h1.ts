@@ -276,7 +276,16 @@ class Conn {
   /** Request bytes the socket has not taken yet. */
   private unsent: Uint8Array | undefined
   private headBytes: Buffer | undefined
+  /** A trailer line's start, when a read ended inside it. */
   private line = ''
+  /** The chunk-size line being read: its value, digits, and whether its digits have ended. */
+  private size = 0
+  private digits = 0
+  private lineBytes = 0
+  private sizeDone = false
+  private inExtension = false
+  /** A chunk's CR came, its LF not yet. */
+  private crSeen = false
   private remaining = 0
   private trailerBytes = 0
   private answered = false
@@ -345,92 +354,117 @@ class Conn {
       return
     }
     this.answered = true
-    let b = data
+    let at = 0
     try {
-      while (b.byteLength > 0 && !this.closed) b = this.step(b)
+      while (at < data.byteLength && !this.closed) at = this.step(data, at)
     } catch (err) {
       this.failExchange(err)
       this.destroy()
     }
   }
 
-  /** Consumes what it can of `b` in the current phase; returns the rest. */
-  private step(b: Buffer): Buffer {
+  /**
+   * Consumes what it can of `b` from `at` in the current phase; returns where it stopped. The
+   * chunk framing is read byte by byte, with no string or view made for it: a stream's events
+   * come one chunk each, and this runs for every one.
+   */
+  private step(b: Buffer, at: number): number {
     switch (this.phase) {
       case Phase.Head: {
+        let h = at === 0 ? b : b.subarray(at)
+        const before = this.headBytes?.byteLength ?? 0
         if (this.headBytes) {
-          b = Buffer.concat([this.headBytes, b])
+          h = Buffer.concat([this.headBytes, h])
           this.headBytes = undefined
         }
-        const at = b.indexOf('\r\n\r\n')
-        if (at < 0) {
-          if (b.byteLength > MAX_HEAD_BYTES) throw new UpstreamProtocolError('the response head is too large')
-          if (b.indexOf('\n\n') >= 0)
+        const end = h.indexOf('\r\n\r\n')
+        if (end < 0) {
+          if (h.byteLength > MAX_HEAD_BYTES) throw new UpstreamProtocolError('the response head is too large')
+          if (h.indexOf('\n\n') >= 0)
             throw new UpstreamProtocolError('a response head ended by bare line feeds')
-          this.headBytes = b
-          return EMPTY
+          this.headBytes = h
+          return b.byteLength
         }
-        if (at > MAX_HEAD_BYTES) throw new UpstreamProtocolError('the response head is too large')
-        this.head(b.toString('latin1', 0, at))
-        return b.subarray(at + 4)
+        if (end > MAX_HEAD_BYTES) throw new UpstreamProtocolError('the response head is too large')
+        this.head(h.toString('latin1', 0, end))
+        // The terminator ends in this read's bytes (else an earlier read had found it).
+        return at + end + 4 - before
       }
-      case Phase.ChunkSize:
-      case Phase.ChunkEnd:
-      case Phase.Trailer: {
-        const nl = b.indexOf(10)
-        if (nl < 0) {
-          this.line += b.toString('latin1')
-          if (this.line.length > MAX_LINE_BYTES) throw new UpstreamProtocolError('a chunk line is too long')
-          return EMPTY
+      case Phase.ChunkSize: {
+        const n = b.byteLength
+        for (let i = at; i < n; i++) {
+          const c = b[i]!
+          if (c === 10) {
+            if (this.digits === 0) throw new UpstreamProtocolError('a malformed chunk size')
+            const size = this.size
+            this.size = this.digits = this.lineBytes = 0
+            this.sizeDone = this.inExtension = false
+            if (size === 0) {
+              this.phase = Phase.Trailer
+              this.trailerBytes = 0
+            } else {
+              this.remaining = size
+              this.phase = Phase.ChunkData
+            }
+            return i + 1
+          }
+          if (++this.lineBytes > MAX_LINE_BYTES) throw new UpstreamProtocolError('a chunk line is too long')
+          if (this.inExtension) continue
+          const v = HEX_VALUE[c]!
+          if (v >= 0 && !this.sizeDone) {
+            if (++this.digits > 12) throw new UpstreamProtocolError('a malformed chunk size')
+            this.size = this.size * 16 + v
+          } else if (c === 59)
+            this.inExtension = true // ';': an extension, ignored
+          else if (c === 13 || c === 32 || c === 9) this.sizeDone = true
+          else throw new UpstreamProtocolError('a malformed chunk size')
         }
-        let line = this.line + b.toString('latin1', 0, nl)
+        return n
+      }
+      case Phase.ChunkEnd: {
+        let i = at
+        if (!this.crSeen && b[i] === 13) {
+          this.crSeen = true
+          if (++i === b.byteLength) return i
+        }
+        if (b[i] !== 10) throw new UpstreamProtocolError('a chunk is longer than its size')
+        this.crSeen = false
+        this.phase = Phase.ChunkSize
+        return i + 1
+      }
+      case Phase.Trailer: {
+        const nl = b.indexOf(10, at)
+        if (nl < 0) {
+          this.line += b.toString('latin1', at)
+          if (this.line.length > MAX_LINE_BYTES) throw new UpstreamProtocolError('a trailer line is too long')
+          return b.byteLength
+        }
+        let line = this.line + b.toString('latin1', at, nl)
         this.line = ''
-        if (line.length > MAX_LINE_BYTES) throw new UpstreamProtocolError('a chunk line is too long')
+        if (line.length > MAX_LINE_BYTES) throw new UpstreamProtocolError('a trailer line is too long')
         if (line.endsWith('\r')) line = line.slice(0, -1)
-        this.lineDone(line)
-        return b.subarray(nl + 1)
+        this.trailerBytes += line.length + 2
+        if (this.trailerBytes > MAX_TRAILER_BYTES)
+          throw new UpstreamProtocolError('the trailers are too large')
+        if (line === '') this.complete()
+        return nl + 1
       }
       case Phase.ChunkData:
       case Phase.Length: {
-        const n = Math.min(this.remaining, b.byteLength)
-        this.body!.push(n === b.byteLength ? b : b.subarray(0, n))
+        const n = Math.min(this.remaining, b.byteLength - at)
+        this.body!.push(at === 0 && n === b.byteLength ? b : b.subarray(at, at + n))
         this.remaining -= n
         if (this.remaining === 0) {
           if (this.phase === Phase.Length) this.complete()
           else this.phase = Phase.ChunkEnd
         }
-        return n === b.byteLength ? EMPTY : b.subarray(n)
+        return at + n
       }
       case Phase.UntilClose:
-        this.body!.push(b)
-        return EMPTY
+        this.body!.push(at === 0 ? b : b.subarray(at))
+        return b.byteLength
       default:
         throw new UpstreamProtocolError('bytes after the response')
-    }
-  }
-
-  private lineDone(line: string): void {
-    if (this.phase === Phase.ChunkEnd) {
-      if (line !== '') throw new UpstreamProtocolError('a chunk is longer than its size')
-      this.phase = Phase.ChunkSize
-      return
-    }
-    if (this.phase === Phase.Trailer) {
-      this.trailerBytes += line.length + 2
-      if (this.trailerBytes > MAX_TRAILER_BYTES) throw new UpstreamProtocolError('the trailers are too large')
-      if (line === '') this.complete()
-      return
-    }
-    const semi = line.indexOf(';')
-    const hex = (semi < 0 ? line : line.slice(0, semi)).trim()
-    if (!HEX.test(hex)) throw new UpstreamProtocolError('a malformed chunk size')
-    const size = Number.parseInt(hex, 16)
-    if (size === 0) {
-      this.phase = Phase.Trailer
-      this.trailerBytes = 0
-    } else {
-      this.remaining = size
-      this.phase = Phase.ChunkData
     }
   }
 
@@ -553,8 +587,12 @@ class Conn {
   }
 }
 
-const EMPTY = Buffer.alloc(0)
-const HEX = /^[0-9a-fA-F]{1,12}$/
+/** A byte's value as a hex digit, or -1. */
+const HEX_VALUE = new Int8Array(256).fill(-1)
+for (let d = 0; d < 16; d++) {
+  HEX_VALUE['0123456789abcdef'.charCodeAt(d)] = d
+  HEX_VALUE['0123456789ABCDEF'.charCodeAt(d)] = d
+}
 const DIGITS = /^\d{1,15}$/
 const STATUS_LINE = /^HTTP\/1\.([01]) (\d{3})(?: |$)/
 const FIELD_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/

@@ -303,6 +303,8 @@ describe('framing, from raw bytes', () => {
       [`HTTP/1.1 200 OK\r\nx-big: ${'a'.repeat(70_000)}\r\n\r\n`, 'head'],
       ['HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n', 'body'],
       ['HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhello\r\n', 'body'],
+      ['HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5 5\r\nhello\r\n', 'body'],
+      ['HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\r\nhello\r\n', 'body'],
       [`HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n${'1'.repeat(2000)}`, 'body'],
       ['HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\ncut short', 'body'],
     ]
