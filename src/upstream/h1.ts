@@ -518,7 +518,8 @@ class Conn {
     this.keepAlive = !close
     if (code === 204 || code === 304) this.phase = Phase.Done
     else if (encoded) {
-      // A transfer coding other than a final chunked is read to the close (RFC 9112, 6.3).
+      // Chunked (any other transfer coding was refused above); a length beside it is ignored,
+      // and the socket not reused (RFC 9112, 6.3).
       this.phase = Phase.ChunkSize
       if (length !== undefined) this.keepAlive = false
     } else if (length !== undefined) {
@@ -567,16 +568,16 @@ class Conn {
       return
     }
     if (this.phase === Phase.Idle || this.phase === Phase.Done) return
-    const why = err ? `the connection failed: ${err.message}` : 'the connection closed before an answer'
+    const why = err ? `the connection failed: ${err.message}` : undefined
     // Closed at once, with nothing answered: the server had closed the socket before the request
     // came (its idle timeout racing ours), so the request may be sent again. Later, it may have
     // been at work on it: then the close is the answer.
-    if (!this.answered && performance.now() - this.sentAtMs < this.pool.raceMs)
-      this.failExchange(new ClosedBeforeAnswer(why))
-    else if (!this.answered) this.failExchange(Object.assign(new Error(why), { code: 'ECONNRESET' }))
+    if (this.answered) this.failExchange(new Error(why ?? 'the connection closed mid-answer'))
+    else if (performance.now() - this.sentAtMs < this.pool.raceMs)
+      this.failExchange(new ClosedBeforeAnswer(why ?? 'the connection closed before an answer'))
     else
       this.failExchange(
-        new Error(err ? `the connection failed: ${err.message}` : 'the connection closed mid-answer'),
+        Object.assign(new Error(why ?? 'the connection closed before an answer'), { code: 'ECONNRESET' }),
       )
   }
 
@@ -627,6 +628,8 @@ function sameOrigin(from: URL, to: URL): boolean {
 /** Keep-alive sockets per origin, and the requests made over them. */
 export class H1Pool {
   private readonly idle = new Map<string, Conn[]>()
+  /** A number for each route CA seen, for the pool's keys (not a hash of the PEM every request). */
+  private readonly cas = new Map<string, number>()
 
   /**
    * `dial` opens a socket (Bun.connect; a test gives one that connects late); `raceMs` is how
@@ -670,7 +673,7 @@ export class H1Pool {
   }
 
   private async once(req: H1Request, url: URL): Promise<H1Response> {
-    const key = `${url.protocol}//${url.host}${req.ca === undefined ? '' : `#${Bun.hash(req.ca)}`}`
+    const key = req.ca === undefined ? url.origin : `${url.origin}#${this.caId(req.ca)}`
     for (let fresh = false; ; fresh = true) {
       const conn = (fresh ? undefined : this.take(key)) ?? (await this.connect(req, url, key))
       try {
@@ -683,6 +686,15 @@ export class H1Pool {
         throw err
       }
     }
+  }
+
+  private caId(ca: string): number {
+    let id = this.cas.get(ca)
+    if (id === undefined) {
+      id = this.cas.size
+      this.cas.set(ca, id)
+    }
+    return id
   }
 
   /** A new socket; the signal's abort rejects at once (a socket that connects later is closed). */

@@ -11,8 +11,9 @@ import { cleanUpstreamMessage, cleanUpstreamParam } from '../redact.ts'
 import type { Watchdog } from '../watchdog.ts'
 
 // The HTTP mechanics every provider adapter shares: one POST (a stream over Tropa's own pooled
-// HTTP/1.1 client, h1.ts; a whole answer over Bun's pooled keep-alive fetch) under the headers deadline and the caller's abort, the error body read under its own deadline
-// and cap, and the failure classified (node failure -> failover; request refused -> the client's
+// HTTP/1.1 client, h1.ts; a whole answer over Bun's pooled keep-alive fetch) under the headers
+// deadline and the caller's abort, the error body read under its own deadline and cap, and the
+// failure classified (node failure -> failover; request refused -> the client's
 // 4xx). A provider adapter only says where to send what, and how to read its errors.
 
 /** One HTTP request to an upstream, as a provider builds it. */
