@@ -279,8 +279,11 @@ const ENV_KEYS: Record<
 const NO_BILLING_ENV = 'TROPA_BENCH_NO_BILLING'
 /** Tests only: main.ts runs period budgets on a clock this far ahead of the real one (docs/billing.md). */
 export const TEST_CLOCK_ENV = 'TROPA_TEST_CLOCK_OFFSET_MS'
+/** `fetch`: streamed upstream calls go through fetch, not upstream/h1.ts (docs/providers.md). */
+const STREAM_CLIENT_ENV = 'TROPA_STREAM_CLIENT'
 // TROPA_WORKER and TROPA_WORKER_PORT: set by a primary for its workers (src/workers/protocol.ts).
 const KNOWN_ENV = new Set([
+  STREAM_CLIENT_ENV,
   ...Object.keys(ENV_KEYS),
   'TROPA_CONFIG',
   NO_BILLING_ENV,
@@ -312,6 +315,11 @@ export function loadConfig(overrides: ConfigOverrides = {}, env: Env = process.e
         `environment: ${name} is not a Tropa setting. Fix: unset it (known: ${[...KNOWN_ENV].join(', ')})`,
       )
   }
+  const streamClient = env[STREAM_CLIENT_ENV]
+  if (streamClient !== undefined && streamClient !== '' && streamClient !== 'fetch' && streamClient !== 'own')
+    problems.push(
+      `environment: ${STREAM_CLIENT_ENV}=${streamClient} is neither "fetch" nor "own". Fix: set it to fetch (streams through fetch) or unset it`,
+    )
   for (const [name, [section, key, kind]] of Object.entries(ENV_KEYS)) {
     const raw = env[name]
     if (raw === undefined || raw === '') continue

@@ -167,6 +167,14 @@ describe('config', () => {
     ).toContain('sqlite_startup_check')
   })
 
+  test('TROPA_STREAM_CLIENT: fetch or own is a setting, anything else stops the start', () => {
+    expect(problems(GOOD, { ACME_KEY: 'k', TROPA_STREAM_CLIENT: 'fetch' })).toEqual([])
+    expect(problems(GOOD, { ACME_KEY: 'k', TROPA_STREAM_CLIENT: 'own' })).toEqual([])
+    expect(problems(GOOD, { ACME_KEY: 'k', TROPA_STREAM_CLIENT: 'undici' }).join('\n')).toMatch(
+      /TROPA_STREAM_CLIENT=undici is neither/,
+    )
+  })
+
   test('a file that does not parse', () => {
     expect(problems('[server\nport=')[0]).toMatch(/cannot parse/)
   })
