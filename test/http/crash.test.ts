@@ -39,6 +39,19 @@ test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its l
   })
   const limitRub = 0.2
   const key = await json(first.url, '/v1/keys', org.master_key as string, { name: 'k', limit_rub: limitRub })
+  // One request first: the tokenizer is loaded by the first request that counts (over a second
+  // on a slow machine), and the checks below need streams completed well before the kill.
+  const warm = await fetch(`${first.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key.key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({
+      model: 'test/chat',
+      messages: [{ role: 'user', content: 'warm' }],
+      max_tokens: 1,
+    }),
+  })
+  expect(warm.status).toBe(200)
+  await warm.arrayBuffer()
   const completed: { id: string; at: number }[] = []
   let refused = 0
   let stop = false
