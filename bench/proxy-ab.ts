@@ -140,9 +140,10 @@ async function main(): Promise<void> {
   if (positionals.length === 0) throw new Error('usage: bun bench/proxy-ab.ts [--rounds N] VARIANT...')
   const dir = mkdtempSync(join(tmpdir(), 'proxy-ab-'))
   const stub = startStub(dir)
-  const got = new Map<string, { us: number[]; rps: number[] }>(
-    positionals.map((v) => [v, { us: [], rps: [] }]),
+  const got = new Map<string, { us: number[]; all: number[]; rps: number[] }>(
+    positionals.map((v) => [v, { us: [], all: [], rps: [] }]),
   )
+  const sum = (m: Map<string, number>) => [...m.values()].reduce((p, q) => p + q, 0)
   try {
     for (let r = 0; r < rounds; r++) {
       for (const v of r % 2 ? [...positionals].reverse() : positionals) {
@@ -154,9 +155,10 @@ async function main(): Promise<void> {
           const b = threadTimes(s.proc.pid)
           const x = got.get(v)!
           x.us.push((b.get('loop')! - a.get('loop')!) / n)
+          x.all.push((sum(b) - sum(a)) / n)
           x.rps.push(n / seconds)
           console.log(
-            `round ${r + 1} ${v}: ${x.us.at(-1)!.toFixed(1)} us a request, ${x.rps.at(-1)!.toFixed(0)}/s`,
+            `round ${r + 1} ${v}: ${x.us.at(-1)!.toFixed(1)} us a request (${x.all.at(-1)!.toFixed(1)} in all threads), ${x.rps.at(-1)!.toFixed(0)}/s`,
           )
         } finally {
           s.proc.kill()
@@ -168,12 +170,13 @@ async function main(): Promise<void> {
     stub.proc.kill()
   }
   const med = (xs: number[]) => [...xs].sort((p, q) => p - q)[Math.floor(xs.length / 2)]!
-  console.log(`\n| variant | event-loop CPU per request, us (median; rounds) | requests/s (median) |`)
-  console.log('| --- | --- | --- |')
-  for (const [v, x] of got)
-    console.log(
-      `| ${v} | ${med(x.us).toFixed(1)} (${x.us.map((u) => u.toFixed(1)).join(', ')}) | ${med(x.rps).toFixed(0)} |`,
-    )
+  const list = (xs: number[], d: number) =>
+    `${med(xs).toFixed(d)} (${xs.map((u) => u.toFixed(d)).join(', ')})`
+  console.log(
+    `\n| variant | event-loop CPU per request, us (median; rounds) | all threads' CPU per request, us | requests/s (median; rounds) |`,
+  )
+  console.log('| --- | --- | --- | --- |')
+  for (const [v, x] of got) console.log(`| ${v} | ${list(x.us, 1)} | ${list(x.all, 1)} | ${list(x.rps, 0)} |`)
 }
 
 if (process.argv[2] === 'serve')

@@ -1,4 +1,6 @@
 #!/usr/bin/env bun
+// First, before the router's modules load: its runtime setting (cli/tuned-runtime.ts).
+import './cli/tuned-start.ts'
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
