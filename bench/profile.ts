@@ -168,7 +168,9 @@ async function main() {
         config: routerConfig(port, join(dir, 'data'), stub.port, merged({}, extra)),
         configPath: join(dir, 'tropa.json'),
         bunFlags: flags,
-        env: { BUN_JSC_logGC: 'true' },
+        // The runtime setting as the router gives itself (src/cli/tuned-runtime.ts), which does not
+        // start itself again under a profiler (a sampling signal would outlive the exec).
+        env: { BUN_JSC_logGC: 'true', BUN_JSC_useWarmUpMarkedBlocks: '0' },
         stderrFile: join(dir, 'gc.log'),
       }).then((x) => ({ ...x, path: '/v1/chat/completions', gcLog: join(dir, 'gc.log') }))
   const body = JSON.stringify({

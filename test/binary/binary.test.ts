@@ -133,6 +133,15 @@ describe('the compiled executable', () => {
       else await Bun.sleep(10)
     }
     expect([...pids.keys()].sort()).toEqual([0, 1])
+    // The primary started again in place with its runtime setting (src/cli/tuned-runtime.ts),
+    // keeping its name; the workers inherit the setting and start once.
+    if (process.platform === 'linux')
+      for (const pid of [proc.pid, ...pids.values()]) {
+        expect(readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0')).toContain(
+          'BUN_JSC_useWarmUpMarkedBlocks=0',
+        )
+        expect(readFileSync(`/proc/${pid}/comm`, 'utf8').trim()).toBe('tropa')
+      }
     proc.kill('SIGTERM')
     expect(await proc.exited).toBe(0)
     for (const pid of pids.values()) expect(() => process.kill(pid, 0)).toThrow()

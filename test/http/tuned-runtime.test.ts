@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, test } from 'bun:test'
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { basename, join } from 'node:path'
 import { startsRouter, WARM_UP_ENV } from '../../src/cli/tuned-runtime.ts'
 import { freePort } from '../helpers/process.ts'
 
@@ -48,8 +48,16 @@ async function demo(env: Record<string, string>) {
     if (i === 999) throw new Error(`router did not start: ${await new Response(proc.stderr).text()}`)
     await Bun.sleep(10)
   }
-  const key = (JSON.parse(readFileSync(join(dir, 'demo-credentials.json'), 'utf8')) as { api_key: string })
-    .api_key
+  // The demo writes its credentials just after it starts listening.
+  let key = ''
+  for (let i = 0; i < 500 && key === ''; i++) {
+    try {
+      key = (JSON.parse(readFileSync(join(dir, 'demo-credentials.json'), 'utf8')) as { api_key: string })
+        .api_key
+    } catch {
+      await Bun.sleep(10)
+    }
+  }
   return { proc, url, key }
 }
 
@@ -107,10 +115,12 @@ describe.skipIf(process.platform !== 'linux')('the runtime setting', () => {
     const { proc, url, key } = await demo({})
     // The process spawned is the one serving: execve kept its id.
     expect(environ(proc.pid)).toContain(`${WARM_UP_ENV}=0`)
+    // The same arguments, byte for byte, and the same name in ps, top and pkill.
     const cmdline = readFileSync(`/proc/${proc.pid}/cmdline`, 'utf8').split('\0')
-    expect(cmdline).toContain(MAIN)
-    expect(cmdline).toContain('--demo')
-    expect(cmdline).toContain('--max-http-header-size=65536')
+    expect(cmdline.slice(1, 4)).toEqual(['--max-http-header-size=65536', MAIN, '--demo'])
+    expect(readFileSync(`/proc/${proc.pid}/comm`, 'utf8').trim()).toBe(
+      basename(process.execPath).slice(0, 15),
+    )
     await load(url, key)
     expect(threads(proc.pid)).not.toContain('JSCWarmUp')
   }, 30_000)
@@ -118,6 +128,7 @@ describe.skipIf(process.platform !== 'linux')('the runtime setting', () => {
   test("an operator's setting is kept: with it on, the thread runs", async () => {
     const { proc, url, key } = await demo({ [WARM_UP_ENV]: '1' })
     expect(environ(proc.pid)).toContain(`${WARM_UP_ENV}=1`)
+    expect(environ(proc.pid)).not.toContain(`${WARM_UP_ENV}=0`)
     await load(url, key)
     // The control: the same load with Bun's default starts the thread this setting stops.
     expect(threads(proc.pid)).toContain('JSCWarmUp')
