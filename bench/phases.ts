@@ -61,7 +61,9 @@ export function plan(quick: boolean, fds: number): { plan: Plan; memoryNote: str
         warmMs: 300,
         drainMs: 1500,
         pauseMs: 100,
-        retry: false,
+        // A second chance here too: on a busy 2-core machine one 800 ms step can miss by a single
+        // pause, and a ladder stopped at its first step leaves the report's ratios without figures.
+        retry: true,
         wrkS: 1,
         streamMs: 1000,
         streamConcurrency: 4,

@@ -29,6 +29,17 @@ writeFileSync(
 
 const startRouter = (port: number) => startRouterProcess(configPath, port)
 const json = jsonCall
+/** One short chat, not streamed. */
+const chat = (url: string, key: string, content: string, maxTokens: number) =>
+  fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({
+      model: 'test/chat',
+      messages: [{ role: 'user', content }],
+      max_tokens: maxTokens,
+    }),
+  })
 
 test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its limit, completed work in the ledger', async () => {
   const port = freePort()
@@ -41,15 +52,7 @@ test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its l
   const key = await json(first.url, '/v1/keys', org.master_key as string, { name: 'k', limit_rub: limitRub })
   // One request first: the tokenizer is loaded by the first request that counts (over a second
   // on a slow machine), and the checks below need streams completed well before the kill.
-  const warm = await fetch(`${first.url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${key.key}`, 'content-type': 'application/json' },
-    body: JSON.stringify({
-      model: 'test/chat',
-      messages: [{ role: 'user', content: 'warm' }],
-      max_tokens: 1,
-    }),
-  })
+  const warm = await chat(first.url, key.key as string, 'warm', 1)
   expect(warm.status).toBe(200)
   await warm.arrayBuffer()
   const completed: { id: string; at: number }[] = []
@@ -122,15 +125,7 @@ test('kill -9 mid-stream: nothing billed twice, nothing stuck, no key over its l
     expect(orgView.reserved_rub).toBe(0)
     const keyView = await json(second.url, `/v1/keys/${key.key_id}`, org.master_key as string)
     expect(rubNumberToNano(keyView.spent_rub as number)).toBe(ledgerSum)
-    const res = await fetch(`${second.url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${key.key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({
-        model: 'test/chat',
-        messages: [{ role: 'user', content: 'after' }],
-        max_tokens: 5,
-      }),
-    })
+    const res = await chat(second.url, key.key as string, 'after', 5)
     // Either there is room for one more (200) or the limit is honestly reached (402).
     expect([200, 402]).toContain(res.status)
   } finally {
