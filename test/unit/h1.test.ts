@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { gzipSync } from 'node:zlib'
 import { type BodyReader, type Dial, H1Pool, type H1Response } from '../../src/upstream/h1.ts'
+import { readCapped } from '../../src/upstream/providers/http.ts'
 import { testCa } from '../helpers/tls.ts'
 
 // Tropa's HTTP/1.1 client for streamed upstream calls, against real servers: Bun.serve for the
@@ -28,15 +29,8 @@ function post(p: H1Pool, url: string, body = '{}', signal = new AbortController(
   return p.post({ url: new URL(url), headers: { 'content-type': 'application/json' }, body, signal, ca })
 }
 
-async function readAll(r: BodyReader): Promise<string> {
-  const dec = new TextDecoder()
-  let text = ''
-  for (;;) {
-    const { done, value } = await r.read()
-    if (done) return text
-    text += dec.decode(value, { stream: true })
-  }
-}
+/** A whole body as text (the providers' capped reader, uncapped). */
+const readAll = (r: BodyReader): Promise<string> => readCapped(r, Number.POSITIVE_INFINITY)
 
 /** A Bun.serve upstream counting the connections it saw. */
 function serve(fetch: (req: Request) => Response | Promise<Response>) {
