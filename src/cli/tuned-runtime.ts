@@ -9,8 +9,8 @@ import { readFileSync, readlinkSync } from 'node:fs'
 // the blocks freed by each young collection go back to the allocator, whose scavenger returns
 // their pages to the kernel (madvise), and the helper faults fresh ones in again: on 2 cores the
 // two took 20-25 us of CPU per request beside the main thread's 80-90, and with the helper off a
-// router served a third more requests a second on a third less CPU per request, paired
-// (bench/results/2026-11-28j-jsc-warm-up-thread.md). A bare proxy allocates too little to notice.
+// router served a third more short requests a second on a third less CPU per request, paired
+// (bench/results/2026-11-28j-jsc-warm-up-thread.md; long prompts and streams not resolved). A bare proxy allocates too little to notice.
 //
 // So the router, when started without the setting, runs itself again in place (execve of the
 // same file: the same process id and name, arguments, standard streams and environment, plus the
