@@ -5,7 +5,12 @@
  * with no stream open and with N hold streams open, diffed per stream: resident, JS heap, objects
  * by type. `relay`: the bare proxy's relay variant instead.
  *
- * BUN_CONFIG_MAX_HTTP_REQUESTS=65535 bun bench/heap-census.ts [N=1000] [tropa|relay]
+ * BUN_CONFIG_MAX_HTTP_REQUESTS=65535 bun bench/heap-census.ts [N=1000] [tropa|relay] [--snapshot]
+ *
+ * Per stream it also prints the JS heap's capacity (the blocks its objects sit in) and mimalloc's
+ * figures, before and after the collection: on 2026-11-28 the heap's capacity was most of the
+ * resident set an open stream adds. `--snapshot`: a heap snapshot in V8's format with N streams
+ * open, to read which closures and scopes each stream keeps (bench/results/2026-11-28k).
  */
 import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
@@ -16,7 +21,8 @@ import { fdLimit, killAll } from './proc.ts'
 import { type RunContext, startContestant, startFleet } from './targets.ts'
 
 const n = Number(process.argv[2] ?? 1000)
-const which = process.argv[3] ?? 'tropa'
+const which = process.argv[3] === '--snapshot' ? 'tropa' : (process.argv[3] ?? 'tropa')
+const snapshot = process.argv.includes('--snapshot')
 const repoRoot = resolve(import.meta.dir, '..')
 const { plan: base } = plan(false, await fdLimit())
 const dir = mkdtempSync(join(os.tmpdir(), 'tropa-census-'))
@@ -117,12 +123,30 @@ try {
   }
   while (opened < n) await Bun.sleep(100)
   const b = await census(1)
+  if (snapshot) {
+    process.kill(c.pid, 'SIGUSR1')
+    const file = `/tmp/heap-${c.pid}.heapsnapshot`
+    for (let size = -1; ; ) {
+      await Bun.sleep(1000)
+      const now = Bun.file(file).size
+      if (now > 0 && now === size) break
+      size = now
+    }
+    console.log(`heap snapshot (V8 format): ${file}`)
+  }
   abort.abort()
   console.log(
     `before GC: rss ${((b.preRssKiB - a.preRssKiB) / n).toFixed(1)} KiB/stream, heap ${((b.preHeap - a.preHeap) / n).toFixed(0)} B/stream`,
   )
   console.log(
     `rss ${(a.rssKiB / 1024).toFixed(1)} -> ${(b.rssKiB / 1024).toFixed(1)} MiB after GC: ${((b.rssKiB - a.rssKiB) / n).toFixed(1)} KiB/stream; heap ${((b.heapSize - a.heapSize) / n).toFixed(0)} B/stream, extra ${((b.extraMemorySize - a.extraMemorySize) / n).toFixed(0)} B/stream, objects ${((b.objectCount - a.objectCount) / n).toFixed(1)}/stream`,
+  )
+  const per = (x: number, y: number) => ((y - x) / n / 1024).toFixed(2)
+  console.log(
+    `pre-GC per stream KiB: rss ${per(a.preRssKiB * 1024, b.preRssKiB * 1024)} heapCapacity ${per(a.preCap, b.preCap)} mimalloc current ${per(a.preMem.current, b.preMem.current)} commit ${per(a.preMem.currentCommit, b.preMem.currentCommit)}`,
+  )
+  console.log(
+    `post-GC per stream KiB: heapCapacity ${per(a.heapCapacity, b.heapCapacity)} mimalloc current ${per(a.mem.current, b.mem.current)} commit ${per(a.mem.currentCommit, b.mem.currentCommit)}`,
   )
   const diff = Object.keys(b.objectTypeCounts)
     .map((t) => [t, ((b.objectTypeCounts[t] ?? 0) - (a.objectTypeCounts[t] ?? 0)) / n] as const)

@@ -388,67 +388,18 @@ async function lifecycle(
     if (rec) deps.telemetry.stamp(rec, h)
     return h
   }
-  // What is billed, and shown to the client: the upstream's usage when it is sane
-  // (sanitizeUsage), else Tropa's own counts, marked estimated.
-  const billed = (usage: Usage | undefined, completionTokens: () => number): Usage =>
-    usage ?? estimatedUsage(promptTokens, completionTokens())
-  /** Set when the chosen node's first byte (stream) or whole body (JSON) arrived. */
-  let ttftMs: number | null = null
-  /** The settlement (receipts on: its receipt is signed from it). */
-  let settled: Settlement | undefined
-  const settle = (
-    c: Candidate,
-    usage: Usage | undefined,
-    completionTokens: () => number,
-    outcome: string,
-  ) => {
-    const u = billed(usage, completionTokens)
-    const p = u.prompt_tokens
-    const cTokens = u.completion_tokens
-    const cached = cachedOf(u)
-    slot?.release()
-    deps.limiter.used(payer.key, payer.org, model.id, cTokens)
-    const s: Settlement = {
-      requestId,
-      model: model.id,
-      node: c.node.name,
-      promptTokens: p,
-      completionTokens: cTokens,
-      // Cached prompt tokens at the model's cached price (the reservation took the full one).
-      costNano: costNano(p, cTokens, model.price, cached),
-      batchId: null,
-      startedAtMs,
-      endedAtMs: Date.now(),
-      outcome,
-      estimated: u.estimated === true,
-      cachedTokens: cached ?? null,
-      ttftMs,
-      endUser: payer.endUser ?? null,
-      // The key the receipt is signed with: an export signs the row again with it.
-      receiptKid: deps.receipts?.kid ?? null,
-    }
-    const charged = deps.meter.settle(reservation, s)
-    settled = s
-    rec?.settled(p, cTokens, cached ?? 0, charged)
-    if (trace) traceSettled(trace, c, model.id, u, charged)
-    return charged
-  }
-  /** The receipt of the charge just settled; undefined when receipts are off (or nothing was settled). */
-  const receiptOf = (charged: bigint): Promise<string | undefined> | undefined => {
-    const s = settled
-    if (!deps.receipts?.responses || !s?.receiptKid) return undefined
-    return deps.receipts.sign(s.receiptKid, {
-      requestId,
-      orgId: payer.org.id,
-      keyId: payer.key.id,
-      model: model.id,
-      promptTokens: s.promptTokens,
-      cachedTokens: receiptCount(s.cachedTokens),
-      completionTokens: s.completionTokens,
-      costNano: charged,
-      endedAtMs: s.endedAtMs,
-    })
-  }
+  const charge = new CallCharge(
+    deps,
+    payer,
+    model,
+    requestId,
+    startedAtMs,
+    promptTokens,
+    reservation,
+    slot,
+    rec,
+    trace,
+  )
 
   try {
     if (!stream) {
@@ -468,18 +419,18 @@ async function lifecycle(
       source.body = undefined
       const { value, candidate, attempt } = answer
       rec?.answered(answer, candidate.node.name, false, performance.now())
-      ttftMs = Date.now() - startedAtMs
+      charge.ttftMs = Date.now() - startedAtMs
       trace?.child('first token', undefined, startedAtMs).end()
       value.id = completionId
       value.model = model.id
-      const usage = billed(sanitizeUsage(value.usage), () => countTokens(textOf(value)))
+      const usage = charge.billed(sanitizeUsage(value.usage), () => countTokens(textOf(value)))
       finishAttempt(deps, attempt, 'ok', cachedOf(usage), usage.completion_tokens)
-      const charged = settle(candidate, usage, () => 0, 'ok')
+      const charged = charge.settle(candidate, usage, () => 0, 'ok')
       const costText = formatRub(charged)
       usage.cost_rub = Number(costText)
       value.usage = usage
       const h: Record<string, string> = { ...headers(candidate), 'x-tropa-cost-rub': costText }
-      const receipt = receiptOf(charged)
+      const receipt = charge.receiptOf(charged)
       if (receipt) {
         const signed = await receipt
         if (signed) {
@@ -511,51 +462,7 @@ async function lifecycle(
     const relayFrom = (won: Dispatched<FirstChunk>) => {
       // A node answered: no other will be tried, and the parsed request can go.
       source.body = undefined
-      const { value: first, candidate, attempt } = won
-      rec?.answered(won, candidate.node.name, true, performance.now())
-      ttftMs = Date.now() - startedAtMs
-      trace?.child('first token', undefined, startedAtMs).end()
-      // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
-      const relay: ChatStreamRelay = new ChatStreamRelay(
-        completionId,
-        model.id,
-        includeUsage,
-        (usage) => {
-          const u = billed(usage, () => countTokens(relay.generated))
-          const charged = settle(candidate, u, () => 0, 'ok')
-          u.cost_rub = nanoToRubNumber(charged)
-          // The receipt rides in the usage chunk, so only a client that asked for it is signed one.
-          const receipt = includeUsage ? receiptOf(charged) : undefined
-          if (!receipt) return u
-          return receipt.then((signed) => {
-            if (signed) u.receipt = signed
-            return u
-          })
-        },
-        shape,
-      )
-      return relaySource(
-        deps,
-        first,
-        relay,
-        attempt,
-        reservation,
-        (usage, outcome) => {
-          slot?.release()
-          // The generated text is read (out of the relayed events) only when there is no usage.
-          if (usage) return void settle(candidate, usage, () => countTokens(relay.generated), outcome)
-          const text = relay.generated
-          if (text.length <= COUNT_SLICE_CHARS)
-            return void settle(candidate, usage, () => countTokens(text), outcome)
-          // A long answer cut short (say many streams cut at once) is counted a slice at a time.
-          return countTokensYielding(text).then(
-            (n) => void (reservation.done || settle(candidate, usage, () => n, outcome)),
-            (err) => deps.log('error', 'counting a cut stream failed', { error: String(err), requestId }),
-          )
-        },
-        cut,
-        rec,
-      )
+      return openRelay(deps, charge, won, completionId, model.id, includeUsage, shape, cut)
     }
     // No first token by server.sse_keep_alive_ms: the headers go out now, with SSE comments
     // until it comes, so a proxy's idle timeout does not cut the wait (dispatch goes on below,
@@ -573,14 +480,170 @@ async function lifecycle(
         }),
         { headers: { 'x-request-id': requestId, ...SSE_HEADERS } },
       )
-    return new Response(directStream(relayFrom(won)), {
-      headers: { ...headers(won.candidate), ...SSE_HEADERS },
-    })
+    // (Not relayFrom: a closure made in this async function would keep its whole frame for the
+    // stream's life.)
+    source.body = undefined
+    return new Response(
+      directStream(openRelay(deps, charge, won, completionId, model.id, includeUsage, shape, cut)),
+      {
+        headers: { ...headers(won.candidate), ...SSE_HEADERS },
+      },
+    )
   } catch (err) {
     slot?.release()
     deps.meter.release(reservation)
     throw err
   }
+}
+
+/**
+ * A call's charge: settled once, from the upstream's usage when it is sane (sanitizeUsage), else
+ * Tropa's own counts marked estimated (billed), and its receipt. A class, not the lifecycle's
+ * closures: a stream's relay keeps this for its life, where a closure made in the (async)
+ * lifecycle kept every variable of the lifecycle (the prompt's prefix blocks among them).
+ */
+class CallCharge {
+  /** Set when the chosen node's first byte (stream) or whole body (JSON) arrived. */
+  ttftMs: number | null = null
+  /** The settlement (receipts on: its receipt is signed from it). */
+  private settled: Settlement | undefined
+
+  constructor(
+    readonly deps: ChatDeps,
+    private readonly payer: Payer,
+    private readonly model: ModelConfig,
+    readonly requestId: string,
+    readonly startedAtMs: number,
+    private readonly promptTokens: number,
+    readonly reservation: Reservation,
+    readonly slot: Slot | undefined,
+    readonly rec: RequestRecord | undefined,
+    readonly trace: RequestTrace | undefined,
+  ) {}
+
+  /** What is billed, and shown to the client. */
+  billed(usage: Usage | undefined, completionTokens: () => number): Usage {
+    return usage ?? estimatedUsage(this.promptTokens, completionTokens())
+  }
+
+  settle(c: Candidate, usage: Usage | undefined, completionTokens: () => number, outcome: string): bigint {
+    const { deps, payer, model } = this
+    const u = this.billed(usage, completionTokens)
+    const p = u.prompt_tokens
+    const cTokens = u.completion_tokens
+    const cached = cachedOf(u)
+    this.slot?.release()
+    deps.limiter.used(payer.key, payer.org, model.id, cTokens)
+    const s: Settlement = {
+      requestId: this.requestId,
+      model: model.id,
+      node: c.node.name,
+      promptTokens: p,
+      completionTokens: cTokens,
+      // Cached prompt tokens at the model's cached price (the reservation took the full one).
+      costNano: costNano(p, cTokens, model.price, cached),
+      batchId: null,
+      startedAtMs: this.startedAtMs,
+      endedAtMs: Date.now(),
+      outcome,
+      estimated: u.estimated === true,
+      cachedTokens: cached ?? null,
+      ttftMs: this.ttftMs,
+      endUser: payer.endUser ?? null,
+      // The key the receipt is signed with: an export signs the row again with it.
+      receiptKid: deps.receipts?.kid ?? null,
+    }
+    const charged = deps.meter.settle(this.reservation, s)
+    this.settled = s
+    this.rec?.settled(p, cTokens, cached ?? 0, charged)
+    if (this.trace) traceSettled(this.trace, c, model.id, u, charged)
+    return charged
+  }
+
+  /** The receipt of the charge just settled; undefined when receipts are off (or nothing was settled). */
+  receiptOf(charged: bigint): Promise<string | undefined> | undefined {
+    const s = this.settled
+    const receipts = this.deps.receipts
+    if (!receipts?.responses || !s?.receiptKid) return undefined
+    return receipts.sign(s.receiptKid, {
+      requestId: this.requestId,
+      orgId: this.payer.org.id,
+      keyId: this.payer.key.id,
+      model: this.model.id,
+      promptTokens: s.promptTokens,
+      cachedTokens: receiptCount(s.cachedTokens),
+      completionTokens: s.completionTokens,
+      costNano: charged,
+      endedAtMs: s.endedAtMs,
+    })
+  }
+}
+
+/**
+ * The relay of a stream whose node answered: its events rewritten (ids, model, usage with its
+ * cost and receipt) and settled once. Not async, so its two callbacks keep only what they name.
+ */
+function openRelay(
+  deps: ChatDeps,
+  charge: CallCharge,
+  won: Dispatched<FirstChunk>,
+  completionId: string,
+  modelId: string,
+  includeUsage: boolean,
+  shape: StreamShape,
+  cut: (() => void) | undefined,
+): RelaySource {
+  const { value: first, candidate, attempt } = won
+  const { rec, trace, startedAtMs } = charge
+  rec?.answered(won, candidate.node.name, true, performance.now())
+  charge.ttftMs = Date.now() - startedAtMs
+  trace?.child('first token', undefined, startedAtMs).end()
+  // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
+  const relay: ChatStreamRelay = new ChatStreamRelay(
+    completionId,
+    modelId,
+    includeUsage,
+    (usage) => {
+      const u = charge.billed(usage, () => countTokens(relay.generated))
+      const charged = charge.settle(candidate, u, () => 0, 'ok')
+      u.cost_rub = nanoToRubNumber(charged)
+      // The receipt rides in the usage chunk, so only a client that asked for it is signed one.
+      const receipt = includeUsage ? charge.receiptOf(charged) : undefined
+      if (!receipt) return u
+      return receipt.then((signed) => {
+        if (signed) u.receipt = signed
+        return u
+      })
+    },
+    shape,
+  )
+  const reservation = charge.reservation
+  return new RelaySource(
+    deps,
+    first,
+    relay,
+    attempt,
+    reservation,
+    (usage, outcome) => {
+      charge.slot?.release()
+      // The generated text is read (out of the relayed events) only when there is no usage.
+      if (usage) return void charge.settle(candidate, usage, () => countTokens(relay.generated), outcome)
+      const text = relay.generated
+      if (text.length <= COUNT_SLICE_CHARS)
+        return void charge.settle(candidate, usage, () => countTokens(text), outcome)
+      // A long answer cut short (say many streams cut at once) is counted a slice at a time.
+      return countTokensYielding(text).then(
+        (n) => void (reservation.done || charge.settle(candidate, usage, () => n, outcome)),
+        (err) =>
+          deps.log('error', 'counting a cut stream failed', {
+            error: String(err),
+            requestId: charge.requestId,
+          }),
+      )
+    },
+    cut,
+    rec,
+  )
 }
 
 /**
@@ -830,166 +893,203 @@ async function pastOpening(
  * the drain, or the client's stall deadline) before reading the upstream again, so a client that
  * does not read stops the upstream too (Bun's fetch stops reading a body nobody reads): at most
  * one relayed chunk is held per stream, whatever the client does. The fast path costs a type check.
+ *
+ * A class, not closures: an open stream holds this one object (its methods on the prototype) and
+ * two small callbacks, where a closure per step and its scope were about a kilobyte a stream.
  */
-function relaySource(
-  deps: ChatDeps,
-  first: FirstChunk,
-  relay: ChatStreamRelay,
-  attempt: Attempt,
-  reservation: Reservation,
-  /** Returns a promise when the charge is settled later (a long answer counted a slice at a time). */
-  settle: (usage: Usage | undefined, outcome: string) => Promise<void> | undefined,
-  cut: (() => void) | undefined,
-  rec: RequestRecord | undefined,
-): Bun.DirectUnderlyingSource<Uint8Array> {
-  const { reader, reply } = first
-  // The opening bytes are relayed once: not kept for the stream's life by pull's closure.
-  let opening: Uint8Array | undefined = first.chunk
-  const c = attempt.candidate
-  const firstChunkAtMs = Date.now()
-  let lastChunkAtMs = firstChunkAtMs
-  let finished = false
-  let gone = false
-  const idle = deps.timeouts.idleTimeoutMs
-  const deadline = deps.watchdog.watch(Date.now() + idle, () =>
-    reply.abort(new UpstreamTimeout(`${c.node.name} stalled mid-stream`)),
-  )
-  // A graceful stop's deadline ends the stream through its upstream: the loop below sees the
-  // reason, bills what was sent and writes one error event.
-  const end = () => reply.abort(new ServerShuttingDown())
-  const endSlot = deps.streams.add(end)
-  const finish = (outcome: string, nodeOk: boolean) => {
-    if (finished) return
-    finished = true
-    deps.watchdog.clear(deadline)
-    deps.streams.delete(endSlot, end)
-    const usage = relay.usage
-    finishAttempt(deps, attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
-    const later = reservation.done ? undefined : settle(relay.usage, outcome)
+class RelaySource implements Bun.DirectUnderlyingSource<Uint8Array> {
+  readonly type = 'direct' as const
+  private readonly reader: BodyReader
+  private readonly reply: UpstreamReply
+  private readonly c: Candidate
+  /** The opening bytes, relayed once (not kept for the stream's life). */
+  private opening: Uint8Array | undefined
+  private readonly firstChunkAtMs = Date.now()
+  private lastChunkAtMs = this.firstChunkAtMs
+  private finished = false
+  /** The client went away (cancel). */
+  private gone = false
+  /** The client's stream is closed (by this side). */
+  private closed = false
+  /** The write the socket kept (the client is behind), while it is pending. */
+  private pending: Promise<unknown> | undefined
+  private controller: ReadableStreamDirectController | undefined
+  private readonly deadline: Deadline
+  /** A graceful stop's deadline ends the stream through its upstream (the pull loop sees the reason). */
+  private readonly end: () => void
+  private readonly endSlot: number
+
+  constructor(
+    private readonly deps: ChatDeps,
+    first: FirstChunk,
+    private readonly relay: ChatStreamRelay,
+    private readonly attempt: Attempt,
+    private readonly reservation: Reservation,
+    /** Returns a promise when the charge is settled later (a long answer counted a slice at a time). */
+    private readonly settle: (usage: Usage | undefined, outcome: string) => Promise<void> | undefined,
+    private readonly cut: (() => void) | undefined,
+    private readonly rec: RequestRecord | undefined,
+  ) {
+    this.reader = first.reader
+    const reply = first.reply
+    this.reply = reply
+    this.opening = first.chunk
+    const c = attempt.candidate
+    this.c = c
+    this.deadline = deps.watchdog.watch(Date.now() + deps.timeouts.idleTimeoutMs, () =>
+      reply.abort(new UpstreamTimeout(`${c.node.name} stalled mid-stream`)),
+    )
+    this.end = () => reply.abort(new ServerShuttingDown())
+    this.endSlot = deps.streams.add(this.end)
+  }
+
+  private finish(outcome: string, nodeOk: boolean): void {
+    if (this.finished) return
+    this.finished = true
+    const deps = this.deps
+    deps.watchdog.clear(this.deadline)
+    deps.streams.delete(this.endSlot, this.end)
+    const usage = this.relay.usage
+    finishAttempt(deps, this.attempt, nodeOk ? 'ok' : 'failed', cachedOf(usage), usage?.completion_tokens)
+    const later = this.reservation.done ? undefined : this.settle(usage, outcome)
     // The record ends with what was billed, so after a charge counted later.
+    const rec = this.rec
     if (rec) {
-      if (later) void later.then(() => rec.ended(outcome, firstChunkAtMs, lastChunkAtMs))
-      else rec.ended(outcome, firstChunkAtMs, lastChunkAtMs)
+      const first = this.firstChunkAtMs
+      const last = this.lastChunkAtMs
+      if (later) void later.then(() => rec.ended(outcome, first, last))
+      else rec.ended(outcome, first, last)
     }
   }
-  const errorEvent = (message: string, code: string, type = 'upstream_error') =>
-    sseEvent({ error: { message, type, param: null, code } })
+
   /**
    * Waits until the socket has taken the bytes it kept; true when the client took nothing for
    * streamWriteTimeoutMs. The upstream's idle deadline stands still meanwhile (the upstream is not
    * read, through no fault of its own).
    */
-  const drained = async (pending: Promise<unknown>): Promise<boolean> => {
-    deadline.atMs = Number.POSITIVE_INFINITY
+  private async drained(pending: Promise<unknown>): Promise<boolean> {
+    const deps = this.deps
+    this.deadline.atMs = Number.POSITIVE_INFINITY
     let stall!: Deadline
     const stalled = new Promise<boolean>((resolve) => {
       stall = deps.watchdog.watch(Date.now() + deps.streamWriteTimeoutMs, () => resolve(true))
     })
     const late = await Promise.race([pending.then(noStall, noStall), stalled])
     deps.watchdog.clear(stall)
-    deadline.atMs = Date.now() + idle
-    return late && !gone
+    this.deadline.atMs = Date.now() + deps.timeouts.idleTimeoutMs
+    return late && !this.gone
   }
+
+  /** Writes; returns a promise only when the socket kept the bytes (the client is behind). */
+  private send(bytes: Uint8Array | string | undefined): Promise<boolean> | undefined {
+    const controller = this.controller
+    if (!bytes || this.closed || this.gone || !controller) return
+    const written: number | Promise<unknown> = controller.write(bytes)
+    controller.flush()
+    if (!(written instanceof Promise)) return
+    this.pending = written
+    return this.drained(written)
+  }
+
+  private close(): void {
+    if (this.closed) return
+    this.closed = true
+    this.controller?.close()
+  }
+
+  /** The client took nothing for too long: stop the upstream, bill what was sent, drop it. */
+  private async cutStalled(): Promise<void> {
+    this.finish('client_stalled', true)
+    this.reply.abort(new Error('client stopped reading'))
+    this.reader.cancel().catch(() => {})
+    this.closed = true
+    if (this.cut) {
+      // Closes the socket within a few seconds (Bun's timer), quietly; the one kept chunk
+      // is freed with it.
+      this.cut()
+      await this.pending
+    } else this.controller?.close(new Error('client stopped reading'))
+  }
+
+  /** The usage event waited for its receipt: send it (and what followed); true if the client stalled. */
+  private async resumed(): Promise<boolean> {
+    await this.relay.held
+    const wait = this.send(this.relay.resume())
+    return wait ? await wait : false
+  }
+
   // A direct stream (Bun): one pull() for the whole body writes each relayed chunk straight to
   // the socket, with no queue and no promise round per chunk as a pull-per-chunk stream has.
-  const source: Bun.DirectUnderlyingSource<Uint8Array> = {
-    type: 'direct',
-    async pull(controller) {
-      let closed = false
-      let pending: Promise<unknown> | undefined
-      /** Writes; returns a promise only when the socket kept the bytes (the client is behind). */
-      const send = (bytes: Uint8Array | string | undefined): Promise<boolean> | undefined => {
-        if (!bytes || closed || gone) return
-        const written: number | Promise<unknown> = controller.write(bytes)
-        controller.flush()
-        if (!(written instanceof Promise)) return
-        pending = written
-        return drained(written)
+  async pull(controller: ReadableStreamDirectController): Promise<void> {
+    this.controller = controller
+    const relay = this.relay
+    const reader = this.reader
+    const c = this.c
+    const idle = this.deps.timeouts.idleTimeoutMs
+    try {
+      const head = this.opening!
+      this.opening = undefined
+      let wait = this.send(relay.push(head))
+      if (wait && (await wait)) return this.cutStalled()
+      if (relay.held && (await this.resumed())) return this.cutStalled()
+      for (;;) {
+        const { done, value } = await reader.read()
+        if (done) {
+          wait = this.send(relay.end())
+          if (wait && (await wait)) return this.cutStalled()
+          if (relay.held && (await this.resumed())) return this.cutStalled()
+          if (!relay.sawDone && !relay.usage) {
+            this.finish('upstream_broken', false)
+            this.send(errorEvent(`${c.node.name} ended the stream early`, 'upstream_error'))
+          } else this.finish('ok', true)
+          return this.close()
+        }
+        this.lastChunkAtMs = Date.now()
+        this.deadline.atMs = this.lastChunkAtMs + idle
+        if (relayedThisTurn(value.length) > TURN_BUDGET_BYTES) await nextTurn()
+        wait = this.send(relay.push(value))
+        if (wait && (await wait)) return this.cutStalled()
+        if (relay.held && (await this.resumed())) return this.cutStalled()
+        if (relay.upstreamError !== undefined) {
+          this.finish('upstream_error', false)
+          this.reply.abort(new UpstreamFailed('upstream sent an error event'))
+          this.send(errorEvent(`${c.node.name} failed mid-stream`, 'upstream_error'))
+          return this.close()
+        }
       }
-      const close = () => {
-        if (closed) return
-        closed = true
-        controller.close()
-      }
-      /** The client took nothing for too long: stop the upstream, bill what was sent, drop it. */
-      const cutStalled = async () => {
-        finish('client_stalled', true)
-        reply.abort(new Error('client stopped reading'))
-        reader.cancel().catch(() => {})
-        closed = true
-        if (cut) {
-          // Closes the socket within a few seconds (Bun's timer), quietly; the one kept chunk
-          // is freed with it.
-          cut()
-          await pending
-        } else controller.close(new Error('client stopped reading'))
-      }
-      /** The usage event waited for its receipt: send it (and what followed); true if the client stalled. */
-      const resumed = async (): Promise<boolean> => {
-        await relay.held
-        const wait = send(relay.resume())
-        return wait ? await wait : false
-      }
+    } catch (err) {
+      if (this.finished) return this.close()
+      const timeout = err instanceof UpstreamTimeout
+      const shutdown = err instanceof ServerShuttingDown
+      this.finish(timeout ? 'upstream_timeout' : shutdown ? 'server_shutdown' : 'upstream_broken', shutdown)
       try {
-        const head = opening!
-        opening = undefined
-        let wait = send(relay.push(head))
-        if (wait && (await wait)) return cutStalled()
-        if (relay.held && (await resumed())) return cutStalled()
-        for (;;) {
-          const { done, value } = await reader.read()
-          if (done) {
-            wait = send(relay.end())
-            if (wait && (await wait)) return cutStalled()
-            if (relay.held && (await resumed())) return cutStalled()
-            if (!relay.sawDone && !relay.usage) {
-              finish('upstream_broken', false)
-              send(errorEvent(`${c.node.name} ended the stream early`, 'upstream_error'))
-            } else finish('ok', true)
-            return close()
-          }
-          lastChunkAtMs = Date.now()
-          deadline.atMs = lastChunkAtMs + idle
-          if (relayedThisTurn(value.length) > TURN_BUDGET_BYTES) await nextTurn()
-          wait = send(relay.push(value))
-          if (wait && (await wait)) return cutStalled()
-          if (relay.held && (await resumed())) return cutStalled()
-          if (relay.upstreamError !== undefined) {
-            finish('upstream_error', false)
-            reply.abort(new UpstreamFailed('upstream sent an error event'))
-            send(errorEvent(`${c.node.name} failed mid-stream`, 'upstream_error'))
-            return close()
-          }
-        }
-      } catch (err) {
-        if (finished) return close()
-        const timeout = err instanceof UpstreamTimeout
-        const shutdown = err instanceof ServerShuttingDown
-        finish(timeout ? 'upstream_timeout' : shutdown ? 'server_shutdown' : 'upstream_broken', shutdown)
-        try {
-          send(
-            shutdown
-              ? errorEvent(err.message, err.code, err.type)
-              : errorEvent(
-                  timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
-                  timeout ? 'upstream_timeout' : 'upstream_error',
-                ),
-          )
-          close()
-        } catch {
-          // the client is gone too
-        }
+        this.send(
+          shutdown
+            ? errorEvent(err.message, err.code, err.type)
+            : errorEvent(
+                timeout ? err.message : `upstream node ${c.node.name} broke the stream`,
+                timeout ? 'upstream_timeout' : 'upstream_error',
+              ),
+        )
+        this.close()
+      } catch {
+        // the client is gone too
       }
-    },
-    cancel() {
-      // The client went away: stop the upstream and bill what was sent.
-      gone = true
-      finish('client_disconnected', true)
-      reply.abort(new Error('client disconnected'))
-      reader.cancel().catch(() => {})
-    },
+    }
   }
-  return source
+
+  cancel(): void {
+    // The client went away: stop the upstream and bill what was sent.
+    this.gone = true
+    this.finish('client_disconnected', true)
+    this.reply.abort(new Error('client disconnected'))
+    this.reader.cancel().catch(() => {})
+  }
+}
+
+/** An OpenAI error event for the client's stream. */
+function errorEvent(message: string, code: string, type = 'upstream_error'): Uint8Array {
+  return sseEvent({ error: { message, type, param: null, code } })
 }
 
 /** A direct stream (Bun) on `source`. */

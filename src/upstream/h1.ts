@@ -124,6 +124,15 @@ export class H1Response {
       .getReader()
   }
 
+  /**
+   * Aborts the exchange as the request's signal would: the body fails with `reason` and the
+   * socket is let go. The reply's abort once its node has answered, so that the request's
+   * AbortController need not be kept for the stream's life.
+   */
+  abort(reason: unknown): void {
+    this.raw.abort(reason)
+  }
+
   /** The answer as a web Response (made on first use), for readers that want one. */
   get response(): Response {
     if (this.webResponse) return this.webResponse
@@ -176,7 +185,11 @@ class Body implements BodyReader {
 
   /** The signal's abort (the body is its listener: no closure per exchange). */
   handleEvent(): void {
-    const reason = this.signal?.reason
+    this.abort(this.signal?.reason)
+  }
+
+  /** Drops what waits unread, fails every read after with `reason`, and lets the socket go. */
+  abort(reason: unknown): void {
     this.fail(reason)
     this.conn.abandon(this, reason)
   }

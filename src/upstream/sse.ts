@@ -62,6 +62,39 @@ const RAW_AT = 2048
 const decoder = new TextDecoder()
 /** A string with its own storage, not a view into (or a rope over) bigger strings. */
 const copyOf = (s: string): string => decoder.decode(encoder.encode(s))
+/**
+ * The relays' one decoder (a TextDecoder per stream was 100 bytes of every open stream): each
+ * relay keeps the bytes of a character cut at a chunk's end itself. A BOM is kept as text, as a
+ * stream decoder keeps one past its start (the first chunk's is dropped by the relay).
+ */
+const chunkDecoder = new TextDecoder('utf-8', { ignoreBOM: true })
+
+/** The length of `bytes` up to the start of a UTF-8 sequence cut short at its end (all of it if none is). */
+export function utf8Whole(bytes: Uint8Array): number {
+  const n = bytes.length
+  // A sequence is at most 4 bytes: its lead byte is at most 3 back from the end.
+  for (let i = n - 1; i >= 0 && i >= n - 3; i--) {
+    const b = bytes[i]!
+    if ((b & 0xc0) === 0x80) continue
+    const need = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 1
+    return n - i < need ? i : n
+  }
+  return n
+}
+
+/**
+ * Strings the relays share: the `"model":"…"` fields (a few models, every stream's) kept once
+ * rather than once per stream.
+ */
+const shared = new Map<string, string>()
+function sharedString(s: string): string {
+  const known = shared.get(s)
+  if (known !== undefined) return known
+  if (shared.size >= 1024) shared.clear()
+  const own = copyOf(s)
+  shared.set(own, own)
+  return own
+}
 
 /** What differs between the streams relayed: the chunks' `object`, and where their text is. */
 export interface StreamShape {
@@ -111,7 +144,9 @@ export class ChatStreamRelay {
    */
   private raw = ''
   private buffer = ''
-  private readonly decoder = new TextDecoder()
+  /** A character's first bytes, cut at the last chunk's end: decoded with the next chunk. */
+  private carry: Uint8Array | undefined
+  private started = false
   private idFrom: string | undefined
   private idTo: string
   private modelFrom: string | undefined
@@ -130,7 +165,7 @@ export class ChatStreamRelay {
     private readonly shape: StreamShape = CHAT_STREAM,
   ) {
     this.idTo = `"id":${JSON.stringify(completionId)}`
-    this.modelTo = `"model":${JSON.stringify(modelId)}`
+    this.modelTo = sharedString(`"model":${JSON.stringify(modelId)}`)
   }
 
   /**
@@ -139,10 +174,31 @@ export class ChatStreamRelay {
    * less than encoding it into a new array first (2-3% of a stream's event-loop CPU).
    */
   push(chunk: Uint8Array): string | undefined {
-    this.buffer += this.decoder.decode(chunk, { stream: true })
+    this.buffer += this.decode(chunk)
     if (this.buffer.includes('\r')) this.buffer = this.buffer.replaceAll('\r\n', '\n')
     const out = this.events()
     return out.length > 0 ? out : undefined
+  }
+
+  /** A chunk's text, as a stream decoder would give it (a character cut at its end waits for the next). */
+  private decode(chunk: Uint8Array): string {
+    let bytes = chunk
+    const carry = this.carry
+    if (carry) {
+      bytes = new Uint8Array(carry.length + chunk.length)
+      bytes.set(carry)
+      bytes.set(chunk, carry.length)
+      this.carry = undefined
+    }
+    const whole = utf8Whole(bytes)
+    if (whole < bytes.length) {
+      this.carry = bytes.slice(whole)
+      bytes = bytes.subarray(0, whole)
+    }
+    const text = chunkDecoder.decode(bytes)
+    if (this.started) return text
+    this.started = text.length > 0
+    return text.charCodeAt(0) === 0xfeff ? text.slice(1) : text
   }
 
   /** After `held` settled: the usage event it held, then the events buffered behind it. */
@@ -184,7 +240,8 @@ export class ChatStreamRelay {
 
   /** Whatever is left when the upstream closes (an event without its blank line). */
   end(): string | undefined {
-    this.buffer += this.decoder.decode()
+    if (this.carry) this.buffer += chunkDecoder.decode(this.carry)
+    this.carry = undefined
     if (this.buffer.trim().length === 0) return undefined
     const rest = this.event(`${this.buffer.trimEnd()}\n\n`)
     this.buffer = ''
@@ -297,7 +354,7 @@ export class ChatStreamRelay {
     }
     // copies, or they would keep the first chunk alive for the whole stream
     this.idFrom = id ? copyOf(id[0]) : ''
-    this.modelFrom = model ? copyOf(model[0]) : ''
+    this.modelFrom = model ? sharedString(model[0]) : ''
     return undefined
   }
 

@@ -1,6 +1,6 @@
 import { expect, test } from 'bun:test'
 import { prng } from '../../src/simulator/text.ts'
-import { ChatStreamRelay, deltaText, TEXT_COMPLETION_STREAM } from '../../src/upstream/sse.ts'
+import { ChatStreamRelay, deltaText, TEXT_COMPLETION_STREAM, utf8Whole } from '../../src/upstream/sse.ts'
 
 test('deltaText reads the generated text of a chunk: content, escapes, tool names and arguments', () => {
   const chunk = (delta: unknown) =>
@@ -214,4 +214,35 @@ test('an event an upstream left unterminated adds no text, and takes none from t
   const events = [`${head}"Hello"}}]}`, `${head}"trunc`, `${head}"tail \\`, `${head}" world"}}]}`]
   relay.push(new TextEncoder().encode(events.map((e) => `data: ${e}\n\n`).join('')))
   expect(relay.generated).toBe('Hello world')
+})
+
+test('utf8Whole cuts before a character whose bytes a chunk ends in the middle of, and nowhere else', () => {
+  const bytes = (s: string) => new TextEncoder().encode(s)
+  expect(utf8Whole(bytes('abc'))).toBe(3)
+  for (const ch of ['é', 'ж', '世', '🙂']) {
+    const b = bytes(`a${ch}`)
+    expect(utf8Whole(b)).toBe(b.length)
+    for (let cut = 2; cut < b.length; cut++) expect(utf8Whole(b.subarray(0, cut))).toBe(1)
+  }
+  expect(utf8Whole(new Uint8Array(0))).toBe(0)
+})
+
+test('a stream of 2-, 3- and 4-byte characters relayed a byte at a time is relayed whole; a BOM is dropped at the start only', () => {
+  const head = `{"id":"chatcmpl-up","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":{"content":`
+  const texts = [' é', ' жизнь', ' 世界', ' 🙂🙃', ' \ufeff kept']
+  let events = ''
+  for (const t of texts) events += `data: ${head}${JSON.stringify(t)}},"finish_reason":null}]}\n\n`
+  events += 'data: [DONE]\n\n'
+  const bytes = new TextEncoder().encode(`\ufeff${events}`)
+  const relay = new ChatStreamRelay('chatcmpl-x', 'test/m', false, () => ({
+    prompt_tokens: 0,
+    completion_tokens: 0,
+  }))
+  let out = ''
+  for (let at = 0; at < bytes.length; at++) out += relay.push(bytes.subarray(at, at + 1)) ?? ''
+  out += relay.end() ?? ''
+  expect(relay.generated).toBe(texts.join(''))
+  expect(out.startsWith('data: {"id":"chatcmpl-x"')).toBe(true)
+  expect(out).toContain('🙂🙃')
+  expect(out.includes('\ufffd')).toBe(false)
 })

@@ -74,7 +74,7 @@ export function answerModelCall(
       requestId,
       signal: request.signal,
       sessionHint: request.headers.get(svc.config.routing.sessionHeader) ?? shape.sessionHint,
-      cut: () => ctx.server?.timeout(request, 1),
+      cut: cutter(ctx.server, request),
       trace,
     })
   } catch (err) {
@@ -99,6 +99,15 @@ export function answerModelCall(
     ),
     ctx.set,
   )
+}
+
+/**
+ * Closes the client's connection within a second (Bun's idle timer). Made here, not in
+ * answerModelCall: a stream keeps it for its life, and a closure made there kept the handler's
+ * context and the payer too.
+ */
+function cutter(server: ModelRouteContext['server'], request: Request): () => void {
+  return () => server?.timeout(request, 1)
 }
 
 /**

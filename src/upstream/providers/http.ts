@@ -100,7 +100,7 @@ export async function sendHttp(
     if (signal.aborted && !(signal.reason instanceof UpstreamTimeout)) throw signal.reason
     throw classify(call, response.status, text)
   }
-  if (response instanceof H1Response) return new OwnReply(response, controller)
+  if (response instanceof H1Response) return new OwnReply(response)
   return { response, abort: abortWith(controller) }
 }
 
@@ -109,11 +109,10 @@ class OwnReply implements UpstreamReply {
   /** A function of its own, as the translating adapters pass it on detached. */
   readonly abort: (reason: unknown) => void
 
-  constructor(
-    private readonly answer: H1Response,
-    controller: AbortController,
-  ) {
-    this.abort = abortWith(controller)
+  constructor(private readonly answer: H1Response) {
+    // The answer's own abort, not the request's controller: nothing holds the controller once
+    // the node has answered, where this closure over it lived as long as the stream.
+    this.abort = (reason) => answer.abort(reason)
   }
 
   get response(): Response {
