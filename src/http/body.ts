@@ -15,10 +15,28 @@ export function jsonBody<S extends TSchema>(
   schema: S,
   authenticate?: (request: Request) => Promise<void>,
 ) {
-  const check = TypeCompiler.Compile(schema)
+  const read = jsonReader(maxBytes, schema)
   return async ({ request }: { request: Request }): Promise<Static<S>> => {
     // A caller without a valid key gets its 401 before Tropa reads (up to maxBytes of) its body.
     await authenticate?.(request)
+    return read(request)
+  }
+}
+
+/**
+ * A model route's body, read and checked by its handler: the route's `authenticate` (derive) has
+ * run by then, so a caller without a valid key still gets its 401 before any of the body is read.
+ * Not an Elysia parse hook: for a route with one, Elysia's handler tests `request.body`, and that
+ * makes Bun create a web stream and its source for the request's body, which then live as long
+ * as the request, a streamed answer's whole life (about half a kilobyte each). Nor is a principal
+ * kept per request to hand from the parser to derive.
+ */
+export function jsonReader<S extends TSchema>(
+  maxBytes: number,
+  schema: S,
+): (request: Request) => Promise<Static<S>> {
+  const check = TypeCompiler.Compile(schema)
+  return async (request) => {
     const value = await readJson(request, maxBytes)
     if (!check.Check(value)) throw fromValueError(check.Errors(value).First())
     return value

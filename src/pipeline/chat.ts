@@ -1144,6 +1144,10 @@ function keptAlive(
   requestId: string,
   release: (err: unknown) => void,
 ): ReadableStream<Uint8Array> {
+  // Both are closures of the (async) lifecycle, which keep its whole frame: let go once a node
+  // has answered, so that a stream relayed after the keep-alive does not hold them for its life.
+  let open: typeof relayFrom | undefined = relayFrom
+  let unreserve: typeof release | undefined = release
   let gone = false
   let relay: Bun.DirectUnderlyingSource<Uint8Array> | undefined
   const source: Bun.DirectUnderlyingSource<Uint8Array> = {
@@ -1193,7 +1197,7 @@ function keptAlive(
         won = await dispatched
       } catch (err) {
         stopWaiting()
-        release(err)
+        unreserve?.(err)
         // (the client's abort reason, when it left: nobody to tell)
         if (ended || (err as Error)?.name === 'AbortError') return
         if (err instanceof TropaError) return fail(err)
@@ -1208,9 +1212,11 @@ function keptAlive(
         won.value.reply.abort(new ServerShuttingDown())
         won.value.reader.cancel().catch(() => {})
         finishAttempt(deps, won.attempt, 'cancelled')
-        return release(new ServerShuttingDown())
+        return unreserve?.(new ServerShuttingDown())
       }
-      relay = relayFrom(won)
+      relay = open!(won)
+      open = undefined
+      unreserve = undefined
       if (gone) return void relay.cancel?.(new Error('client disconnected'))
       return relay.pull(controller)
     },

@@ -88,6 +88,8 @@ export function utf8Whole(bytes: Uint8Array): number {
  */
 const shared = new Map<string, string>()
 function sharedString(s: string): string {
+  // (An upstream's model name can be long: only short ones are kept past their stream.)
+  if (s.length > 256) return copyOf(s)
   const known = shared.get(s)
   if (known !== undefined) return known
   if (shared.size >= 1024) shared.clear()
@@ -192,7 +194,8 @@ export class ChatStreamRelay {
     }
     const whole = utf8Whole(bytes)
     if (whole < bytes.length) {
-      this.carry = bytes.slice(whole)
+      // A copy (a Buffer's slice is a view: it would keep the socket's whole read alive).
+      this.carry = Uint8Array.prototype.slice.call(bytes, whole)
       bytes = bytes.subarray(0, whole)
     }
     const text = chunkDecoder.decode(bytes)

@@ -246,3 +246,32 @@ test('a stream of 2-, 3- and 4-byte characters relayed a byte at a time is relay
   expect(out).toContain('🙂🙃')
   expect(out.includes('\ufffd')).toBe(false)
 })
+
+test("a relay fed Buffers (views of a socket's reads) decodes as a stream decoder does: invalid bytes and a character left unfinished at the end become U+FFFD", () => {
+  const head = `data: {"id":"chatcmpl-up","object":"chat.completion.chunk","created":1,"model":"up","choices":[{"index":0,"delta":{"content":"`
+  const tail = '"},"finish_reason":null}]}\n\n'
+  const enc = new TextEncoder()
+  // 0xFF, a lone lead byte (0xC0) and an overlong start (0xE0 0x80) inside the text, then a
+  // 4-byte character cut after two bytes where the upstream closes.
+  const bytes = Buffer.concat([
+    enc.encode(`${head}a`),
+    Buffer.from([0xff, 0x62, 0xc0, 0x63, 0xe0, 0x80, 0x64]),
+    enc.encode(`ж🙂${tail}${head}e`),
+    Buffer.from([0xf0, 0x9f]),
+  ])
+  const expected = new TextDecoder().decode(bytes)
+  for (const size of [1, 2, 3, 5, 64]) {
+    const relay = new ChatStreamRelay('chatcmpl-x', 'test/m', false, () => ({
+      prompt_tokens: 0,
+      completion_tokens: 0,
+    }))
+    // A Buffer over a larger allocation, as a socket read is.
+    const socket = Buffer.concat([Buffer.alloc(7), bytes, Buffer.alloc(9)]).subarray(7, 7 + bytes.length)
+    let out = ''
+    for (let at = 0; at < socket.length; at += size) out += relay.push(socket.subarray(at, at + size)) ?? ''
+    out += relay.end() ?? ''
+    // (The relay ends the unterminated last event with its blank line.)
+    expect(out.replaceAll('chatcmpl-x', 'chatcmpl-up').replaceAll('test/m', 'up')).toBe(`${expected}\n\n`)
+    expect(out.endsWith('\ufffd\n\n')).toBe(true)
+  }
+})

@@ -2,15 +2,16 @@ import { Elysia } from 'elysia'
 import { CompletionRequest } from '../../api/completions.ts'
 import { textCompletion } from '../../pipeline/completions.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, authenticateFirst } from '../auth.ts'
-import { jsonBody, jsonRequestBody } from '../body.ts'
+import { authenticate } from '../auth.ts'
+import { jsonReader, jsonRequestBody } from '../body.ts'
 import { answerModelCall } from './model-call.ts'
 
-export const completionRoutes = (svc: Services) =>
-  new Elysia().derive(authenticate(svc)).post(
+export const completionRoutes = (svc: Services) => {
+  const readCompletion = jsonReader(svc.config.server.maxBodyBytes, CompletionRequest)
+  return new Elysia().derive(authenticate(svc)).post(
     '/v1/completions',
-    ({ body: raw, principal, request, set, server }) => {
-      const body = raw as CompletionRequest
+    async ({ principal, request, set, server }) => {
+      const body = (await readCompletion(request)) as CompletionRequest
       const shape = {
         operation: 'text_completion',
         endpoint: 'completions',
@@ -22,7 +23,6 @@ export const completionRoutes = (svc: Services) =>
       )
     },
     {
-      parse: jsonBody(svc.config.server.maxBodyBytes, CompletionRequest, authenticateFirst(svc)),
       detail: {
         tags: ['completions'],
         summary: 'Legacy text completion on a chat model (JSON, or SSE with stream: true)',
@@ -30,3 +30,4 @@ export const completionRoutes = (svc: Services) =>
       },
     },
   )
+}

@@ -2,15 +2,16 @@ import { Elysia } from 'elysia'
 import { EmbeddingRequest } from '../../api/embeddings.ts'
 import { createEmbeddings } from '../../pipeline/embeddings.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, authenticateFirst } from '../auth.ts'
-import { jsonBody, jsonRequestBody } from '../body.ts'
+import { authenticate } from '../auth.ts'
+import { jsonReader, jsonRequestBody } from '../body.ts'
 import { answerModelCall } from './model-call.ts'
 
-export const embeddingRoutes = (svc: Services) =>
-  new Elysia().derive(authenticate(svc)).post(
+export const embeddingRoutes = (svc: Services) => {
+  const readEmbeddings = jsonReader(svc.config.server.maxBodyBytes, EmbeddingRequest)
+  return new Elysia().derive(authenticate(svc)).post(
     '/v1/embeddings',
-    ({ body: raw, principal, request, set, server }) => {
-      const body = raw as EmbeddingRequest
+    async ({ principal, request, set, server }) => {
+      const body = (await readEmbeddings(request)) as EmbeddingRequest
       const shape = {
         operation: 'embeddings',
         endpoint: 'embeddings',
@@ -23,7 +24,6 @@ export const embeddingRoutes = (svc: Services) =>
       )
     },
     {
-      parse: jsonBody(svc.config.server.maxBodyBytes, EmbeddingRequest, authenticateFirst(svc)),
       detail: {
         tags: ['embeddings'],
         summary: 'Embeddings of up to 2048 inputs',
@@ -31,3 +31,4 @@ export const embeddingRoutes = (svc: Services) =>
       },
     },
   )
+}

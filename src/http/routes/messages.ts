@@ -3,7 +3,7 @@ import { CountTokensRequest, MessagesRequest } from '../../api/messages.ts'
 import { countMessageTokens, createMessage } from '../../pipeline/messages.ts'
 import type { Services } from '../../services.ts'
 import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
-import { jsonBody, jsonRequestBody } from '../body.ts'
+import { jsonBody, jsonReader, jsonRequestBody } from '../body.ts'
 import { answerModelCall } from './model-call.ts'
 
 /**
@@ -11,13 +11,14 @@ import { answerModelCall } from './model-call.ts'
  * `x-api-key` or Bearer; `anthropic-version` and `anthropic-beta` are accepted and not read.
  * Errors on these paths take Anthropic's shape (error-mapper.ts).
  */
-export const messageRoutes = (svc: Services) =>
-  new Elysia()
+export const messageRoutes = (svc: Services) => {
+  const readMessages = jsonReader(svc.config.server.maxBodyBytes, MessagesRequest)
+  return new Elysia()
     .derive(authenticate(svc))
     .post(
       '/v1/messages',
-      ({ body: raw, principal, request, set, server }) => {
-        const body = raw as MessagesRequest
+      async ({ principal, request, set, server }) => {
+        const body = (await readMessages(request)) as MessagesRequest
         const shape = {
           operation: 'chat',
           endpoint: 'messages',
@@ -30,7 +31,6 @@ export const messageRoutes = (svc: Services) =>
         )
       },
       {
-        parse: jsonBody(svc.config.server.maxBodyBytes, MessagesRequest, authenticateFirst(svc)),
         detail: {
           tags: ['messages'],
           summary: 'Anthropic Messages API (JSON, or SSE with stream: true) on any chat model',
@@ -53,3 +53,4 @@ export const messageRoutes = (svc: Services) =>
         },
       },
     )
+}

@@ -3,8 +3,8 @@ import { knownTypeError, ResponsesRequest } from '../../api/responses.ts'
 import { fromValueError } from '../../api/value-error.ts'
 import { ResponsesService } from '../../responses/service.ts'
 import type { Services } from '../../services.ts'
-import { authenticate, authenticateFirst, payerOf } from '../auth.ts'
-import { jsonBody, jsonRequestBody } from '../body.ts'
+import { authenticate, payerOf } from '../auth.ts'
+import { jsonReader, jsonRequestBody } from '../body.ts'
 import { queryEnum, queryInt } from '../query.ts'
 import { answerModelCall } from './model-call.ts'
 
@@ -12,14 +12,15 @@ const Params = t.Object({ response_id: t.String() })
 
 /** OpenAI's Responses API over the chat lifecycle; stored responses per organization. */
 export const responseRoutes = (svc: Services) => {
+  const readResponses = jsonReader(svc.config.server.maxBodyBytes, ResponsesRequest)
   const responses = new ResponsesService(svc.deps, svc.store, svc.config.responses)
   const tags = ['responses']
   return new Elysia()
     .derive(authenticate(svc))
     .post(
       '/v1/responses',
-      ({ body: raw, principal, request, set, server }) => {
-        const body = raw as ResponsesRequest
+      async ({ principal, request, set, server }) => {
+        const body = (await readResponses(request)) as ResponsesRequest
         const shape = {
           operation: 'chat',
           endpoint: 'responses',
@@ -34,7 +35,6 @@ export const responseRoutes = (svc: Services) => {
         })
       },
       {
-        parse: jsonBody(svc.config.server.maxBodyBytes, ResponsesRequest, authenticateFirst(svc)),
         detail: {
           tags,
           summary: 'Create a response (JSON, or SSE with stream: true) on a chat model',
