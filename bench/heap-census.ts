@@ -5,7 +5,7 @@
  * with no stream open and with N hold streams open, diffed per stream: resident, JS heap, objects
  * by type. `relay`: the bare proxy's relay variant instead.
  *
- * BUN_CONFIG_MAX_HTTP_REQUESTS=65535 bun bench/heap-census.ts [N=1000] [tropa|relay] [--snapshot]
+ * BUN_CONFIG_MAX_HTTP_REQUESTS=65535 bun bench/heap-census.ts [N=1000] [tropa|relay] [--snapshot] [--prompt-bytes N]
  *
  * Per stream it also prints the JS heap's capacity (the blocks its objects sit in) and mimalloc's
  * figures, before and after the collection: on 2026-11-28 the heap's capacity was most of the
@@ -18,11 +18,15 @@ import { join, resolve } from 'node:path'
 import { chatBody } from './load.ts'
 import { longestSeed, plan } from './phases.ts'
 import { fdLimit, killAll } from './proc.ts'
+import { benchChatBody } from './stub-router.ts'
 import { type RunContext, startContestant, startFleet } from './targets.ts'
 
 const n = Number(process.argv[2] ?? 1000)
-const which = process.argv[3] === '--snapshot' ? 'tropa' : (process.argv[3] ?? 'tropa')
+const which = process.argv[3]?.startsWith('--') ? 'tropa' : (process.argv[3] ?? 'tropa')
 const snapshot = process.argv.includes('--snapshot')
+/** `--prompt-bytes N`: each stream's prompt N bytes of English words (a long prompt's share). */
+const at = process.argv.indexOf('--prompt-bytes')
+const promptBytes = at > 0 ? Number(process.argv[at + 1]) : 0
 const repoRoot = resolve(import.meta.dir, '..')
 const { plan: base } = plan(false, await fdLimit())
 const dir = mkdtempSync(join(os.tmpdir(), 'tropa-census-'))
@@ -87,7 +91,10 @@ const census = async (k: number) => {
 }
 try {
   const e = c.endpoint('hold')
-  const body = chatBody(c.model('hold'), { stream: true, maxTokens: 64, seed })
+  const body =
+    promptBytes > 0
+      ? benchChatBody(promptBytes, { model: c.model('hold'), stream: true, max_tokens: 64, seed })
+      : chatBody(c.model('hold'), { stream: true, maxTokens: 64, seed })
   // warm up
   const fast = chatBody(c.model('fast'), { stream: false, maxTokens: 16, seed: 1 })
   for (let i = 0; i < 30; i++)

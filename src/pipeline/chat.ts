@@ -595,6 +595,8 @@ function openRelay(
 ): RelaySource {
   const { value: first, candidate, attempt } = won
   const { rec, trace, startedAtMs } = charge
+  // The attempt lives as long as the stream: not the prompt's prefix blocks with it.
+  attempt.shed()
   rec?.answered(won, candidate.node.name, true, performance.now())
   charge.ttftMs = Date.now() - startedAtMs
   trace?.child('first token', undefined, startedAtMs).end()

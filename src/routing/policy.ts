@@ -94,10 +94,24 @@ export class Attempt {
 
   constructor(
     readonly candidate: Candidate,
-    readonly req: RouteRequest,
+    /** Its request; past the first chunk without the prefix blocks and the nodes tried (shed). */
+    public req: RouteRequest,
     readonly startedAtMs: number,
   ) {}
+
+  /**
+   * Lets go of what only routing reads: the prompt's prefix blocks (a number per 256 characters of
+   * prompt) and the nodes tried. A stream's attempt lives as long as the stream, and nothing reads
+   * either once it has its first chunk (a policy matches prefixes of attempts still without one).
+   */
+  shed(): void {
+    if (this.req.prefix.length > 0 || this.req.exclude.size > 0)
+      this.req = { ...this.req, prefix: NO_BLOCKS, exclude: NO_NODES }
+  }
 }
+
+const NO_BLOCKS: readonly number[] = Object.freeze([])
+const NO_NODES: ReadonlySet<Candidate> = new Set()
 
 /** A node's own load report (vLLM or llama.cpp /metrics), when polled. */
 export interface NodeMetrics {

@@ -876,3 +876,42 @@ describe('ShareBudget', () => {
     expect(b.used).toBe(used)
   })
 })
+
+test("an attempt shed after its first chunk (a stream's, kept for its life) ends as one not shed: the policy reads neither its prefix blocks nor the nodes tried then", () => {
+  const run = (shed: boolean) => {
+    const { pool, cands } = fleet(4)
+    const p = new PredictedTtft({ rng: rng(3) })
+    const shared = 'tool prompt '.repeat(300)
+    const attempts: Attempt[] = []
+    for (let i = 0; i < 30; i++) {
+      const r = req({
+        nowMs: i * 150,
+        prefix: prefixOf(`${shared}turn ${i}`),
+        promptTokens: 1200,
+        session: `s${i % 5}`,
+      })
+      const c = p.choose(cands, r)!
+      pool.begin(c.node, r.nowMs)
+      const a = new Attempt(c, r, r.nowMs)
+      p.started(a)
+      attempts.push(a)
+      p.firstChunk(a, r.nowMs + 120)
+      if (shed) {
+        a.shed()
+        expect(a.req.prefix).toEqual([])
+        expect(a.req.exclude.size).toBe(0)
+        expect([a.req.promptTokens, a.req.session, a.req.modelId]).toEqual([1200, `s${i % 5}`, 'm/x'])
+      }
+    }
+    // They end after all were sent: some still stream while later ones are chosen.
+    attempts.forEach((a, i) => {
+      pool.end(a.candidate.node, true, 5000 + i)
+      p.ended(a, 5000 + i, 'ok', 900, 40)
+    })
+    return { nodes: attempts.map((a) => a.candidate.node.name), snapshot: p.snapshot(6000) }
+  }
+  const kept = run(false)
+  const shed = run(true)
+  expect(shed.nodes).toEqual(kept.nodes)
+  expect(shed.snapshot).toEqual(kept.snapshot)
+})
