@@ -351,7 +351,7 @@ async function lifecycle(
   requestId: string,
   cut?: () => void,
 ): Promise<Response> {
-  const { model, promptTokens, stream, startedAtMs, includeUsage, shape, textOf } = call
+  const { model, promptTokens, stream, startedAtMs, textOf } = call
   // The upstream body for a route, while a node may still be tried (emptied once one answers).
   const upstreamBody = (r: RouteConfig): string => {
     if (!source.body) throw new Error('the upstream body was asked for after a node answered')
@@ -459,11 +459,7 @@ async function lifecycle(
       signal,
     )
     /** The client's SSE body from the winning node's first chunk on. */
-    const relayFrom = (won: Dispatched<FirstChunk>) => {
-      // A node answered: no other will be tried, and the parsed request can go.
-      source.body = undefined
-      return openRelay(deps, charge, won, completionId, model.id, includeUsage, shape, cut)
-    }
+    const relayFrom = (won: Dispatched<FirstChunk>) => openRelay(charge, won, source, call, cut)
     // No first token by server.sse_keep_alive_ms: the headers go out now, with SSE comments
     // until it comes, so a proxy's idle timeout does not cut the wait (dispatch goes on below,
     // failing over and hedging as before; a failure now reaches the client as an error event).
@@ -482,13 +478,9 @@ async function lifecycle(
       )
     // (Not relayFrom: a closure made in this async function would keep its whole frame for the
     // stream's life.)
-    source.body = undefined
-    return new Response(
-      directStream(openRelay(deps, charge, won, completionId, model.id, includeUsage, shape, cut)),
-      {
-        headers: { ...headers(won.candidate), ...SSE_HEADERS },
-      },
-    )
+    return new Response(directStream(openRelay(charge, won, source, call, cut)), {
+      headers: { ...headers(won.candidate), ...SSE_HEADERS },
+    })
   } catch (err) {
     slot?.release()
     deps.meter.release(reservation)
@@ -511,7 +503,7 @@ class CallCharge {
   constructor(
     readonly deps: ChatDeps,
     private readonly payer: Payer,
-    private readonly model: ModelConfig,
+    readonly model: ModelConfig,
     readonly requestId: string,
     readonly startedAtMs: number,
     private readonly promptTokens: number,
@@ -584,17 +576,17 @@ class CallCharge {
  * cost and receipt) and settled once. Not async, so its two callbacks keep only what they name.
  */
 function openRelay(
-  deps: ChatDeps,
   charge: CallCharge,
   won: Dispatched<FirstChunk>,
-  completionId: string,
-  modelId: string,
-  includeUsage: boolean,
-  shape: StreamShape,
+  source: CallSource,
+  call: Pick<ModelCall, 'completionId' | 'includeUsage' | 'shape'>,
   cut: (() => void) | undefined,
 ): RelaySource {
+  // A node answered: no other will be tried, and the parsed request can go.
+  source.body = undefined
   const { value: first, candidate, attempt } = won
-  const { rec, trace, startedAtMs } = charge
+  const { deps, rec, trace, startedAtMs } = charge
+  const includeUsage = call.includeUsage
   // The attempt lives as long as the stream: not the prompt's prefix blocks with it.
   attempt.shed()
   rec?.answered(won, candidate.node.name, true, performance.now())
@@ -602,8 +594,8 @@ function openRelay(
   trace?.child('first token', undefined, startedAtMs).end()
   // Settles when the usage event arrives (or at [DONE] without one) so its cost can ride in it.
   const relay: ChatStreamRelay = new ChatStreamRelay(
-    completionId,
-    modelId,
+    call.completionId,
+    charge.model.id,
     includeUsage,
     (usage) => {
       const u = charge.billed(usage, () => countTokens(relay.generated))
@@ -617,7 +609,7 @@ function openRelay(
         return u
       })
     },
-    shape,
+    call.shape,
   )
   const reservation = charge.reservation
   return new RelaySource(

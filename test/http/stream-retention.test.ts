@@ -1,6 +1,6 @@
 import { heapStats } from 'bun:jsc'
 import { afterAll, beforeAll, expect, test } from 'bun:test'
-import { CHAT_PRICE, startTropa, type Tropa } from '../helpers/start.ts'
+import { startTropa, type Tropa } from '../helpers/start.ts'
 
 // What an open stream keeps (issue #24, bench/results/2026-11-28k): the router runs in this
 // process, so its heap is this heap. A node answering a token a second keeps the streams open.
@@ -8,14 +8,6 @@ let t: Tropa
 beforeAll(async () => {
   t = await startTropa({
     nodes: [{ name: 'slow', timeScale: 1, itlMs: 1000, maxSeqs: 256 }],
-    models: ([slow]) => [
-      {
-        id: 'test/chat',
-        context_length: 4096,
-        pricing: CHAT_PRICE,
-        routes: [{ name: 'slow', base_url: slow!.url }],
-      },
-    ],
     upstream: { idle_timeout_ms: 30_000 },
   })
 })

@@ -11,7 +11,7 @@ export const chatRoutes = (svc: Services) => {
   return new Elysia().derive(authenticate(svc)).post(
     '/v1/chat/completions',
     async ({ principal, request, set, server }) => {
-      const body = (await readChat(request)) as ChatRequest
+      const body = await readChat(request)
       const shape = { operation: 'chat', endpoint: 'chat', model: body.model, user: body.user }
       return answerModelCall(svc, { principal, request, set, server }, body, shape, (c) =>
         chatCompletion(svc.deps, c.payer, body, c.signal, c.requestId, c.sessionHint, c.cut, c.trace),

@@ -11,7 +11,7 @@ export const completionRoutes = (svc: Services) => {
   return new Elysia().derive(authenticate(svc)).post(
     '/v1/completions',
     async ({ principal, request, set, server }) => {
-      const body = (await readCompletion(request)) as CompletionRequest
+      const body = await readCompletion(request)
       const shape = {
         operation: 'text_completion',
         endpoint: 'completions',

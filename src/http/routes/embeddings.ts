@@ -11,7 +11,7 @@ export const embeddingRoutes = (svc: Services) => {
   return new Elysia().derive(authenticate(svc)).post(
     '/v1/embeddings',
     async ({ principal, request, set, server }) => {
-      const body = (await readEmbeddings(request)) as EmbeddingRequest
+      const body = await readEmbeddings(request)
       const shape = {
         operation: 'embeddings',
         endpoint: 'embeddings',

@@ -18,7 +18,7 @@ export const messageRoutes = (svc: Services) => {
     .post(
       '/v1/messages',
       async ({ principal, request, set, server }) => {
-        const body = (await readMessages(request)) as MessagesRequest
+        const body = await readMessages(request)
         const shape = {
           operation: 'chat',
           endpoint: 'messages',

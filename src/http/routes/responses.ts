@@ -20,7 +20,7 @@ export const responseRoutes = (svc: Services) => {
     .post(
       '/v1/responses',
       async ({ principal, request, set, server }) => {
-        const body = (await readResponses(request)) as ResponsesRequest
+        const body = await readResponses(request)
         const shape = {
           operation: 'chat',
           endpoint: 'responses',
