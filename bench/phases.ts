@@ -19,7 +19,11 @@ export interface Plan {
   stepMs: number
   fixedStepMs: number
   warmupMs: number
+  /** A fresh process's warm-up before the ladder: this long at warmRate, nothing recorded. */
   warmMs: number
+  warmRate: number
+  /** Streams through the contestant before the stream phase records, nothing recorded. */
+  streamWarmMs: number
   drainMs: number
   pauseMs: number
   retry: boolean
@@ -59,6 +63,8 @@ export function plan(quick: boolean, fds: number): { plan: Plan; memoryNote: str
         fixedStepMs: 800,
         warmupMs: 200,
         warmMs: 300,
+        warmRate: 300,
+        streamWarmMs: 300,
         drainMs: 1500,
         pauseMs: 100,
         // A second chance here too: on a busy 2-core machine one 800 ms step can miss by a single
@@ -84,7 +90,14 @@ export function plan(quick: boolean, fds: number): { plan: Plan; memoryNote: str
       stepMs: 4000,
       fixedStepMs: 6000,
       warmupMs: 1000,
-      warmMs: 2000,
+      // Long enough for JavaScriptCore to finish compiling a large program's hot paths: Tropa's JIT
+      // thread still compiled 300 ms of CPU during a 2,000 RPS step that followed the old 600-request
+      // warm-up, and under 20 ms a step after about 30,000 requests (bench/results/2026-11-28m).
+      // The same for every contestant.
+      warmMs: 20_000,
+      warmRate: 1500,
+      // The stream path (the SSE relay) is compiled only once streams flow: 10 s of them first.
+      streamWarmMs: 10_000,
       drainMs: 3000,
       pauseMs: 300,
       retry: true,
@@ -133,7 +146,7 @@ export async function runLadder(
     stream: false,
     warmupMs: p.warmMs,
     drainMs: p.drainMs,
-    open: { rate: 300, durationMs: p.warmMs, maxInFlight: p.maxInFlight },
+    open: { rate: p.warmRate, durationMs: p.warmMs, maxInFlight: p.maxInFlight },
   })
   const steps: StepResult[] = []
   let max: number | null = null
@@ -197,6 +210,12 @@ export async function runStream(
     closed: { concurrency: p.streamConcurrency, durationMs: p.streamMs },
   }
   const body = (x: Contestant) => chatBody(x.model('stream'), { stream: true, maxTokens: 64, seed })
+  // Warm-up as measured, both groups, nothing kept: the relay's code compiled, the pools open.
+  const warm = { ...opts, warmupMs: 0, closed: { ...opts.closed, durationMs: p.streamWarmMs } }
+  await Promise.all([
+    runLoad(c.endpoint('stream'), body(c), warm),
+    runLoad(direct.endpoint('stream'), body(direct), warm),
+  ])
   const [r, ref] = await Promise.all([
     runLoad(c.endpoint('stream'), body(c), opts),
     runLoad(direct.endpoint('stream'), body(direct), opts),

@@ -105,6 +105,8 @@ export interface BenchReport {
     /** Steps at the fixed rates are longer: their figures are the ones quoted. */
     fixedStepMs?: number
     warmupMs: number
+    /** A fresh process's warm-up before its ladder (absent in runs before 2026-11-28m: 2 s at 300 RPS). */
+    warm?: { ms: number; rate: number; streamMs: number }
     p99BoundMs: number
     streamItlMs: number
     streamConcurrency: number
@@ -425,11 +427,13 @@ export function renderTables(r: BenchReport): string {
   const out: string[] = []
   const direct = r.contestants.find((c) => c.name === 'direct' && c.available)
   const s = r.settings
+  const warmText = (w: typeof s.warm) =>
+    w ? `${w.ms / 1000} s at ${int(w.rate)} RPS` : '2 s at 300 RPS (before 2026-11-28m)'
   const rateHead = s.fixedRates.map((rate) => `${int(rate)} RPS`)
 
   out.push(
     `### Non-streaming, open loop: latency added over direct, ms (p50 / p99 / p99.9)\n`,
-    `Direct's own latency is shown absolute. Steps of ${s.stepMs / 1000} s (${(s.fixedStepMs ?? s.stepMs) / 1000} s at the rates shown; first ${s.warmupMs / 1000} s not recorded); latency from each request's intended send time. "Held": p99 < ${s.p99BoundMs} ms, no errors.\n`,
+    `Direct's own latency is shown absolute. Steps of ${s.stepMs / 1000} s (${(s.fixedStepMs ?? s.stepMs) / 1000} s at the rates shown; first ${s.warmupMs / 1000} s not recorded); each contestant's fresh process first warmed for ${warmText(s.warm)}, nothing recorded; latency from each request's intended send time. "Held": p99 < ${s.p99BoundMs} ms, no errors.\n`,
   )
   const rows: string[][] = []
   for (const c of withNoise(r)) {
@@ -461,7 +465,7 @@ export function renderTables(r: BenchReport): string {
 
   out.push(
     `### Streaming: ${s.streamConcurrency} concurrent streams through each contestant, simulator inter-token latency ${s.streamItlMs} ms\n`,
-    `"Added" is against ${s.streamConcurrency} streams sent straight to the fleet during the same seconds; for direct itself that is an A/A comparison of two identical groups, the resolution of the column. "Gap added on the way": each chunk carries the time the node sent it, and each gap between two tokens is compared with the gap at which the node sent them; the increase (0 if none) is what the path added, the node's own jitter out (for direct: the loopback and the client alone).\n`,
+    `"Added" is against ${s.streamConcurrency} streams sent straight to the fleet during the same seconds; for direct itself that is an A/A comparison of two identical groups, the resolution of the column. "Gap added on the way": each chunk carries the time the node sent it, and each gap between two tokens is compared with the gap at which the node sent them; the increase (0 if none) is what the path added, the node's own jitter out (for direct: the loopback and the client alone). ${s.warm ? `Before it, ${s.warm.streamMs / 1000} s of the same streams, not recorded.` : 'No stream warm-up (before 2026-11-28m).'}\n`,
   )
   const srows: string[][] = []
   for (const c of r.contestants) {

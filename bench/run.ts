@@ -304,6 +304,7 @@ async function main(): Promise<void> {
       stepMs: p.stepMs,
       fixedStepMs: p.fixedStepMs,
       warmupMs: p.warmupMs,
+      warm: { ms: p.warmMs, rate: p.warmRate, streamMs: p.streamWarmMs },
       p99BoundMs: p.p99BoundMs,
       streamItlMs: p.fleet.streamItlMs,
       streamConcurrency: p.streamConcurrency,
