@@ -20,6 +20,10 @@ test(
 
     for (const heading of ['Non-streaming, open loop', 'Streaming:', 'Memory:', 'Startup:', 'Targets'])
       expect(out).toContain(heading)
+    // The warm-up each fresh process gets before anything is recorded, kept and said in the report.
+    expect(r.settings.warm).toEqual({ ms: 300, rate: 300, streamMs: 300 })
+    expect(out).toContain('first warmed for 0.3 s at 300 RPS, nothing recorded')
+    expect(out).toContain('Before it, 0.3 s of the same streams, not recorded.')
 
     expect(r.contestants.map((c) => c.name)).toEqual(['direct', 'bare', 'bare-json', 'tropa', 'tropa-pg'])
     for (const c of r.contestants) {
