@@ -73,3 +73,55 @@ export class Demand {
     return ((n / window) * (this.area / this.count)) / slots
   }
 }
+
+/** The demand over a second (a share of the fleet's slots) that marks a peak of interactive load. */
+export const PEAK_DEMAND = 0.45
+/** How long after a peak a valley may be entered on the half-second demand. */
+export const AFTER_PEAK_MS = 2_000
+/** How long the demand over a second must stay low before a valley is entered other than after a peak. */
+export const LOW_FOR_MS = 500
+
+/**
+ * When the fleet enters a valley of its interactive load, from the demand over the last second
+ * and half second (`Demand`), read as batch lines ask to start (scheduler.ts `inValley`):
+ *
+ * - **After a peak**: within AFTER_PEAK_MS of the demand over a second reading at least
+ *   PEAK_DEMAND, once the half-second demand is at most `fill`. The one-second window holds a
+ *   peak's arrivals for about a second after they stop; half a second empties twice as soon. And
+ *   the mean time in flight still reads the peak's (about 1.3 s in bench/batch-yield.ts, where a
+ *   valley's requests take 0.75-1.0 s), so `fill` there is two arrivals in half a second or fewer.
+ * - **Otherwise**: once the demand over a second has been at most half of `fill` for LOW_FOR_MS.
+ *   A steady load's lulls are short: at ¾ of `fill` and no wait, a 50% load read as a valley in
+ *   about one run of 20 s in four.
+ *
+ * A steady 50% load never reads as a peak (its demand over a second is about 0.24 in
+ * bench/batch-yield.ts); an 80% load does (0.46, the 90% peaks 0.54-0.56), and half a second with
+ * two or three of its 13 or so arrivals comes about once in a thousand windows.
+ * `bun bench/fill-entry-sim.ts` (arrivals alone, 200 runs): after a peak, a valley is found in a
+ * median 0.44 s (p90 0.62) against 0.97 (1.69) with the rule before (the demand over a second at
+ * ¾ of `fill` at once); a steady 50% load reads as one in none of its runs of 20 s against 0.28,
+ * an 80% load in 0.13 against none (docs/batches.md, "Filling").
+ */
+export class ValleyEntry {
+  private peakAtMs = Number.NEGATIVE_INFINITY
+  private lowSinceMs: number | undefined
+
+  /** Whether a peak was read within AFTER_PEAK_MS (`second`, the demand over a second, counts now). */
+  afterPeak(nowMs: number, second: number | undefined): boolean {
+    if (second !== undefined && second >= PEAK_DEMAND) this.peakAtMs = nowMs
+    return nowMs - this.peakAtMs <= AFTER_PEAK_MS
+  }
+
+  /** Whether a valley may be entered now, given the demand over the last second and half second. */
+  enters(nowMs: number, second: number, half: number, fill: number): boolean {
+    if (second <= fill / 2) this.lowSinceMs ??= nowMs
+    else this.lowSinceMs = undefined
+    if (this.afterPeak(nowMs, second) && half <= fill) return true
+    return this.lowSinceMs !== undefined && nowMs - this.lowSinceMs >= LOW_FOR_MS
+  }
+
+  /** Readings stopped (no line asked for a while) or the demand is not known: a low spell starts anew. */
+  forget(): void {
+    this.lowSinceMs = undefined
+  }
+}

@@ -11,7 +11,7 @@ import type { Candidate, NodePool, NodeState } from '../routing/nodes.ts'
 import type { BatchRecord, BatchStatus, Store } from '../storage/store.ts'
 import type { RequestTrace } from '../tracing/span.ts'
 import type { Tracing } from '../tracing/tracing.ts'
-import { Demand } from './demand.ts'
+import { Demand, ValleyEntry } from './demand.ts'
 import type { AdmitReply, FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 
 /** A finalization claimed longer ago than this is taken over by another node (or after a restart). */
@@ -661,7 +661,11 @@ export class BatchScheduler {
       const fleet = this.countSlots()
       const keep = Math.max(2 * fill, this.settings.quietLoad)
       const second = this.demand.load(nowMs, fleet, 1000)
-      const kept = load <= keep || (second ?? 1) <= keep
+      const half = this.demand.load(nowMs, fleet)
+      // Right after a peak the load and the demand over a second still read the peak's requests
+      // (draining, and arrived within the second), where the half second reads the valley.
+      const afterPeak = this.entry.afterPeak(nowMs, second)
+      const kept = load <= keep || (second ?? 1) <= keep || (afterPeak && (half ?? 1) <= keep)
       if (keeping) {
         fills = kept
         // An arrival beside lines reads the valley too: it holds while lines keep their places.
@@ -669,8 +673,8 @@ export class BatchScheduler {
         else if (this.valley) this.valleyAtMs = nowMs
       } else
         fills =
-          this.inValley(nowMs, second, kept) &&
-          (this.inFlightLoad() <= fill || (this.demand.load(nowMs, fleet) ?? 1) <= fill / 2)
+          this.inValley(nowMs, second, half, kept) &&
+          (this.inFlightLoad() <= fill || (half ?? 1) <= fill / (afterPeak ? 1 : 2))
     }
     if (fills)
       return Math.max(
@@ -681,41 +685,51 @@ export class BatchScheduler {
   }
 
   /**
-   * Whether the fleet is in a valley lines may start in (`demand`: over the last second, undefined
-   * until known; `kept`: the bound lines keep their places under holds). Entered once the demand over a whole second is at most 3/4 of
-   * `fillLoad`; left when lines would be pre-empted (`kept` fails, read here or by an arrival
-   * beside lines), when the fleet rises from idle, or when nothing read it for a second. Within
-   * a valley, a line starts while the requests in flight are at most `fillLoad` or the
-   * half-second demand at most half of it. Without the valley, those two alone read lulls of the
-   * 50% load as valleys: the requests in flight there average 0.19 of the slots and dip under
-   * 0.1 for a few hundred milliseconds, and half a second holds one or two arrivals now and then
-   * (in bench/batch-yield.ts's 50% runs, lines started and were pre-empted within a second now
-   * and then, TTFT p99 1.12-1.24x). Entered at half of `fillLoad`, a valley after a peak came
-   * late (valleys 0.72-0.80 of the idle rate): the demand counts the peak's slower requests' time
-   * for the valley's arrivals. Left at a demand over `fillLoad`, it was left every few seconds
-   * (valleys 0.53-0.70): the lines slow the valley's requests, so the same arrivals read as more
-   * demand. At 3/4, a 50% load's arrivals read as a valley in about one run of 20 s in four
-   * (bench/fill-entry-sim.ts), until its lines are pre-empted. Until the demand is known (20
-   * arrivals, decayed over about 10 s, and 2 s since the first), the requests in flight alone
-   * decide and no valley is entered.
+   * Whether the fleet is in a valley lines may start in (`second`, `half`: the demand over the
+   * last second and half second, undefined until known; `kept`: the bound lines keep their places
+   * under holds). Entered as `ValleyEntry` says (demand.ts: after a peak, the half-second demand
+   * at most `fillLoad`; otherwise the demand over a second at most half of it for half a second);
+   * left when lines would be pre-empted (`kept` fails, read here or by an arrival beside lines),
+   * when the fleet rises from idle, or when nothing read it for a second. Within a valley, a line
+   * starts while the requests in flight are at most `fillLoad` or the half-second demand at most
+   * half of it (right after a peak: at most `fillLoad`, as it entered). Without the valley, those
+   * two alone read lulls of the 50% load as valleys: the requests in flight there average 0.19 of
+   * the slots and dip under 0.1 for a few hundred milliseconds, and half a second holds one or two
+   * arrivals now and then (in bench/batch-yield.ts's 50% runs, lines started and were pre-empted
+   * within a second now and then, TTFT p99 1.12-1.24x). Left at a demand over `fillLoad`, a valley
+   * was left every few seconds (valleys 0.53-0.70 of the idle rate): the lines slow the valley's
+   * requests, so the same arrivals read as more demand. Until the demand is known (20 arrivals,
+   * decayed over about 10 s, and 2 s since the first), the requests in flight alone decide and
+   * no valley is entered.
    */
-  private inValley(nowMs: number, demand: number | undefined, kept: boolean): boolean {
+  private inValley(
+    nowMs: number,
+    second: number | undefined,
+    half: number | undefined,
+    kept: boolean,
+  ): boolean {
     const fill = this.settings.fillLoad
     // A valley is one only while it is followed: read last over a second ago, it is entered anew.
-    if (nowMs - this.valleyAtMs > 1000) this.valley = false
+    if (nowMs - this.valleyAtMs > 1000) {
+      this.valley = false
+      this.entry.forget()
+    }
     this.valleyAtMs = nowMs
     // Too few arrivals yet to know their time in flight (a light load, or a fresh start): the
     // requests in flight alone decide, for now; a valley is entered only on a known demand.
-    if (demand === undefined) {
+    if (second === undefined || half === undefined) {
       this.valley = false
+      this.entry.forget()
       return this.inFlightLoad() <= fill
     }
-    this.valley = this.valley ? kept : demand <= 0.75 * fill
+    const enters = this.entry.enters(nowMs, second, half, fill)
+    this.valley = this.valley ? kept : enters
     return this.valley
   }
 
   private valley = false
   private valleyAtMs = Number.NEGATIVE_INFINITY
+  private readonly entry = new ValleyEntry()
 
   /** Every node's max_concurrency summed (a node of several models at its largest); undefined: to count. */
   private slots: number | undefined

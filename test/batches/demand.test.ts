@@ -1,5 +1,5 @@
 import { expect, test } from 'bun:test'
-import { Demand } from '../../src/batches/demand.ts'
+import { AFTER_PEAK_MS, Demand, LOW_FOR_MS, PEAK_DEMAND, ValleyEntry } from '../../src/batches/demand.ts'
 
 /** Requests arriving every `gapMs` from `fromMs` to `toMs`, each in flight `holdMs`: the in-flight count at every start and end, in order. */
 function traffic(fromMs: number, toMs: number, gapMs: number, holdMs: number) {
@@ -69,4 +69,40 @@ test('arrivals out of the window leave it as new ones come, however long nobody 
   }
   // About 8 in the last half second: a demand of 8 x 2 / s x 0.03 s over 1 slot.
   expect(demand.load(7_200_000, 1)!).toBeCloseTo(0.5, 1)
+})
+
+test('a valley is entered right after a peak on the half-second demand, while the demand over a second still reads the peak', () => {
+  const entry = new ValleyEntry()
+  const fill = 0.1
+  // A peak: the demand over a second at 0.6, the half second too.
+  for (let t = 0; t <= 5_000; t += 50) expect(entry.enters(t, 0.6, 0.6, fill)).toBe(false)
+  // The arrivals stop at 5 s: the half second empties first, the second still holds the peak's.
+  expect(entry.enters(5_300, 0.5, 0.2, fill)).toBe(false)
+  expect(entry.enters(5_500, 0.3, 0.09, fill)).toBe(true)
+  // The same readings with no peak behind them: no valley (the second is over half of fill).
+  const fresh = new ValleyEntry()
+  for (let t = 0; t <= 5_000; t += 50) fresh.enters(t, 0.25, 0.25, fill)
+  expect(fresh.enters(5_500, 0.3, 0.09, fill)).toBe(false)
+  // A peak read over AFTER_PEAK_MS ago no longer lets the half second decide.
+  const late = new ValleyEntry()
+  expect(late.enters(0, PEAK_DEMAND, PEAK_DEMAND, fill)).toBe(false)
+  expect(late.enters(AFTER_PEAK_MS - 1, 0.2, 0.05, fill)).toBe(true)
+  expect(late.enters(AFTER_PEAK_MS + 50, 0.2, 0.05, fill)).toBe(false)
+})
+
+test('otherwise a valley is entered only once the demand over a second has stayed at most half of fill_load for LOW_FOR_MS', () => {
+  const entry = new ValleyEntry()
+  const fill = 0.1
+  // A steady load around 0.25, then a lull: the second reads 0.04 for less than LOW_FOR_MS.
+  for (let t = 0; t <= 3_000; t += 50) entry.enters(t, 0.25, 0.25, fill)
+  let t = 3_000
+  for (; t < 3_000 + LOW_FOR_MS - 100; t += 50) expect(entry.enters(t, 0.04, 0.02, fill)).toBe(false)
+  // The load comes back before the lull has lasted: the spell starts anew after it.
+  expect(entry.enters(t, 0.08, 0.15, fill)).toBe(false)
+  const from = t + 50
+  for (t = from; t < from + LOW_FOR_MS; t += 50) expect(entry.enters(t, 0.04, 0.02, fill)).toBe(false)
+  expect(entry.enters(from + LOW_FOR_MS, 0.04, 0.02, fill)).toBe(true)
+  // Forgotten (no reading for a while): the spell starts anew.
+  entry.forget()
+  expect(entry.enters(from + LOW_FOR_MS + 50, 0.04, 0.02, fill)).toBe(false)
 })

@@ -482,8 +482,9 @@ describe('batches.fill_load: a lull in a steady load is no valley', () => {
     // Every 200 ms (on the clock, not after each cluster) six requests of 8 tokens, about 0.15 s
     // each: 6 of the 16 slots in flight, then none for a moment, over and over (no node goes
     // quiet for quiet_ms, 300 ms). The requests in flight dip under fill_load (3.2 of 16) in
-    // every gap, but the second's demand is about 30 x 0.15 / 16 = 0.28 (a valley is entered at
-    // 3/4 of fill_load, 0.15).
+    // every gap, but the second's demand is about 30 x 0.15 / 16 = 0.28 (a valley is entered once
+    // it stays at half of fill_load, 0.1, for half a second; or right after a peak, 0.45, which
+    // this load is not).
     let sent = 0
     let stop = false
     const replies: ReturnType<typeof interactive>[] = []
