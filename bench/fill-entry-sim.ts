@@ -14,6 +14,7 @@
 // the entry is modelled: not how long a valley lasts (the scheduler keeps it until lines would
 // be pre-empted), not the start condition within it, nor the lines slowing the requests.
 import { parseArgs } from 'node:util'
+import { ValleyEntry } from '../src/batches/demand.ts'
 import { prng } from '../src/simulator/text.ts'
 
 const { values } = parseArgs({ options: { runs: { type: 'string' } } })
@@ -22,18 +23,14 @@ const SLOTS = 64
 const FILL = 0.1
 
 type Phase = { perSec: number; seconds: number; meanSec: number }
-/**
- * `sincePeak`: seconds since the demand over a second last read at least PEAK (the 90% phase reads
- * about 0.6, an 80% load about 0.45); `lowFor`: how long it has read at most half of FILL.
- */
-type Reading = { inFlight: number; half: number; second: number; sincePeak: number; lowFor: number }
-const PEAK = 0.45
+/** `entry`: what the shipped rule (`ValleyEntry`, fed every reading of the run) says now. */
+type Reading = { inFlight: number; half: number; second: number; entry: boolean }
 type Rule = { name: string; holds: (r: Reading) => boolean }
 
 const RULES: Rule[] = [
   {
-    name: 'second demand <= fill/2 for 0.5 s, or within 2 s of a peak, half-second demand <= fill (now)',
-    holds: (r) => r.lowFor >= 0.5 || (r.sincePeak <= 2 && r.half <= FILL),
+    name: 'second demand <= fill/2 for 0.5 s, or within 2 s of a peak, half-second demand <= fill (now, ValleyEntry)',
+    holds: (r) => r.entry,
   },
   {
     name: 'in flight <= fill, or half-second demand <= fill/2 (before)',
@@ -70,8 +67,7 @@ function entries(seed: number, phases: Phase[], demandMeanSec: number, rule: Rul
   }
   const out: number[] = []
   let first = 0
-  let peakAt = Number.NEGATIVE_INFINITY
-  let lowSince: number | undefined
+  const entry = new ValleyEntry()
   for (let x = 0; x < t; x += 0.005) {
     while (first < starts.length && starts[first]! <= x - 1) first++
     let inFlight = 0
@@ -86,14 +82,9 @@ function entries(seed: number, phases: Phase[], demandMeanSec: number, rule: Rul
       inFlight: inFlight / SLOTS,
       half: (half / 0.5) * (demandMeanSec / SLOTS),
       second: second * (demandMeanSec / SLOTS),
-      sincePeak: 0,
-      lowFor: 0,
+      entry: false,
     }
-    if (reading.second >= PEAK) peakAt = x
-    reading.sincePeak = x - peakAt
-    if (reading.second <= FILL / 2) lowSince ??= x
-    else lowSince = undefined
-    reading.lowFor = lowSince === undefined ? 0 : x - lowSince
+    reading.entry = entry.enters(x * 1000, reading.second, reading.half, FILL)
     if (rule.holds(reading)) {
       out.push(x)
       x += 0.5

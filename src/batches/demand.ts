@@ -112,11 +112,20 @@ export class ValleyEntry {
     return nowMs - this.peakAtMs <= AFTER_PEAK_MS
   }
 
-  /** Whether a valley may be entered now, given the demand over the last second and half second. */
-  enters(nowMs: number, second: number, half: number, fill: number): boolean {
+  /**
+   * Whether a valley may be entered now, given the demand over the last second and half second
+   * (`afterPeak`: `afterPeak`'s answer for this reading, when the caller has it already).
+   */
+  enters(
+    nowMs: number,
+    second: number,
+    half: number,
+    fill: number,
+    afterPeak = this.afterPeak(nowMs, second),
+  ): boolean {
     if (second <= fill / 2) this.lowSinceMs ??= nowMs
     else this.lowSinceMs = undefined
-    if (this.afterPeak(nowMs, second) && half <= fill) return true
+    if (afterPeak && half <= fill) return true
     return this.lowSinceMs !== undefined && nowMs - this.lowSinceMs >= LOW_FOR_MS
   }
 

@@ -673,7 +673,7 @@ export class BatchScheduler {
         else if (this.valley) this.valleyAtMs = nowMs
       } else
         fills =
-          this.inValley(nowMs, second, half, kept) &&
+          this.inValley(nowMs, second, half, kept, afterPeak) &&
           (this.inFlightLoad() <= fill || (half ?? 1) <= fill / (afterPeak ? 1 : 2))
     }
     if (fills)
@@ -707,6 +707,7 @@ export class BatchScheduler {
     second: number | undefined,
     half: number | undefined,
     kept: boolean,
+    afterPeak: boolean,
   ): boolean {
     const fill = this.settings.fillLoad
     // A valley is one only while it is followed: read last over a second ago, it is entered anew.
@@ -722,7 +723,7 @@ export class BatchScheduler {
       this.entry.forget()
       return this.inFlightLoad() <= fill
     }
-    const enters = this.entry.enters(nowMs, second, half, fill)
+    const enters = this.entry.enters(nowMs, second, half, fill, afterPeak)
     this.valley = this.valley ? kept : enters
     return this.valley
   }
